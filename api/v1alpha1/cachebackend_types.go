@@ -1,0 +1,512 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Runtime names the inference engine a CacheBackend wires.
+// +kubebuilder:validation:Enum=VLLM;SGLang
+type Runtime string
+
+const (
+	// RuntimeVLLM is the vLLM engine.
+	RuntimeVLLM Runtime = "VLLM"
+	// RuntimeSGLang is the SGLang engine.
+	RuntimeSGLang Runtime = "SGLang"
+)
+
+// BackendType names the kind of KV cache a CacheBackend provides.
+// +kubebuilder:validation:Enum=LMCache;SGLangHiCache
+type BackendType string
+
+const (
+	// BackendTypeLMCache is a shared LMCache server run by the operator.
+	BackendTypeLMCache BackendType = "LMCache"
+	// BackendTypeSGLangHiCache is SGLang's engine-local hierarchical cache:
+	// no server, only launch flags injected into the engine pods.
+	BackendTypeSGLangHiCache BackendType = "SGLangHiCache"
+)
+
+// IntegrationRole is how an engine uses the shared cache.
+// +kubebuilder:validation:Enum=ReadWrite;ReadOnly;WriteOnly
+type IntegrationRole string
+
+const (
+	// RoleReadWrite stores and loads KV blocks (vLLM kv_role kv_both).
+	RoleReadWrite IntegrationRole = "ReadWrite"
+	// RoleReadOnly only loads KV blocks (vLLM kv_role kv_consumer).
+	RoleReadOnly IntegrationRole = "ReadOnly"
+	// RoleWriteOnly only stores KV blocks (vLLM kv_role kv_producer).
+	RoleWriteOnly IntegrationRole = "WriteOnly"
+)
+
+// DeploymentKind is the workload kind that runs the managed cache server.
+// +kubebuilder:validation:Enum=Deployment;StatefulSet
+type DeploymentKind string
+
+const (
+	// DeploymentKindDeployment runs the cache server as a Deployment; with
+	// storage, all replicas share the PVC <name>-data.
+	DeploymentKindDeployment DeploymentKind = "Deployment"
+	// DeploymentKindStatefulSet runs the cache server as a StatefulSet; with
+	// storage, each replica gets its own PVC from a volumeClaimTemplate.
+	DeploymentKindStatefulSet DeploymentKind = "StatefulSet"
+)
+
+// RemoteStorageProvider names the remote KV store engines connect to.
+// +kubebuilder:validation:Enum=LMCacheServer
+type RemoteStorageProvider string
+
+// ProviderLMCacheServer is LMCache's own lmcache_server.
+const ProviderLMCacheServer RemoteStorageProvider = "LMCacheServer"
+
+// Ownership says who runs the remote store.
+// +kubebuilder:validation:Enum=Managed
+type Ownership string
+
+// OwnershipManaged means the operator runs the store as child objects of the CacheBackend.
+const OwnershipManaged Ownership = "Managed"
+
+// RetentionAction is what happens to persistent cache data.
+// +kubebuilder:validation:Enum=Retain;Delete
+type RetentionAction string
+
+const (
+	// RetentionRetain keeps the PVC (and its data) after the event.
+	RetentionRetain RetentionAction = "Retain"
+	// RetentionDelete lets Kubernetes garbage-collect the PVC after the event.
+	RetentionDelete RetentionAction = "Delete"
+)
+
+// CacheBackendSpec is the desired state of a CacheBackend.
+//
+// +kubebuilder:validation:XValidation:rule="self.type != 'SGLangHiCache' || self.runtime == 'SGLang'",message="type SGLangHiCache requires runtime SGLang"
+// +kubebuilder:validation:XValidation:rule="self.type != 'LMCache' || self.runtime == 'VLLM'",message="type LMCache is wired into vLLM engines only: runtime must be VLLM"
+// +kubebuilder:validation:XValidation:rule="!has(self.hiCache) || self.type == 'SGLangHiCache'",message="hiCache is only valid with type SGLangHiCache"
+// +kubebuilder:validation:XValidation:rule="!has(self.lmCache) || self.type == 'LMCache'",message="lmCache is only valid with type LMCache"
+// +kubebuilder:validation:XValidation:rule="self.type == 'LMCache' || (!has(self.remoteStorage) && !has(self.storage) && !has(self.autoscaling))",message="type SGLangHiCache is engine-local: remoteStorage, storage and autoscaling are not allowed"
+type CacheBackendSpec struct {
+	// Runtime is the inference engine whose pods are wired.
+	// +kubebuilder:default=VLLM
+	// +optional
+	Runtime Runtime `json:"runtime,omitempty"`
+
+	// Type is the kind of cache. LMCache runs a managed lmcache-server and
+	// publishes its address in status.endpoint; SGLangHiCache injects SGLang's
+	// hierarchical-cache flags into the engines and runs nothing. Immutable.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="type is immutable; create a new CacheBackend instead"
+	Type BackendType `json:"type"`
+
+	// Integration says how matched engines use the cache.
+	// +optional
+	Integration Integration `json:"integration,omitempty"`
+
+	// EngineSelector selects, by label, the engine pods of this namespace that
+	// the webhook wires at pod CREATE. Same semantics as a Service selector:
+	// every key/value must be on the pod; an empty selector matches no pod.
+	// +optional
+	EngineSelector EngineSelector `json:"engineSelector,omitempty"`
+
+	// Observation configures KV-event observation of the wired engines.
+	// +optional
+	Observation *Observation `json:"observation,omitempty"`
+
+	// LMCache tunes the LMCache client inside the engines (type LMCache only).
+	// +optional
+	LMCache *LMCacheConfig `json:"lmCache,omitempty"`
+
+	// RemoteStorage describes the shared store engines connect to (type LMCache only).
+	// +optional
+	RemoteStorage *RemoteStorage `json:"remoteStorage,omitempty"`
+
+	// DeploymentKind is the workload kind of the managed cache server.
+	// +kubebuilder:default=Deployment
+	// +optional
+	DeploymentKind DeploymentKind `json:"deploymentKind,omitempty"`
+
+	// Storage gives the cache server persistent volumes. Without it the
+	// server keeps its cache in memory only.
+	// +optional
+	Storage *Storage `json:"storage,omitempty"`
+
+	// Autoscaling runs a HorizontalPodAutoscaler for the cache server. While
+	// set, the HPA owns the replica count and remoteStorage.lmCacheServer.replicas
+	// is not applied.
+	// +optional
+	Autoscaling *Autoscaling `json:"autoscaling,omitempty"`
+
+	// HiCache holds SGLang HiCache launch settings (type SGLangHiCache only).
+	// +optional
+	HiCache *HiCache `json:"hiCache,omitempty"`
+}
+
+// Integration says how engines use the cache.
+type Integration struct {
+	// Role is the engine's KV role: ReadWrite (vLLM kv_both), ReadOnly
+	// (kv_consumer) or WriteOnly (kv_producer).
+	// +kubebuilder:default=ReadWrite
+	// +optional
+	Role IntegrationRole `json:"role,omitempty"`
+
+	// EngineContainer names the container of the engine pod that is wired.
+	// When empty, the first container of the pod is wired.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	EngineContainer string `json:"engineContainer,omitempty"`
+
+	// EngineOverrides are applied to the engine container after the canonical
+	// injection.
+	// +optional
+	EngineOverrides *EngineOverrides `json:"engineOverrides,omitempty"`
+}
+
+// EngineOverrides adds arguments and environment to the wired engine container.
+type EngineOverrides struct {
+	// Args are appended to the engine container's arguments.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Args []string `json:"args,omitempty"`
+
+	// Env sets environment variables on the engine container, by name.
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Env []corev1.EnvVar `json:"env,omitempty"`
+}
+
+// EngineSelector selects engine pods by label.
+type EngineSelector struct {
+	// MatchLabels must all be present, with equal values, on an engine pod.
+	// +kubebuilder:validation:MaxProperties=32
+	// +optional
+	MatchLabels map[string]string `json:"matchLabels,omitempty"`
+}
+
+// Observation configures KV-event observation.
+type Observation struct {
+	// ModelID is the model the engines serve, e.g. Qwen/Qwen2.5-0.5B-Instruct.
+	// The kvevent-subscriber sidecar is added only when it is set.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	ModelID string `json:"modelID,omitempty"`
+}
+
+// LMCacheConfig tunes the LMCache client in the engines. Sizes are
+// Kubernetes quantities; the webhook converts them to the plain numbers of GB
+// that LMCache parses.
+type LMCacheConfig struct {
+	// ChunkSize is LMCache's token chunk size (LMCACHE_CHUNK_SIZE).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	// +optional
+	ChunkSize *int32 `json:"chunkSize,omitempty"`
+
+	// Serde is the serializer for the remote store (LMCACHE_REMOTE_SERDE).
+	// +kubebuilder:validation:Enum=naive;cachegen
+	// +kubebuilder:default=naive
+	// +optional
+	Serde string `json:"serde,omitempty"`
+
+	// LocalCPU enables LMCache's local CPU tier of the given size.
+	// +optional
+	LocalCPU *LocalCPUTier `json:"localCPU,omitempty"`
+
+	// LocalDisk enables LMCache's local disk tier.
+	// +optional
+	LocalDisk *LocalDiskTier `json:"localDisk,omitempty"`
+}
+
+// LocalCPUTier is LMCache's local CPU tier.
+type LocalCPUTier struct {
+	// MaxSize is the size of the tier (LMCACHE_MAX_LOCAL_CPU_SIZE, in GB).
+	MaxSize resource.Quantity `json:"maxSize"`
+}
+
+// LocalDiskTier is LMCache's local disk tier.
+type LocalDiskTier struct {
+	// Path is the directory in the engine container (LMCACHE_LOCAL_DISK).
+	// +kubebuilder:validation:Pattern=`^/`
+	// +kubebuilder:validation:MaxLength=1024
+	Path string `json:"path"`
+	// MaxSize is the size of the tier (LMCACHE_MAX_LOCAL_DISK_SIZE, in GB).
+	MaxSize resource.Quantity `json:"maxSize"`
+}
+
+// RemoteStorage is the shared store engines connect to.
+type RemoteStorage struct {
+	// Provider is the store implementation.
+	// +kubebuilder:default=LMCacheServer
+	// +optional
+	Provider RemoteStorageProvider `json:"provider,omitempty"`
+
+	// Ownership says who runs the store; Managed means this operator.
+	// +kubebuilder:default=Managed
+	// +optional
+	Ownership Ownership `json:"ownership,omitempty"`
+
+	// LMCacheServer configures the managed lmcache-server.
+	// +optional
+	LMCacheServer *LMCacheServer `json:"lmCacheServer,omitempty"`
+}
+
+// LMCacheServer configures the managed lmcache-server workload.
+type LMCacheServer struct {
+	// Image is the container image that provides the lmcache_server command.
+	// +kubebuilder:default="lmcache/vllm-openai:latest"
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// Port is the TCP port the server listens on.
+	// +kubebuilder:default=65432
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// Resources of the server container.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// Replicas of the server when autoscaling is not set. Defaults to 1.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// ExtraArgs are appended to `lmcache_server <host> <port>`.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	ExtraArgs []string `json:"extraArgs,omitempty"`
+}
+
+// Storage gives the cache server persistent volumes.
+type Storage struct {
+	// PVC requests persistent volume claims for the cache data.
+	// +optional
+	PVC *PVCStorage `json:"pvc,omitempty"`
+}
+
+// PVCStorage describes the persistent volume claims of the cache server.
+type PVCStorage struct {
+	// Size of each claim.
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).sign() == 1",message="size must be greater than zero"
+	Size resource.Quantity `json:"size"`
+
+	// StorageClassName of the claims; empty uses the cluster default.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	StorageClassName *string `json:"storageClassName,omitempty"`
+
+	// AccessModes of the claims. Defaults to [ReadWriteOnce].
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:items:Enum=ReadWriteOnce;ReadOnlyMany;ReadWriteMany;ReadWriteOncePod
+	// +kubebuilder:default={"ReadWriteOnce"}
+	// +optional
+	AccessModes []corev1.PersistentVolumeAccessMode `json:"accessModes,omitempty"`
+
+	// Retention says what happens to the claims, and the cached data in
+	// them, when the CacheBackend is deleted or scaled down. The default keeps
+	// the data.
+	// +optional
+	Retention *PVCRetention `json:"retention,omitempty"`
+}
+
+// PVCRetention is what happens to the cache data's claims.
+type PVCRetention struct {
+	// WhenDeleted applies when the CacheBackend is deleted. Retain (default)
+	// keeps the claims; Delete lets Kubernetes garbage-collect them with the
+	// CacheBackend.
+	// +kubebuilder:default=Retain
+	// +optional
+	WhenDeleted RetentionAction `json:"whenDeleted,omitempty"`
+
+	// WhenScaled applies to per-replica claims of a StatefulSet when it is
+	// scaled down. Retain (default) keeps them.
+	// +kubebuilder:default=Retain
+	// +optional
+	WhenScaled RetentionAction `json:"whenScaled,omitempty"`
+}
+
+// Autoscaling configures a HorizontalPodAutoscaler for the cache server.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",message="minReplicas must be less than or equal to maxReplicas"
+type Autoscaling struct {
+	// MinReplicas is the lower bound. Defaults to 1.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MinReplicas *int32 `json:"minReplicas,omitempty"`
+
+	// MaxReplicas is the upper bound.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	MaxReplicas int32 `json:"maxReplicas"`
+
+	// TargetCPUUtilizationPercentage is the average CPU utilisation target.
+	// When neither target is set, the HPA targets 80% CPU.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	TargetCPUUtilizationPercentage *int32 `json:"targetCPUUtilizationPercentage,omitempty"`
+
+	// TargetMemoryUtilizationPercentage is the average memory utilisation target.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	TargetMemoryUtilizationPercentage *int32 `json:"targetMemoryUtilizationPercentage,omitempty"`
+}
+
+// HiCacheWritePolicy is SGLang's --hicache-write-policy.
+// +kubebuilder:validation:Enum=write_back;write_through;write_through_selective
+type HiCacheWritePolicy string
+
+// HiCacheIOBackend is SGLang's --hicache-io-backend.
+// +kubebuilder:validation:Enum=direct;kernel
+type HiCacheIOBackend string
+
+// HiCacheMemLayout is SGLang's --hicache-mem-layout.
+// +kubebuilder:validation:Enum=layer_first;page_first;page_first_direct
+type HiCacheMemLayout string
+
+// HiCacheStorageBackend is SGLang's --hicache-storage-backend.
+// +kubebuilder:validation:Enum=file;mooncake;hf3fs;nixl;aibrix;eic;dynamic
+type HiCacheStorageBackend string
+
+// HiCachePrefetchPolicy is SGLang's --hicache-storage-prefetch-policy.
+// +kubebuilder:validation:Enum=best_effort;wait_complete;timeout
+type HiCachePrefetchPolicy string
+
+// HiCache holds SGLang hierarchical-cache launch settings. Each field maps to
+// the SGLang flag of the same name; --enable-hierarchical-cache is always set.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.ratio) || !has(self.sizeGB)",message="set either ratio or sizeGB, not both (SGLang's --hicache-size overrides --hicache-ratio)"
+// +kubebuilder:validation:XValidation:rule="!has(self.storagePrefetchPolicy) || has(self.storageBackend)",message="storagePrefetchPolicy needs storageBackend"
+type HiCache struct {
+	// Ratio of the host KV pool to the device pool (--hicache-ratio), a
+	// decimal greater than 1, e.g. "2" or "1.5".
+	// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:XValidation:rule="double(self) > 1.0",message="ratio must be greater than 1"
+	// +optional
+	Ratio *string `json:"ratio,omitempty"`
+
+	// SizeGB is the host KV pool size in GB (--hicache-size).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	// +optional
+	SizeGB *int32 `json:"sizeGB,omitempty"`
+
+	// WritePolicy is --hicache-write-policy.
+	// +optional
+	WritePolicy HiCacheWritePolicy `json:"writePolicy,omitempty"`
+
+	// IOBackend is --hicache-io-backend.
+	// +optional
+	IOBackend HiCacheIOBackend `json:"ioBackend,omitempty"`
+
+	// MemLayout is --hicache-mem-layout.
+	// +optional
+	MemLayout HiCacheMemLayout `json:"memLayout,omitempty"`
+
+	// StorageBackend is --hicache-storage-backend (the L3 tier).
+	// +optional
+	StorageBackend HiCacheStorageBackend `json:"storageBackend,omitempty"`
+
+	// StoragePrefetchPolicy is --hicache-storage-prefetch-policy.
+	// +optional
+	StoragePrefetchPolicy HiCachePrefetchPolicy `json:"storagePrefetchPolicy,omitempty"`
+
+	// PageSize is --page-size, in tokens.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4096
+	// +optional
+	PageSize *int32 `json:"pageSize,omitempty"`
+}
+
+// CacheBackendStatus is the observed state of a CacheBackend.
+type CacheBackendStatus struct {
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Ready, Progressing and Degraded always; Reconciling and
+	// Stalled (kstatus) only while true.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Endpoint is the address engines use as LMCache's remote URL,
+	// lm://<service>.<namespace>.svc:<port>. Set only while the cache
+	// server is available.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// MatchedEnginePods counts the pods of the namespace whose labels
+	// currently match spec.engineSelector (terminating pods excluded). A
+	// matched pod is not necessarily wired: see its receipt annotations.
+	// +optional
+	MatchedEnginePods int32 `json:"matchedEnginePods"`
+
+	// EngineSelectorMessage explains a selector that matches no pod.
+	// +optional
+	EngineSelectorMessage string `json:"engineSelectorMessage,omitempty"`
+
+	// Replicas is the cache server's desired replica count.
+	// +optional
+	Replicas int32 `json:"replicas,omitempty"`
+
+	// ReadyReplicas is the number of ready cache-server replicas.
+	// +optional
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// FirstAvailableAt is when the cache server first served.
+	// +optional
+	FirstAvailableAt *metav1.Time `json:"firstAvailableAt,omitempty"`
+}
+
+// CacheBackend wires a shared KV cache into the LLM engine pods its selector
+// matches. For type LMCache the operator runs an lmcache-server (workload,
+// Service, optional HPA and PVC) named after the CacheBackend.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=cb,categories=inferencecache
+// +kubebuilder:printcolumn:name="Type",type=string,JSONPath=`.spec.type`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Matched",type=integer,JSONPath=`.status.matchedEnginePods`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS-1035 label of at most 63 characters (lower-case letters, digits and '-', starting with a letter): it names the cache-server Service"
+type CacheBackend struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec CacheBackendSpec `json:"spec"`
+	// +optional
+	Status CacheBackendStatus `json:"status,omitempty"`
+}
+
+// CacheBackendList is a list of CacheBackends.
+//
+// +kubebuilder:object:root=true
+type CacheBackendList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []CacheBackend `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&CacheBackend{}, &CacheBackendList{})
+}

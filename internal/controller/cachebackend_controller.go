@@ -1,0 +1,307 @@
+// Package controller holds the reconcilers: they read CacheBackends, render
+// their children (internal/render), hand them to the applier
+// (internal/apply), and publish status.
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/render"
+)
+
+// StatusManager is the field manager of CacheBackend status. It is API:
+// renaming it strands the status fields it owns.
+const StatusManager = "inferencecache-operator-status"
+
+// CacheBackendReconciler reconciles CacheBackends: render, apply, status.
+type CacheBackendReconciler struct {
+	Client   client.Client
+	Applier  *apply.Applier
+	Recorder events.EventRecorder
+	// Now returns the current time; tests may replace it.
+	Now func() metav1.Time
+}
+
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
+// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch;update
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+
+// SetupWithManager registers the reconciler. Engine pods are watched as
+// metadata only, and only label, creation, deletion and termination changes
+// wake a reconcile.
+func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = metav1.Now
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
+		WatchesMetadata(&corev1.Pod{},
+			handler.EnqueueRequestsFromMapFunc(r.backendsForPod),
+			builder.WithPredicates(podMembershipChanged())).
+		Named("cachebackend").
+		Complete(r)
+}
+
+// podMembershipChanged passes the pod events that can change a selector's
+// match count: create, delete, a label change, or the start of termination.
+func podMembershipChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return !equality.Semantic.DeepEqual(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) ||
+				e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		GenericFunc: func(event.GenericEvent) bool { return false },
+	}
+}
+
+func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.Object) []reconcile.Request {
+	var list v1alpha1.CacheBackendList
+	if err := r.Client.List(ctx, &list, client.InNamespace(pod.GetNamespace())); err != nil {
+		log.FromContext(ctx).Error(err, "listing CacheBackends for a pod event", "pod", client.ObjectKeyFromObject(pod))
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if SelectorMatches(list.Items[i].Spec.EngineSelector.MatchLabels, pod.GetLabels()) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
+}
+
+// SelectorMatches reports whether every key/value of sel is in podLabels.
+// An empty selector matches nothing.
+func SelectorMatches(sel, podLabels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	return labels.SelectorFromSet(sel).Matches(labels.Set(podLabels))
+}
+
+// Reconcile renders the CacheBackend's children, applies them and publishes
+// status. The status is written once, at the end, and only if it changed.
+func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
+	logger := log.FromContext(ctx)
+	cb := &v1alpha1.CacheBackend{}
+	if err := r.Client.Get(ctx, req.NamespacedName, cb); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !cb.DeletionTimestamp.IsZero() {
+		// Children carry owner references; the garbage collector removes them.
+		return ctrl.Result{}, nil
+	}
+
+	st := cb.Status.DeepCopy()
+	defer func() {
+		st.ObservedGeneration = cb.Generation
+		if err := r.patchStatus(ctx, cb, st); err != nil {
+			retErr = errors.Join(retErr, err)
+		}
+	}()
+
+	if err := r.observeEngines(ctx, cb, st); err != nil {
+		return ctrl.Result{}, err
+	}
+
+	children, err := render.Render(cb)
+	if err == nil && cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+		err = &render.UnsupportedError{Field: "spec.type", Value: string(cb.Spec.Type)}
+	}
+	var unsupported *render.UnsupportedError
+	if errors.As(err, &unsupported) {
+		st.Endpoint = ""
+		r.setHealth(cb, st, health{Reason: v1alpha1.ReasonUnsupported, Message: err.Error(), Degraded: true, Stalled: true})
+		return ctrl.Result{}, nil
+	}
+
+	res, err := r.Applier.Apply(ctx, cb, children)
+	if res.Changed() {
+		logger.Info("applied children", "changes", res.String())
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventChildrenApplied, "Apply", "%s", res.String())
+	}
+	if err != nil {
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.EventApplyFailed, "Apply", "%s", err.Error())
+		st.Endpoint = ""
+		r.setHealth(cb, st, health{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error(), Degraded: true, Stalled: true})
+		return ctrl.Result{}, err
+	}
+
+	var dep *appsv1.Deployment
+	if children.Deployment != nil {
+		live := &appsv1.Deployment{}
+		switch err := r.Client.Get(ctx, client.ObjectKeyFromObject(cb), live); {
+		case err == nil && metav1.IsControlledBy(live, cb):
+			dep = live
+		case err != nil && !apierrors.IsNotFound(err):
+			return ctrl.Result{}, fmt.Errorf("reading cache-server Deployment: %w", err)
+		}
+	}
+	h := deploymentHealth(dep)
+	st.Endpoint = ""
+	if h.Available {
+		st.Endpoint = render.Endpoint(cb)
+		if st.FirstAvailableAt == nil {
+			now := r.Now()
+			st.FirstAvailableAt = &now
+		}
+	}
+	wasReady := meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
+	r.setHealth(cb, st, h)
+	if h.Ready && !wasReady {
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "cache server serving at %s", st.Endpoint)
+	}
+	return ctrl.Result{}, nil
+}
+
+// observeEngines counts the engine pods the selector matches, from the
+// metadata-only pod cache, and records EngineSelectorUnmatched when zero
+// matches are first observed or the count drops to zero.
+func (r *CacheBackendReconciler) observeEngines(ctx context.Context, cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus) error {
+	sel := cb.Spec.EngineSelector.MatchLabels
+	var n int32
+	if len(sel) > 0 {
+		pods := &metav1.PartialObjectMetadataList{}
+		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := r.Client.List(ctx, pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
+			return fmt.Errorf("listing engine pods: %w", err)
+		}
+		for i := range pods.Items {
+			if pods.Items[i].DeletionTimestamp.IsZero() {
+				n++
+			}
+		}
+	}
+	firstObservation := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady) == nil
+	dropped := cb.Status.MatchedEnginePods > 0
+	st.MatchedEnginePods = n
+	st.EngineSelectorMessage = ""
+	if n > 0 {
+		return nil
+	}
+	st.EngineSelectorMessage = selectorMessage(cb)
+	if firstObservation || dropped {
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEngineSelectorUnmatched, "Observe", "%s", st.EngineSelectorMessage)
+	}
+	return nil
+}
+
+func selectorMessage(cb *v1alpha1.CacheBackend) string {
+	sel := cb.Spec.EngineSelector.MatchLabels
+	if len(sel) == 0 {
+		return "spec.engineSelector.matchLabels is empty: it matches no pod"
+	}
+	keys := make([]string, 0, len(sel))
+	for k := range sel {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + sel[k]
+	}
+	return fmt.Sprintf("engineSelector %s matches no pod in namespace %s", strings.Join(parts, ","), cb.Namespace)
+}
+
+// setHealth writes the conditions that follow from h. Conditions keep their
+// lastTransitionTime while their status does not change.
+func (r *CacheBackendReconciler) setHealth(cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus, h health) {
+	st.Replicas, st.ReadyReplicas = h.Replicas, h.ReadyReplicas
+	set := func(t string, ok bool, reason, msg string) {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
+			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: cb.Generation,
+		})
+	}
+	set(v1alpha1.ConditionReady, h.Ready, h.Reason, h.Message)
+	if h.Progressing {
+		set(v1alpha1.ConditionProgressing, true, h.Reason, h.Message)
+		set(v1alpha1.ConditionReconciling, true, h.Reason, h.Message)
+	} else {
+		set(v1alpha1.ConditionProgressing, false, v1alpha1.ReasonStable, "no rollout in progress")
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionReconciling)
+	}
+	if h.Degraded {
+		set(v1alpha1.ConditionDegraded, true, h.Reason, h.Message)
+	} else {
+		set(v1alpha1.ConditionDegraded, false, v1alpha1.ReasonStable, "not degraded")
+	}
+	if h.Stalled {
+		set(v1alpha1.ConditionStalled, true, h.Reason, h.Message)
+	} else {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionStalled)
+	}
+	if h.Degraded && !h.Stalled && !h.Progressing {
+		// Replicas are being replaced by the workload's controller: kstatus
+		// should read the backend as in progress, not current.
+		set(v1alpha1.ConditionReconciling, true, h.Reason, h.Message)
+	}
+}
+
+// patchStatus server-side applies the whole status with the status field
+// manager, so fields left empty (a cleared endpoint) are removed. Nothing is
+// sent when the status did not change.
+func (r *CacheBackendReconciler) patchStatus(ctx context.Context, cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus) error {
+	if equality.Semantic.DeepEqual(&cb.Status, st) {
+		return nil
+	}
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encoding status: %w", err)
+	}
+	var status map[string]any
+	if err := json.Unmarshal(raw, &status); err != nil {
+		return fmt.Errorf("encoding status: %w", err)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       "CacheBackend",
+		"metadata":   map[string]any{"name": cb.Name, "namespace": cb.Namespace, "uid": string(cb.UID)},
+		"status":     status,
+	}}
+	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
+		client.FieldOwner(StatusManager), client.ForceOwnership); err != nil {
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return nil
+		}
+		return fmt.Errorf("writing status: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,81 @@
+package controller
+
+import (
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+// health is the verdict on a cache-server workload: the reason and message
+// of the Ready condition, and the flags the other conditions follow.
+type health struct {
+	Ready       bool
+	Reason      string
+	Message     string
+	Progressing bool
+	Degraded    bool
+	Stalled     bool
+	// Available means at least one replica serves, so the endpoint is
+	// published (also during a rollout that keeps replicas available).
+	Available     bool
+	Replicas      int32
+	ReadyReplicas int32
+}
+
+// deploymentHealth judges a cache-server Deployment as observed in the
+// cache; dep is nil when it does not exist (yet). want is the replica count
+// the operator applies, or nil when an HPA owns it.
+func deploymentHealth(dep *appsv1.Deployment) health {
+	if dep == nil {
+		return health{Reason: v1alpha1.ReasonRolloutInProgress, Message: "waiting for the cache-server Deployment to be created", Progressing: true}
+	}
+	desired := int32(1)
+	if dep.Spec.Replicas != nil {
+		desired = *dep.Spec.Replicas
+	}
+	st := dep.Status
+	h := health{
+		Replicas:      desired,
+		ReadyReplicas: st.ReadyReplicas,
+		Available:     st.AvailableReplicas > 0 && condition(dep, appsv1.DeploymentAvailable) == corev1.ConditionTrue,
+	}
+	prog := findCondition(dep, appsv1.DeploymentProgressing)
+	switch {
+	case st.ObservedGeneration < dep.Generation:
+		h.Reason, h.Progressing = v1alpha1.ReasonRolloutInProgress, true
+		h.Message = "waiting for the Deployment controller to observe the latest spec"
+	case prog != nil && prog.Status == corev1.ConditionFalse && prog.Reason == "ProgressDeadlineExceeded":
+		h.Reason, h.Degraded, h.Stalled = v1alpha1.ReasonProgressDeadlineExceeded, true, true
+		h.Message = fmt.Sprintf("Deployment rollout stopped progressing: %s", prog.Message)
+	case st.UpdatedReplicas < desired || st.Replicas > st.UpdatedReplicas || (prog != nil && prog.Reason != "NewReplicaSetAvailable"):
+		h.Reason, h.Progressing = v1alpha1.ReasonRolloutInProgress, true
+		h.Message = fmt.Sprintf("rollout in progress: %d of %d replicas updated, %d available", st.UpdatedReplicas, desired, st.AvailableReplicas)
+	case st.AvailableReplicas < desired:
+		h.Reason, h.Degraded = v1alpha1.ReasonReplicasUnavailable, true
+		h.Message = fmt.Sprintf("%d of %d replicas available", st.AvailableReplicas, desired)
+	default:
+		h.Ready = true
+		h.Reason = v1alpha1.ReasonBackendReady
+		h.Message = fmt.Sprintf("%d of %d replicas available", st.AvailableReplicas, desired)
+	}
+	return h
+}
+
+func findCondition(dep *appsv1.Deployment, t appsv1.DeploymentConditionType) *appsv1.DeploymentCondition {
+	for i := range dep.Status.Conditions {
+		if dep.Status.Conditions[i].Type == t {
+			return &dep.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func condition(dep *appsv1.Deployment, t appsv1.DeploymentConditionType) corev1.ConditionStatus {
+	if c := findCondition(dep, t); c != nil {
+		return c.Status
+	}
+	return corev1.ConditionUnknown
+}

@@ -1,0 +1,375 @@
+// Package render turns a CacheBackend into the child objects the operator
+// applies for it, as client-go apply configurations. It is pure: no client,
+// no clock, no randomness; the same CacheBackend always renders the same
+// objects. Each apply configuration holds only the fields the operator means
+// to own, so server-side apply never claims a field the API server or another
+// manager sets.
+package render
+
+import (
+	"fmt"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	autoscalingv2ac "k8s.io/client-go/applyconfigurations/autoscaling/v2"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+// Names and defaults that are part of the operator's contract: they appear
+// in child objects users see and select on.
+const (
+	// LabelCacheBackend carries the owning CacheBackend's name on every child
+	// and on the cache-server pods; it is part of the workload selector.
+	LabelCacheBackend = "inferencecache.io/cachebackend"
+	// LabelComponent is the well-known component label; part of the selector.
+	LabelComponent = "app.kubernetes.io/component"
+	// ComponentCacheServer is the component value of the cache server.
+	ComponentCacheServer = "cache-server"
+
+	labelName       = "app.kubernetes.io/name"
+	labelInstance   = "app.kubernetes.io/instance"
+	labelManagedBy  = "app.kubernetes.io/managed-by"
+	nameLMCache     = "lmcache-server"
+	managedByValue  = "inferencecache-operator"
+	containerName   = "lmcache-server"
+	portName        = "lmcache"
+	dataVolumeName  = "cache-data"
+	dataMountPath   = "/data"
+	defaultHPACPU   = int32(80)
+	defaultReplicas = int32(1)
+
+	// AnnotationRetentionWhenDeleted on a claim records whether it goes with
+	// its CacheBackend (Delete) or outlives it (Retain).
+	AnnotationRetentionWhenDeleted = "inferencecache.io/retention-when-deleted"
+
+	// DefaultImage is the cache-server image when the spec names none.
+	DefaultImage = "lmcache/vllm-openai:latest"
+	// DefaultPort is the cache-server port when the spec names none.
+	DefaultPort = int32(65432)
+)
+
+// Children is the full set of objects the operator wants for one
+// CacheBackend. Nil members are objects it does not want: the applier prunes
+// the Service, workload and HPA kinds it finds but does not want (never PVCs).
+type Children struct {
+	Deployment *appsv1ac.DeploymentApplyConfiguration
+	Service    *corev1ac.ServiceApplyConfiguration
+	HPA        *autoscalingv2ac.HorizontalPodAutoscalerApplyConfiguration
+	PVC        *corev1ac.PersistentVolumeClaimApplyConfiguration
+}
+
+// SelectorLabels are the labels that select the cache-server pods of cb. They
+// are immutable on a Deployment, so they never change for a given name.
+func SelectorLabels(cb *v1alpha1.CacheBackend) map[string]string {
+	return map[string]string{
+		LabelCacheBackend: cb.Name,
+		LabelComponent:    ComponentCacheServer,
+	}
+}
+
+// Labels are the labels of every child of cb and of its cache-server pods.
+func Labels(cb *v1alpha1.CacheBackend) map[string]string {
+	l := SelectorLabels(cb)
+	l[labelName] = nameLMCache
+	l[labelInstance] = cb.Name
+	l[labelManagedBy] = managedByValue
+	return l
+}
+
+// ServiceName is the name of the cache-server Service (and of the workload).
+func ServiceName(cb *v1alpha1.CacheBackend) string { return cb.Name }
+
+// PVCName is the name of the shared PVC of a Deployment-kind backend.
+func PVCName(cb *v1alpha1.CacheBackend) string { return cb.Name + "-data" }
+
+// Port is the cache server's TCP port.
+func Port(cb *v1alpha1.CacheBackend) int32 {
+	if s := server(cb); s != nil && s.Port != 0 {
+		return s.Port
+	}
+	return DefaultPort
+}
+
+// Endpoint is the LMCache remote URL of cb's cache server, the value of
+// status.endpoint once the server is available.
+func Endpoint(cb *v1alpha1.CacheBackend) string {
+	return fmt.Sprintf("lm://%s.%s.svc:%d", ServiceName(cb), cb.Namespace, Port(cb))
+}
+
+// Replicas is the replica count the operator applies to the workload when no
+// HPA owns it.
+func Replicas(cb *v1alpha1.CacheBackend) int32 {
+	if s := server(cb); s != nil && s.Replicas != nil {
+		return *s.Replicas
+	}
+	return defaultReplicas
+}
+
+// Render returns the children cb wants. A CacheBackend that runs no server
+// (type SGLangHiCache) wants none. Render reports a spec the API server's
+// schema should have rejected, or a feature this version does not implement,
+// as an error whose message is meant for a status condition.
+func Render(cb *v1alpha1.CacheBackend) (Children, error) {
+	if cb.Spec.Type != v1alpha1.BackendTypeLMCache {
+		return Children{}, nil
+	}
+	if k := cb.Spec.DeploymentKind; k != "" && k != v1alpha1.DeploymentKindDeployment {
+		return Children{}, &UnsupportedError{Field: "spec.deploymentKind", Value: string(k)}
+	}
+	if rs := cb.Spec.RemoteStorage; rs != nil {
+		if rs.Provider != "" && rs.Provider != v1alpha1.ProviderLMCacheServer {
+			return Children{}, &UnsupportedError{Field: "spec.remoteStorage.provider", Value: string(rs.Provider)}
+		}
+		if rs.Ownership != "" && rs.Ownership != v1alpha1.OwnershipManaged {
+			return Children{}, &UnsupportedError{Field: "spec.remoteStorage.ownership", Value: string(rs.Ownership)}
+		}
+	}
+	c := Children{
+		Deployment: deployment(cb),
+		Service:    service(cb),
+	}
+	if cb.Spec.Autoscaling != nil {
+		c.HPA = hpa(cb)
+	}
+	if pvcSpec(cb) != nil {
+		c.PVC = pvc(cb)
+	}
+	return c, nil
+}
+
+// UnsupportedError is a spec value this version of the operator accepts
+// in its schema but does not implement yet.
+type UnsupportedError struct {
+	Field string
+	Value string
+}
+
+func (e *UnsupportedError) Error() string {
+	return fmt.Sprintf("%s %q is not supported by this version of the operator", e.Field, e.Value)
+}
+
+func server(cb *v1alpha1.CacheBackend) *v1alpha1.LMCacheServer {
+	if cb.Spec.RemoteStorage == nil {
+		return nil
+	}
+	return cb.Spec.RemoteStorage.LMCacheServer
+}
+
+func pvcSpec(cb *v1alpha1.CacheBackend) *v1alpha1.PVCStorage {
+	if cb.Spec.Storage == nil {
+		return nil
+	}
+	return cb.Spec.Storage.PVC
+}
+
+func ownerRef(cb *v1alpha1.CacheBackend) *metav1ac.OwnerReferenceApplyConfiguration {
+	return metav1ac.OwnerReference().
+		WithAPIVersion(v1alpha1.GroupVersion.String()).
+		WithKind("CacheBackend").
+		WithName(cb.Name).
+		WithUID(cb.UID).
+		WithController(true).
+		WithBlockOwnerDeletion(true)
+}
+
+func deployment(cb *v1alpha1.CacheBackend) *appsv1ac.DeploymentApplyConfiguration {
+	spec := appsv1ac.DeploymentSpec().
+		WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb))).
+		WithTemplate(podTemplate(cb))
+	// With an HPA the replica count belongs to the HPA: leaving it out here
+	// keeps the operator from fighting the autoscaler over the field.
+	if cb.Spec.Autoscaling == nil {
+		spec.WithReplicas(Replicas(cb))
+	}
+	spec.WithStrategy(strategy(cb))
+	return appsv1ac.Deployment(cb.Name, cb.Namespace).
+		WithLabels(Labels(cb)).
+		WithOwnerReferences(ownerRef(cb)).
+		WithSpec(spec)
+}
+
+// strategy is always rendered in full, so that switching between the two
+// types never leaves a defaulted rollingUpdate block behind that the API
+// server would reject next to type Recreate. A ReadWriteOnce claim can be
+// attached by one node only, so a Deployment with one recreates its pod;
+// otherwise a surge pod comes up before the old one goes, keeping the
+// endpoint served through a rollout.
+func strategy(cb *v1alpha1.CacheBackend) *appsv1ac.DeploymentStrategyApplyConfiguration {
+	if p := pvcSpec(cb); p != nil && !hasAccessMode(p, corev1.ReadWriteMany) {
+		return appsv1ac.DeploymentStrategy().WithType(appsv1.RecreateDeploymentStrategyType)
+	}
+	return appsv1ac.DeploymentStrategy().
+		WithType(appsv1.RollingUpdateDeploymentStrategyType).
+		WithRollingUpdate(appsv1ac.RollingUpdateDeployment().
+			WithMaxUnavailable(intstr.FromInt32(0)).
+			WithMaxSurge(intstr.FromInt32(1)))
+}
+
+func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfiguration {
+	port := Port(cb)
+	image := DefaultImage
+	var extra []string
+	var resources *corev1.ResourceRequirements
+	if s := server(cb); s != nil {
+		if s.Image != "" {
+			image = s.Image
+		}
+		extra = s.ExtraArgs
+		resources = s.Resources
+	}
+	// lmcache_server <host> <port> <device>: device "cpu" keeps the cache in
+	// memory; a directory stores it on disk.
+	device := "cpu"
+	if pvcSpec(cb) != nil {
+		device = dataMountPath
+	}
+	args := append([]string{"0.0.0.0", strconv.Itoa(int(port)), device}, extra...)
+
+	probe := func(initialDelay, period, failures int32) *corev1ac.ProbeApplyConfiguration {
+		return corev1ac.Probe().
+			WithTCPSocket(corev1ac.TCPSocketAction().WithPort(intstr.FromString(portName))).
+			WithInitialDelaySeconds(initialDelay).
+			WithPeriodSeconds(period).
+			WithFailureThreshold(failures)
+	}
+	container := corev1ac.Container().
+		WithName(containerName).
+		WithImage(image).
+		WithCommand("lmcache_server").
+		WithArgs(args...).
+		WithPorts(corev1ac.ContainerPort().
+			WithName(portName).
+			WithContainerPort(port).
+			WithProtocol(corev1.ProtocolTCP)).
+		WithReadinessProbe(probe(0, 5, 3)).
+		WithLivenessProbe(probe(15, 10, 6))
+	if resources != nil {
+		rr := corev1ac.ResourceRequirements()
+		if len(resources.Requests) > 0 {
+			rr.WithRequests(resources.Requests)
+		}
+		if len(resources.Limits) > 0 {
+			rr.WithLimits(resources.Limits)
+		}
+		container.WithResources(rr)
+	}
+	podSpec := corev1ac.PodSpec()
+	if pvcSpec(cb) != nil {
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(dataVolumeName).WithMountPath(dataMountPath))
+		podSpec.WithVolumes(corev1ac.Volume().
+			WithName(dataVolumeName).
+			WithPersistentVolumeClaim(corev1ac.PersistentVolumeClaimVolumeSource().WithClaimName(PVCName(cb))))
+	}
+	podSpec.WithContainers(container)
+	return corev1ac.PodTemplateSpec().
+		WithLabels(Labels(cb)).
+		WithSpec(podSpec)
+}
+
+func service(cb *v1alpha1.CacheBackend) *corev1ac.ServiceApplyConfiguration {
+	return corev1ac.Service(ServiceName(cb), cb.Namespace).
+		WithLabels(Labels(cb)).
+		WithOwnerReferences(ownerRef(cb)).
+		WithSpec(corev1ac.ServiceSpec().
+			WithType(corev1.ServiceTypeClusterIP).
+			WithSelector(SelectorLabels(cb)).
+			WithPorts(corev1ac.ServicePort().
+				WithName(portName).
+				WithPort(Port(cb)).
+				WithTargetPort(intstr.FromString(portName)).
+				WithProtocol(corev1.ProtocolTCP)))
+}
+
+func hpa(cb *v1alpha1.CacheBackend) *autoscalingv2ac.HorizontalPodAutoscalerApplyConfiguration {
+	as := cb.Spec.Autoscaling
+	min := int32(1)
+	if as.MinReplicas != nil {
+		min = *as.MinReplicas
+	}
+	metric := func(name corev1.ResourceName, pct int32) *autoscalingv2ac.MetricSpecApplyConfiguration {
+		return autoscalingv2ac.MetricSpec().
+			WithType("Resource").
+			WithResource(autoscalingv2ac.ResourceMetricSource().
+				WithName(name).
+				WithTarget(autoscalingv2ac.MetricTarget().
+					WithType("Utilization").
+					WithAverageUtilization(pct)))
+	}
+	var metrics []*autoscalingv2ac.MetricSpecApplyConfiguration
+	if as.TargetCPUUtilizationPercentage != nil {
+		metrics = append(metrics, metric(corev1.ResourceCPU, *as.TargetCPUUtilizationPercentage))
+	}
+	if as.TargetMemoryUtilizationPercentage != nil {
+		metrics = append(metrics, metric(corev1.ResourceMemory, *as.TargetMemoryUtilizationPercentage))
+	}
+	if len(metrics) == 0 {
+		metrics = append(metrics, metric(corev1.ResourceCPU, defaultHPACPU))
+	}
+	return autoscalingv2ac.HorizontalPodAutoscaler(cb.Name, cb.Namespace).
+		WithLabels(Labels(cb)).
+		WithOwnerReferences(ownerRef(cb)).
+		WithSpec(autoscalingv2ac.HorizontalPodAutoscalerSpec().
+			WithScaleTargetRef(autoscalingv2ac.CrossVersionObjectReference().
+				WithAPIVersion("apps/v1").
+				WithKind("Deployment").
+				WithName(cb.Name)).
+			WithMinReplicas(min).
+			WithMaxReplicas(as.MaxReplicas).
+			WithMetrics(metrics...))
+}
+
+// pvc renders the shared claim. Whether it is deleted with the CacheBackend
+// is expressed only through its owner reference: with retention
+// whenDeleted=Delete it is owned by the CacheBackend and garbage-collected
+// with it; otherwise it has no owner and outlives it. The operator itself
+// never deletes a claim.
+func pvc(cb *v1alpha1.CacheBackend) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+	p := pvcSpec(cb)
+	modes := p.AccessModes
+	if len(modes) == 0 {
+		modes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
+	}
+	spec := corev1ac.PersistentVolumeClaimSpec().
+		WithAccessModes(modes...).
+		WithResources(corev1ac.VolumeResourceRequirements().
+			WithRequests(corev1.ResourceList{corev1.ResourceStorage: p.Size}))
+	if p.StorageClassName != nil {
+		spec.WithStorageClassName(*p.StorageClassName)
+	}
+	retention := v1alpha1.RetentionRetain
+	if DeleteDataWithBackend(cb) {
+		retention = v1alpha1.RetentionDelete
+	}
+	// The annotation shows the retention on the claim itself, and makes a
+	// retention change a visible difference to the applier, which compares
+	// labels, annotations and spec but not owner references.
+	claim := corev1ac.PersistentVolumeClaim(PVCName(cb), cb.Namespace).
+		WithLabels(Labels(cb)).
+		WithAnnotations(map[string]string{AnnotationRetentionWhenDeleted: string(retention)}).
+		WithSpec(spec)
+	if DeleteDataWithBackend(cb) {
+		claim.WithOwnerReferences(ownerRef(cb))
+	}
+	return claim
+}
+
+// DeleteDataWithBackend reports whether cb's claims go when cb is deleted.
+func DeleteDataWithBackend(cb *v1alpha1.CacheBackend) bool {
+	p := pvcSpec(cb)
+	return p != nil && p.Retention != nil && p.Retention.WhenDeleted == v1alpha1.RetentionDelete
+}
+
+func hasAccessMode(p *v1alpha1.PVCStorage, m corev1.PersistentVolumeAccessMode) bool {
+	for _, have := range p.AccessModes {
+		if have == m {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Builds the local control plane from the Go module proxy: kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes), etcd
+# (go.etcd.io/etcd/server/v3) and kwok (sigs.k8s.io/kwok), plus kwok's stage
+# files. Binaries go to a per-user cache folder keyed by version, so a fresh
+# clone reuses them; only missing binaries are built. Prints the folder.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+KUBE_VERSION=v1.37.2
+ETCD_VERSION=v3.6.16
+KWOK_VERSION=v0.8.0
+cache=${INFERENCECACHE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inferencecache-operator}
+dir=${CONTROLPLANE_DIR:-$cache/controlplane-kube${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}}
+mkdir -p "$dir"
+
+log() { echo "controlplane: $*" >&2; }
+
+# Build into a temporary name and move into place, so an interrupted build
+# never leaves a truncated binary that later runs would trust.
+build() { # name module-dir package
+	local name=$1 mod=$2 pkg=$3
+	[ -x "$dir/$name" ] && return 0
+	log "building $name ($pkg) into $dir"
+	(cd "$mod" && go build -trimpath -o "$dir/.$name.tmp" "$pkg")
+	mv "$dir/.$name.tmp" "$dir/$name"
+}
+
+build etcd "$here/etcd" .
+for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+	build "$c" "$here/kube" "k8s.io/kubernetes/cmd/$c"
+done
+
+if [ ! -x "$dir/kwok" ]; then
+	log "building kwok sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION into $dir"
+	tmp=$(mktemp -d)
+	GOBIN=$tmp go install -trimpath "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+	mv "$tmp/kwok" "$dir/kwok"
+	rmdir "$tmp"
+fi
+
+if [ ! -f "$dir/kwok-stages.yaml" ]; then
+	src=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage
+	if [ ! -d "$src" ]; then
+		GOFLAGS=-mod=mod go mod download "sigs.k8s.io/kwok@$KWOK_VERSION"
+	fi
+	{
+		for f in node/fast/*.yaml node/heartbeat/*.yaml pod/fast/*.yaml; do
+			for y in "$src"/$f; do
+				case "$y" in */kustomization.yaml) continue ;; esac
+				cat "$y"; echo "---"
+			done
+		done
+	} > "$dir/.kwok-stages.tmp"
+	mv "$dir/.kwok-stages.tmp" "$dir/kwok-stages.yaml"
+fi
+
+echo "$dir"
