@@ -297,7 +297,7 @@ type Storage struct {
 // PVCStorage describes the persistent volume claims of the cache server.
 type PVCStorage struct {
 	// Size of each claim.
-	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).sign() == 1",message="size must be greater than zero"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="size must be greater than zero"
 	Size resource.Quantity `json:"size"`
 
 	// StorageClassName of the claims; empty uses the cluster default.

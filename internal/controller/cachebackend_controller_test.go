@@ -1,0 +1,544 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/controller"
+)
+
+func newBackend(ns, name string) *v1alpha1.CacheBackend {
+	return &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.CacheBackendSpec{
+			Runtime:        v1alpha1.RuntimeVLLM,
+			Type:           v1alpha1.BackendTypeLMCache,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "engine-" + name}},
+		},
+	}
+}
+
+func getBackend(t *testing.T, key client.ObjectKey) *v1alpha1.CacheBackend {
+	t.Helper()
+	cb := &v1alpha1.CacheBackend{}
+	require.NoError(t, k8s.Get(context.Background(), key, cb))
+	return cb
+}
+
+func waitDeployment(t *testing.T, key client.ObjectKey, cond func(*appsv1.Deployment) error) *appsv1.Deployment {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	eventually(t, 15*time.Second, func() error {
+		if err := k8s.Get(context.Background(), key, d); err != nil {
+			return err
+		}
+		if cond == nil {
+			return nil
+		}
+		return cond(d)
+	})
+	return d
+}
+
+func waitBackend(t *testing.T, key client.ObjectKey, cond func(*v1alpha1.CacheBackend) error) *v1alpha1.CacheBackend {
+	t.Helper()
+	cb := &v1alpha1.CacheBackend{}
+	eventually(t, 15*time.Second, func() error {
+		if err := k8s.Get(context.Background(), key, cb); err != nil {
+			return err
+		}
+		return cond(cb)
+	})
+	return cb
+}
+
+func readyIs(want metav1.ConditionStatus, reason string) func(*v1alpha1.CacheBackend) error {
+	return func(cb *v1alpha1.CacheBackend) error {
+		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Status != want || (reason != "" && c.Reason != reason) || cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("Ready is %+v at observedGeneration %d/%d, want %s %s", c, cb.Status.ObservedGeneration, cb.Generation, want, reason)
+		}
+		return nil
+	}
+}
+
+func managers(obj client.Object) []string {
+	var out []string
+	for _, e := range obj.GetManagedFields() {
+		out = append(out, fmt.Sprintf("%s/%s", e.Manager, e.Operation))
+	}
+	return out
+}
+
+// TestChildrenAreOwnedByTheOperatorsFieldManager: the workload and Service
+// are applied server-side by the fixed field manager, are controlled by the
+// CacheBackend, and the Service port and container port carry a protocol.
+func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+
+	dep := waitDeployment(t, key, nil)
+	assert.Contains(t, managers(dep), apply.FieldManager+"/Apply")
+	assert.True(t, metav1.IsControlledBy(dep, cb), "Deployment controlled by the CacheBackend")
+	c := dep.Spec.Template.Spec.Containers[0]
+	assert.Equal(t, []string{"lmcache_server"}, c.Command)
+	assert.Equal(t, []string{"0.0.0.0", "65432", "cpu"}, c.Args)
+	assert.Equal(t, corev1.ProtocolTCP, c.Ports[0].Protocol)
+	require.NotNil(t, c.ReadinessProbe.TCPSocket, "readiness is a tcpSocket probe: lmcache_server speaks raw TCP")
+
+	svc := &corev1.Service{}
+	require.NoError(t, k8s.Get(ctx, key, svc))
+	assert.Contains(t, managers(svc), apply.FieldManager+"/Apply")
+	assert.True(t, metav1.IsControlledBy(svc, cb))
+	assert.Equal(t, corev1.ProtocolTCP, svc.Spec.Ports[0].Protocol)
+
+	// The status has its own field manager.
+	got := waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	assert.Contains(t, managers(got), controller.StatusManager+"/Apply")
+	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionProgressing, v1alpha1.ConditionDegraded} {
+		assert.NotNil(t, meta.FindStatusCondition(got.Status.Conditions, typ), "condition %s published from the first reconcile", typ)
+	}
+	assert.Empty(t, got.Status.Endpoint, "no endpoint before the workload is available")
+}
+
+// TestEndpointPublishedOnlyWhileAvailable: the endpoint appears when the
+// workload becomes available, firstAvailableAt is recorded once, and the
+// endpoint is cleared when no replica is available.
+func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+
+	markDeploymentAvailable(t, key)
+	got := waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc:65432", ns), got.Status.Endpoint)
+	require.NotNil(t, got.Status.FirstAvailableAt)
+	first := *got.Status.FirstAvailableAt
+	assert.Equal(t, int32(1), got.Status.ReadyReplicas)
+
+	markDeploymentRolling(t, key)
+	got = waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	assert.Empty(t, got.Status.Endpoint, "endpoint cleared while no replica is available")
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
+
+	markDeploymentAvailable(t, key)
+	got = waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	assert.Equal(t, first.Unix(), got.Status.FirstAvailableAt.Unix(), "firstAvailableAt keeps the first time")
+	ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
+	assert.Equal(t, got.Generation, ready.ObservedGeneration)
+}
+
+// TestNoOpReconcileSendsNoWrite: once the children exist, reconciles without
+// a spec change send no mutating request (dry runs aside) for any child, and
+// no child's resourceVersion moves.
+func TestNoOpReconcileSendsNoWrite(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
+	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+	markDeploymentAvailable(t, key)
+	waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+
+	children := []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}, &corev1.PersistentVolumeClaim{}}
+	keys := map[client.Object]client.ObjectKey{}
+	for _, o := range children {
+		keys[o] = key
+	}
+	keys[children[3]] = client.ObjectKey{Namespace: ns, Name: "cache-data"}
+	versions := func() []string {
+		var out []string
+		for _, o := range children {
+			require.NoError(t, k8s.Get(ctx, keys[o], o))
+			out = append(out, fmt.Sprintf("%T=%s", o, o.GetResourceVersion()))
+		}
+		return out
+	}
+	before := versions()
+
+	counter := &writeCounter{counts: map[string]int{}}
+	c, err := client.New(counter.wrap(cfg), client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	r := &controller.CacheBackendReconciler{
+		Client: c, Applier: apply.New(c, c),
+		Recorder: events.NewFakeRecorder(100), Now: metav1.Now,
+	}
+	for range 3 {
+		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		require.NoError(t, err)
+	}
+	assert.Empty(t, counter.snapshot(), "no mutating request in three reconciles without a spec change")
+	assert.Equal(t, before, versions(), "no child's resourceVersion changed")
+}
+
+// TestForeignLabelSurvivesReconciles: a label another field manager puts on
+// the Deployment is not removed by the operator's applies.
+func TestForeignLabelSurvivesReconciles(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+
+	foreign := &unstructured.Unstructured{}
+	foreign.SetAPIVersion("apps/v1")
+	foreign.SetKind("Deployment")
+	foreign.SetNamespace(ns)
+	foreign.SetName("cache")
+	foreign.SetLabels(map[string]string{"team": "platform"})
+	require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(foreign), client.FieldOwner("platform-team")))
+
+	// A spec change makes the operator apply the Deployment for real.
+	cb = getBackend(t, key)
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v2"}}
+	require.NoError(t, k8s.Update(ctx, cb))
+	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if img := d.Spec.Template.Spec.Containers[0].Image; img != "example.com/lmcache:v2" {
+			return fmt.Errorf("image is %s", img)
+		}
+		return nil
+	})
+	assert.Equal(t, "platform", dep.Labels["team"], "label of another field manager survives")
+	assert.Contains(t, managers(dep), "platform-team/Apply")
+}
+
+// TestSpecChangeUpdatesChildren: port, replicas, args and resources flow
+// from the spec into the Deployment and Service.
+func TestSpecChangeUpdatesChildren(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+
+	cb = getBackend(t, key)
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{
+		Port: 7000, Replicas: ptr.To[int32](3), ExtraArgs: []string{"--verbose"},
+		Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}},
+	}}
+	require.NoError(t, k8s.Update(ctx, cb))
+	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if *d.Spec.Replicas != 3 {
+			return fmt.Errorf("replicas %d", *d.Spec.Replicas)
+		}
+		return nil
+	})
+	c := dep.Spec.Template.Spec.Containers[0]
+	assert.Equal(t, []string{"0.0.0.0", "7000", "cpu", "--verbose"}, c.Args)
+	assert.Equal(t, int32(7000), c.Ports[0].ContainerPort)
+	assert.Equal(t, "2Gi", ptr.To(c.Resources.Requests[corev1.ResourceMemory]).String())
+	eventually(t, 10*time.Second, func() error {
+		svc := &corev1.Service{}
+		if err := k8s.Get(ctx, key, svc); err != nil {
+			return err
+		}
+		if svc.Spec.Ports[0].Port != 7000 {
+			return fmt.Errorf("service port %d", svc.Spec.Ports[0].Port)
+		}
+		return nil
+	})
+}
+
+// TestAutoscalingToggleKeepsReplicaCount: turning autoscaling on creates the
+// HPA and hands the replica count over without resetting it to 1; turning
+// it off prunes the HPA and applies the spec's count again. Every replica
+// value the Deployment takes is recorded through a watch.
+func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+
+	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	w, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(ns))
+	require.NoError(t, err)
+	defer w.Stop()
+	var seen []int32
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			if d, ok := ev.Object.(*appsv1.Deployment); ok && ev.Type != watch.Deleted && d.Spec.Replicas != nil {
+				seen = append(seen, *d.Spec.Replicas)
+			}
+		}
+	}()
+
+	cb = getBackend(t, key)
+	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 5, TargetCPUUtilizationPercentage: ptr.To[int32](70)}
+	require.NoError(t, k8s.Update(ctx, cb))
+	hpa := &autoscalingv2.HorizontalPodAutoscaler{}
+	eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, key, hpa) })
+	assert.Equal(t, int32(5), hpa.Spec.MaxReplicas)
+	assert.Equal(t, "Deployment", hpa.Spec.ScaleTargetRef.Kind)
+	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if slices.Contains(managers(d), apply.ReplicasHandoffManager+"/Apply") {
+			return nil
+		}
+		return fmt.Errorf("replicas not handed off yet: %v", managers(d))
+	})
+	assert.Equal(t, int32(2), *dep.Spec.Replicas, "replica count kept when the HPA takes over")
+
+	// The HPA scales the workload (as the HPA controller would, through the
+	// scale subresource); the operator must not take the count back.
+	require.NoError(t, scaleDeployment(ctx, key, 4))
+	cb = getBackend(t, key)
+	cb.Spec.RemoteStorage.LMCacheServer.Image = "example.com/lmcache:v3"
+	require.NoError(t, k8s.Update(ctx, cb))
+	dep = waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if d.Spec.Template.Spec.Containers[0].Image != "example.com/lmcache:v3" {
+			return fmt.Errorf("not applied yet")
+		}
+		return nil
+	})
+	assert.Equal(t, int32(4), *dep.Spec.Replicas, "the HPA's count survives an apply")
+
+	cb = getBackend(t, key)
+	cb.Spec.Autoscaling = nil
+	require.NoError(t, k8s.Update(ctx, cb))
+	eventually(t, 15*time.Second, func() error {
+		err := k8s.Get(ctx, key, &autoscalingv2.HorizontalPodAutoscaler{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("HPA still there: %v", err)
+	})
+	waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if *d.Spec.Replicas != 2 {
+			return fmt.Errorf("replicas %d, want the spec's 2", *d.Spec.Replicas)
+		}
+		return nil
+	})
+	w.Stop()
+	<-done
+	assert.NotContains(t, seen, int32(1), "replica count never reset to 1; values seen: %v", seen)
+}
+
+// TestPVCRetentionIsAnOwnerReference: the shared PVC has no owner by
+// default, so deleting the CacheBackend keeps it; whenDeleted=Delete makes
+// the CacheBackend its owner, and switching back removes the reference.
+// The operator itself never deletes the claim, even when storage is removed.
+func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	pvcKey := client.ObjectKey{Namespace: ns, Name: "cache-data"}
+
+	pvc := &corev1.PersistentVolumeClaim{}
+	eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, pvcKey, pvc) })
+	assert.Empty(t, pvc.OwnerReferences, "retained by default: no owner")
+	assert.Equal(t, "Retain", pvc.Annotations["inferencecache.io/retention-when-deleted"])
+	dep := waitDeployment(t, key, nil)
+	assert.Equal(t, appsv1.RecreateDeploymentStrategyType, dep.Spec.Strategy.Type, "ReadWriteOnce claim: one pod at a time")
+	assert.Equal(t, "cache-data", dep.Spec.Template.Spec.Volumes[0].PersistentVolumeClaim.ClaimName)
+
+	cb = getBackend(t, key)
+	cb.Spec.Storage.PVC.Retention = &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}
+	require.NoError(t, k8s.Update(ctx, cb))
+	eventually(t, 15*time.Second, func() error {
+		if err := k8s.Get(ctx, pvcKey, pvc); err != nil {
+			return err
+		}
+		if !metav1.IsControlledBy(pvc, cb) {
+			return fmt.Errorf("owner references %v", pvc.OwnerReferences)
+		}
+		return nil
+	})
+
+	cb = getBackend(t, key)
+	cb.Spec.Storage = nil
+	require.NoError(t, k8s.Update(ctx, cb))
+	waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if len(d.Spec.Template.Spec.Volumes) != 0 {
+			return fmt.Errorf("volume still mounted")
+		}
+		if d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
+			return fmt.Errorf("strategy %s", d.Spec.Strategy.Type)
+		}
+		return nil
+	})
+	require.NoError(t, k8s.Get(ctx, pvcKey, pvc), "the operator never deletes a claim")
+	assert.Nil(t, pvc.DeletionTimestamp)
+}
+
+// TestEngineSelectorMatching: matchedEnginePods follows pod creation,
+// relabelling and deletion; engineSelectorMessage and the
+// EngineSelectorUnmatched event appear when nothing matches.
+func TestEngineSelectorMatching(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+
+	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		if cb.Status.EngineSelectorMessage == "" {
+			return fmt.Errorf("no selector message yet")
+		}
+		return nil
+	})
+	assert.Contains(t, got.Status.EngineSelectorMessage, "app=engine-cache")
+	assert.Equal(t, int32(0), got.Status.MatchedEnginePods)
+	waitEvent(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 1)
+
+	pod := func(name string, labels map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+		}
+	}
+	match := map[string]string{"app": "engine-cache", "tier": "gpu"}
+	require.NoError(t, k8s.Create(ctx, pod("a", match)))
+	require.NoError(t, k8s.Create(ctx, pod("b", match)))
+	require.NoError(t, k8s.Create(ctx, pod("other", map[string]string{"app": "other"})))
+	matched := func(n int32) func(*v1alpha1.CacheBackend) error {
+		return func(cb *v1alpha1.CacheBackend) error {
+			if cb.Status.MatchedEnginePods != n {
+				return fmt.Errorf("matched %d, want %d", cb.Status.MatchedEnginePods, n)
+			}
+			return nil
+		}
+	}
+	got = waitBackend(t, key, matched(2))
+	assert.Empty(t, got.Status.EngineSelectorMessage)
+
+	b := &corev1.Pod{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, b))
+	b.Labels = map[string]string{"app": "renamed"}
+	require.NoError(t, k8s.Update(ctx, b))
+	waitBackend(t, key, matched(1))
+
+	require.NoError(t, k8s.Delete(ctx, pod("a", nil), client.GracePeriodSeconds(0)))
+	got = waitBackend(t, key, matched(0))
+	assert.NotEmpty(t, got.Status.EngineSelectorMessage)
+	waitEvent(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 2)
+}
+
+func waitEvent(t *testing.T, ns, name, reason string, atLeast int) {
+	t.Helper()
+	eventually(t, 15*time.Second, func() error {
+		var list eventsv1.EventList
+		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		n := 0
+		for _, e := range list.Items {
+			if e.Regarding.Name == name && e.Reason == reason {
+				n += max(1, int(e.DeprecatedCount))
+				if e.Series != nil {
+					n = max(n, int(e.Series.Count))
+				}
+			}
+		}
+		if n < atLeast {
+			return fmt.Errorf("%d %s events on %s, want at least %d", n, reason, name, atLeast)
+		}
+		return nil
+	})
+}
+
+// TestKstatus: kstatus (what Flux and kubectl wait read) computes
+// InProgress while the cache server rolls out and Current once it is Ready.
+func TestKstatus(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+
+	kstatus := func() status.Status {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("CacheBackend"))
+		require.NoError(t, k8s.Get(ctx, key, u))
+		res, err := status.Compute(u)
+		require.NoError(t, err)
+		return res.Status
+	}
+	markDeploymentRolling(t, key)
+	waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	assert.Equal(t, status.InProgressStatus, kstatus())
+
+	markDeploymentAvailable(t, key)
+	waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	assert.Equal(t, status.CurrentStatus, kstatus())
+}
+
+// TestUnsupportedFeaturesAreReported: a spec this version accepts but does
+// not implement is reported with a condition, never ignored silently.
+func TestUnsupportedFeaturesAreReported(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "sts")
+	cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
+	require.NoError(t, k8s.Create(ctx, cb))
+	got := waitBackend(t, client.ObjectKeyFromObject(cb), readyIs(metav1.ConditionFalse, v1alpha1.ReasonUnsupported))
+	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "spec.deploymentKind")
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
+
+	hc := &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hicache"},
+		Spec:       v1alpha1.CacheBackendSpec{Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache},
+	}
+	require.NoError(t, k8s.Create(ctx, hc))
+	got = waitBackend(t, client.ObjectKeyFromObject(hc), readyIs(metav1.ConditionFalse, v1alpha1.ReasonUnsupported))
+	assert.Empty(t, got.Status.Endpoint)
+	err := k8s.Get(ctx, client.ObjectKeyFromObject(hc), &appsv1.Deployment{})
+	assert.True(t, apierrors.IsNotFound(err), "no workload for an engine-local backend")
+}
+
+// scaleDeployment sets the replica count through the scale subresource,
+// as the HPA controller does.
+func scaleDeployment(ctx context.Context, key client.ObjectKey, n int32) error {
+	dep := &appsv1.Deployment{}
+	if err := k8s.Get(ctx, key, dep); err != nil {
+		return err
+	}
+	scale := &autoscalingv1.Scale{
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, ResourceVersion: dep.ResourceVersion},
+		Spec:       autoscalingv1.ScaleSpec{Replicas: n},
+	}
+	return k8s.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(scale), client.FieldOwner("horizontal-pod-autoscaler"))
+}

@@ -1,0 +1,226 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zapcore"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/test/controlplane"
+)
+
+// The suite runs the shipped controllers (controller.Setup) in a manager
+// against a real kube-apiserver and etcd. There is no kube-controller-manager
+// here: tests that need a Deployment's status write it themselves, as the
+// Deployment controller would, and garbage collection is proven end to end
+// in test/e2e.
+var (
+	cfg    *rest.Config
+	k8s    client.Client
+	scheme = runtime.NewScheme()
+	nsSeq  atomic.Int64
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(v1alpha1.AddToScheme(scheme))
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(false), zap.Level(zapLevel())))
+
+	dir, err := controlplane.Dir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration tests need the local control plane:", err)
+		return 1
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "kustomize", "base", "crd")},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: dir,
+	}
+	cfg, err = env.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting kube-apiserver and etcd:", err)
+		return 1
+	}
+	defer func() { _ = env.Stop() }()
+
+	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := controller.Setup(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "manager:", err)
+		}
+	}()
+	code := m.Run()
+	cancel()
+	wg.Wait()
+	return code
+}
+
+func zapLevel() zapcore.Level {
+	if os.Getenv("TEST_VERBOSE_MANAGER") != "" {
+		return -1
+	}
+	return 2 // errors only: keep test output readable
+}
+
+// newNamespace creates a namespace of its own for one test.
+func newNamespace(t *testing.T) string {
+	t.Helper()
+	name := fmt.Sprintf("t%d-%s", nsSeq.Add(1), strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name())))
+	if len(name) > 60 {
+		name = strings.TrimRight(name[:60], "-")
+	}
+	require.NoError(t, k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+	return name
+}
+
+// eventually polls cond until it returns nil or the timeout passes, and
+// fails with cond's last error.
+func eventually(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %v", timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// markDeploymentAvailable writes the status the Deployment controller would
+// write once every replica of the current generation is available.
+func markDeploymentAvailable(t *testing.T, key client.ObjectKey) {
+	t.Helper()
+	setDeploymentStatus(t, key, func(d *appsv1.Deployment, n int32) {
+		d.Status.Replicas, d.Status.UpdatedReplicas, d.Status.ReadyReplicas, d.Status.AvailableReplicas = n, n, n, n
+		d.Status.Conditions = []appsv1.DeploymentCondition{
+			{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"},
+			{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "NewReplicaSetAvailable"},
+		}
+	})
+}
+
+// markDeploymentRolling writes the status of a rollout with no replica
+// available yet.
+func markDeploymentRolling(t *testing.T, key client.ObjectKey) {
+	t.Helper()
+	setDeploymentStatus(t, key, func(d *appsv1.Deployment, n int32) {
+		d.Status.Replicas, d.Status.UpdatedReplicas, d.Status.ReadyReplicas, d.Status.AvailableReplicas = n, n, 0, 0
+		d.Status.UnavailableReplicas = n
+		d.Status.Conditions = []appsv1.DeploymentCondition{
+			{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionFalse, Reason: "MinimumReplicasUnavailable"},
+			{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "ReplicaSetUpdated"},
+		}
+	})
+}
+
+func setDeploymentStatus(t *testing.T, key client.ObjectKey, mutate func(*appsv1.Deployment, int32)) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		d := &appsv1.Deployment{}
+		if err := k8s.Get(context.Background(), key, d); err != nil {
+			return err
+		}
+		n := int32(1)
+		if d.Spec.Replicas != nil {
+			n = *d.Spec.Replicas
+		}
+		d.Status = appsv1.DeploymentStatus{ObservedGeneration: d.Generation}
+		mutate(d, n)
+		return k8s.Status().Update(context.Background(), d)
+	})
+}
+
+// writeCounter counts the requests that change objects (not dry runs) per
+// resource, by wrapping a rest.Config's transport.
+type writeCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (w *writeCounter) wrap(c *rest.Config) *rest.Config {
+	c = rest.CopyConfig(c)
+	c.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if r.Method != http.MethodGet && r.URL.Query().Get("dryRun") == "" {
+				parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+				res := r.Method
+				for i, p := range parts {
+					if p == "namespaces" && i+2 < len(parts) {
+						res = r.Method + " " + strings.Join(parts[i+2:], "/")
+					}
+				}
+				w.mu.Lock()
+				w.counts[res]++
+				w.mu.Unlock()
+			}
+			return rt.RoundTrip(r)
+		})
+	}
+	return c
+}
+
+func (w *writeCounter) snapshot() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range w.counts {
+		out[k] = v
+	}
+	return out
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
