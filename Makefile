@@ -52,6 +52,10 @@ demo: ## Start a local cluster, run the operator against it and apply examples/q
 	dir="$(CONTROLPLANE)"; \
 	CONTROLPLANE_DIR="$$dir" go run ./test/cmd/localcluster demo
 
+.PHONY: demo-stop
+demo-stop: ## Stop the local cluster and operator that `make demo` started.
+	go run ./test/cmd/localcluster stop
+
 .PHONY: help
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'

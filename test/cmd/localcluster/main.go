@@ -1,0 +1,195 @@
+// Command localcluster runs the operator's demo on a local cluster built
+// from the Go module proxy (see test/localcluster):
+//
+//	localcluster demo   start the cluster and the operator, apply examples/quickstart, wait for Ready
+//	localcluster stop   stop what demo started
+//
+// Run it from the repository root (make demo, make demo-stop).
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/inferencecache/operator/test/controlplane"
+	"github.com/inferencecache/operator/test/localcluster"
+)
+
+const (
+	workDir  = ".localcluster"
+	backend  = "qwen-demo-cache"
+	examples = "examples/quickstart"
+)
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: localcluster demo|stop")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "demo":
+		err = demo()
+	case "stop":
+		err = localcluster.StopWorkDir(abs(workDir))
+		if err == nil {
+			fmt.Println("local cluster stopped")
+		}
+	default:
+		err = fmt.Errorf("unknown command %q", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "localcluster:", err)
+		os.Exit(1)
+	}
+}
+
+func abs(p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return a
+}
+
+func say(format string, args ...any) { fmt.Printf("==> "+format+"\n", args...) }
+
+func demo() error {
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	bin, err := controlplane.Dir()
+	if err != nil {
+		return err
+	}
+	wd := abs(workDir)
+	if err := localcluster.StopWorkDir(wd); err != nil {
+		return fmt.Errorf("stopping the previous demo: %w", err)
+	}
+	if err := os.RemoveAll(wd); err != nil {
+		return err
+	}
+	say("starting a local cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) in %s", wd)
+	c, err := localcluster.Start(ctx, localcluster.Options{
+		BinDir: bin, WorkDir: wd, Nodes: 1, Detach: true,
+		Log: func(f string, a ...any) { say(f, a...) },
+	})
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			say("demo failed; stopping the cluster (logs stay in %s)", wd)
+			c.Stop()
+		}
+	}()
+
+	say("installing the CacheBackend CRD")
+	if err := localcluster.InstallCRDs(ctx, c.Config, "kustomize/base/crd"); err != nil {
+		return err
+	}
+	say("building and starting the operator (bin/manager), logs in %s/manager.log", workDir)
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", "bin/manager", "./cmd/manager").CombinedOutput(); err != nil {
+		return fmt.Errorf("building the manager: %w\n%s", err, out)
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	if err := os.Setenv("KUBECONFIG", c.Kubeconfig); err != nil {
+		return err
+	}
+	if err := startDetached(wd, "manager", abs("bin/manager"),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
+	); err != nil {
+		return err
+	}
+
+	kubectl := filepath.Join(bin, "kubectl")
+	if err := os.MkdirAll(filepath.Join(wd, "bin"), 0o755); err == nil {
+		_ = os.Symlink(kubectl, filepath.Join(wd, "bin", "kubectl"))
+	}
+	run := func(args ...string) error {
+		fmt.Printf("$ kubectl %s\n", strings.Join(args, " "))
+		cmd := exec.CommandContext(ctx, kubectl, args...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		return cmd.Run()
+	}
+	say("applying %s", examples)
+	if err := run("apply", "--server-side", "-k", examples); err != nil {
+		return err
+	}
+	say("waiting for the CacheBackend to become Ready")
+	if err := run("wait", "--for=condition=Ready", "cachebackend/"+backend, "--timeout=180s"); err != nil {
+		return err
+	}
+	if err := run("get", "cachebackend", backend, "-o", "wide"); err != nil {
+		return err
+	}
+	if err := run("get", "deployment,service,pods", "-o", "wide"); err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig="+c.Kubeconfig, "get", "cachebackend", backend,
+		"-o", "jsonpath={.status.endpoint}").Output()
+	if err != nil {
+		return err
+	}
+	ok = true
+	fmt.Printf(`
+CacheBackend %s is Ready; endpoint: %s
+
+The cluster and the operator keep running in the background.
+  reach it:  export KUBECONFIG=%s
+             %s get cachebackends
+  logs:      %s/*.log (manager.log is the operator)
+  stop it:   make demo-stop
+`, backend, out, c.Kubeconfig, filepath.Join(workDir, "bin", "kubectl"), workDir)
+	return nil
+}
+
+// startDetached runs a process in a session of its own, recorded in the
+// cluster's pid file so that `localcluster stop` ends it.
+func startDetached(wd, name, path string, args ...string) error {
+	logf, err := os.Create(filepath.Join(wd, name+".log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", name, err)
+	}
+	f, err := os.OpenFile(filepath.Join(wd, "pids"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = fmt.Fprintf(f, "%d %s\n", cmd.Process.Pid, name)
+	time.Sleep(time.Second)
+	return err
+}
+
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		defer l.Close()
+	}
+	return ports, nil
+}
