@@ -40,6 +40,10 @@ type Options struct {
 	// Detach starts the processes in sessions of their own that outlive the
 	// caller (for the demo); Stop or StopWorkDir ends them.
 	Detach bool
+	// CRDDir, when set, holds CRDs installed before the controller-manager
+	// starts, so its garbage collector knows their kinds from the start
+	// (it rediscovers new kinds only every 30 seconds).
+	CRDDir string
 	// Log receives progress lines; nil discards them.
 	Log func(format string, args ...any)
 }
@@ -124,6 +128,19 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, fmt.Errorf("kube-apiserver not ready: %w", err)
 	}
 
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return c, err
+	}
+	cfg.QPS, cfg.Burst = 50, 100
+	c.Config = cfg
+	if opts.CRDDir != "" {
+		opts.Log("installing the CRDs of %s", opts.CRDDir)
+		if err := InstallCRDs(ctx, cfg, opts.CRDDir); err != nil {
+			return c, err
+		}
+	}
+
 	opts.Log("starting kube-controller-manager, kube-scheduler and kwok")
 	if err := c.start("kube-controller-manager",
 		"--kubeconfig="+c.Kubeconfig,
@@ -158,12 +175,6 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
-	if err != nil {
-		return c, err
-	}
-	cfg.QPS, cfg.Burst = 50, 100
-	c.Config = cfg
 	cl, err := client.New(cfg, client.Options{})
 	if err != nil {
 		return c, err

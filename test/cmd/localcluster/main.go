@@ -78,7 +78,7 @@ func demo() error {
 	}
 	say("starting a local cluster (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) in %s", wd)
 	c, err := localcluster.Start(ctx, localcluster.Options{
-		BinDir: bin, WorkDir: wd, Nodes: 1, Detach: true,
+		BinDir: bin, WorkDir: wd, Nodes: 1, Detach: true, CRDDir: "kustomize/base/crd",
 		Log: func(f string, a ...any) { say(f, a...) },
 	})
 	if err != nil {
@@ -92,10 +92,6 @@ func demo() error {
 		}
 	}()
 
-	say("installing the CacheBackend CRD")
-	if err := localcluster.InstallCRDs(ctx, c.Config, "kustomize/base/crd"); err != nil {
-		return err
-	}
 	say("building and starting the operator (bin/manager), logs in %s/manager.log", workDir)
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", "bin/manager", "./cmd/manager").CombinedOutput(); err != nil {
 		return fmt.Errorf("building the manager: %w\n%s", err, out)

@@ -1,0 +1,70 @@
+package controller
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+func dep(gen, observed int64, replicas, updated, available int32, conds ...appsv1.DeploymentCondition) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Generation: gen},
+		Spec:       appsv1.DeploymentSpec{Replicas: ptr.To(replicas)},
+		Status: appsv1.DeploymentStatus{
+			ObservedGeneration: observed, Replicas: updated, UpdatedReplicas: updated,
+			ReadyReplicas: available, AvailableReplicas: available, Conditions: conds,
+		},
+	}
+}
+
+var (
+	availableTrue  = appsv1.DeploymentCondition{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue}
+	availableFalse = appsv1.DeploymentCondition{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionFalse}
+	progressDone   = appsv1.DeploymentCondition{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "NewReplicaSetAvailable"}
+	progressing    = appsv1.DeploymentCondition{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionTrue, Reason: "ReplicaSetUpdated"}
+	deadline       = appsv1.DeploymentCondition{Type: appsv1.DeploymentProgressing, Status: corev1.ConditionFalse, Reason: "ProgressDeadlineExceeded"}
+)
+
+func TestDeploymentHealth(t *testing.T) {
+	cases := []struct {
+		name                                             string
+		dep                                              *appsv1.Deployment
+		reason                                           string
+		ready, available, progressing, degraded, stalled bool
+	}{
+		{"not created yet", nil, v1alpha1.ReasonRolloutInProgress, false, false, true, false, false},
+		{"spec not observed", dep(2, 1, 1, 1, 1, availableTrue, progressDone), v1alpha1.ReasonRolloutInProgress, false, true, true, false, false},
+		{"first rollout", dep(1, 1, 1, 1, 0, availableFalse, progressing), v1alpha1.ReasonRolloutInProgress, false, false, true, false, false},
+		{"rolling with replicas available", dep(3, 3, 2, 1, 2, availableTrue, progressing), v1alpha1.ReasonRolloutInProgress, false, true, true, false, false},
+		{"deadline exceeded", dep(1, 1, 1, 1, 0, availableFalse, deadline), v1alpha1.ReasonProgressDeadlineExceeded, false, false, false, true, true},
+		{"replica lost after rollout", dep(1, 1, 2, 2, 1, availableTrue, progressDone), v1alpha1.ReasonReplicasUnavailable, false, true, false, true, false},
+		{"all available", dep(1, 1, 2, 2, 2, availableTrue, progressDone), v1alpha1.ReasonBackendReady, true, true, false, false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := deploymentHealth(tc.dep)
+			assert.Equal(t, tc.reason, h.Reason)
+			assert.Equal(t, tc.ready, h.Ready, "ready")
+			assert.Equal(t, tc.available, h.Available, "available")
+			assert.Equal(t, tc.progressing, h.Progressing, "progressing")
+			assert.Equal(t, tc.degraded, h.Degraded, "degraded")
+			assert.Equal(t, tc.stalled, h.Stalled, "stalled")
+		})
+	}
+}
+
+func TestSelectorMatches(t *testing.T) {
+	pod := map[string]string{"app": "qwen", "tier": "gpu"}
+	assert.True(t, SelectorMatches(map[string]string{"app": "qwen"}, pod))
+	assert.True(t, SelectorMatches(pod, pod))
+	assert.False(t, SelectorMatches(map[string]string{"app": "llama"}, pod))
+	assert.False(t, SelectorMatches(map[string]string{"app": "qwen", "zone": "a"}, pod))
+	assert.False(t, SelectorMatches(nil, pod), "an empty selector matches nothing")
+	assert.False(t, SelectorMatches(map[string]string{}, pod))
+}

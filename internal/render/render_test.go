@@ -1,0 +1,144 @@
+package render_test
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/render"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files from the current output")
+
+func load(t *testing.T, path string) *v1alpha1.CacheBackend {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	cb := &v1alpha1.CacheBackend{}
+	require.NoError(t, yaml.UnmarshalStrict(raw, cb))
+	return cb
+}
+
+// TestRenderGolden renders each testdata/<case>.yaml and compares the
+// children with testdata/<case>.golden.yaml (go test -update rewrites them).
+func TestRenderGolden(t *testing.T) {
+	inputs, err := filepath.Glob("testdata/*.yaml")
+	require.NoError(t, err)
+	var n int
+	for _, in := range inputs {
+		if strings.HasSuffix(in, ".golden.yaml") {
+			continue
+		}
+		n++
+		name := strings.TrimSuffix(filepath.Base(in), ".yaml")
+		t.Run(name, func(t *testing.T) {
+			children, err := render.Render(load(t, in))
+			require.NoError(t, err)
+			var buf bytes.Buffer
+			for _, obj := range []any{children.PVC, children.Service, children.Deployment, children.HPA} {
+				if isNil(obj) {
+					continue
+				}
+				out, err := yaml.Marshal(obj)
+				require.NoError(t, err)
+				buf.WriteString("---\n")
+				buf.Write(out)
+			}
+			golden := filepath.Join("testdata", name+".golden.yaml")
+			if *update {
+				require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644))
+			}
+			want, err := os.ReadFile(golden)
+			require.NoError(t, err, "missing golden file: run go test ./internal/render -update")
+			assert.Equal(t, string(want), buf.String())
+		})
+	}
+	require.NotZero(t, n)
+}
+
+func isNil(v any) bool { return reflect.ValueOf(v).IsNil() }
+
+func TestRenderIsDeterministic(t *testing.T) {
+	cb := load(t, "testdata/full.yaml")
+	a, err := render.Render(cb)
+	require.NoError(t, err)
+	b, err := render.Render(cb)
+	require.NoError(t, err)
+	assert.Equal(t, a, b)
+}
+
+func TestRenderRules(t *testing.T) {
+	cases := []struct {
+		name  string
+		file  string
+		check func(t *testing.T, c render.Children)
+	}{
+		{"no replicas on the Deployment while an HPA owns them", "testdata/full.yaml", func(t *testing.T, c render.Children) {
+			require.NotNil(t, c.HPA)
+			assert.Nil(t, c.Deployment.Spec.Replicas)
+		}},
+		{"replicas from the spec without an HPA", "testdata/storage-rwo.yaml", func(t *testing.T, c render.Children) {
+			assert.Nil(t, c.HPA)
+			require.NotNil(t, c.Deployment.Spec.Replicas)
+			assert.Equal(t, int32(1), *c.Deployment.Spec.Replicas)
+		}},
+		{"retained claim has no owner", "testdata/storage-rwo.yaml", func(t *testing.T, c render.Children) {
+			require.NotNil(t, c.PVC)
+			assert.Empty(t, c.PVC.OwnerReferences)
+			assert.Equal(t, "persistent-data", *c.PVC.Name)
+		}},
+		{"deleted-with-backend claim is owned", "testdata/full.yaml", func(t *testing.T, c render.Children) {
+			require.Len(t, c.PVC.OwnerReferences, 1)
+			assert.Equal(t, "CacheBackend", *c.PVC.OwnerReferences[0].Kind)
+		}},
+		{"every port sets its protocol", "testdata/full.yaml", func(t *testing.T, c render.Children) {
+			for _, p := range c.Service.Spec.Ports {
+				require.NotNil(t, p.Protocol)
+			}
+			for _, ctr := range c.Deployment.Spec.Template.Spec.Containers {
+				for _, p := range ctr.Ports {
+					require.NotNil(t, p.Protocol)
+				}
+			}
+		}},
+		{"readiness is a tcpSocket probe on the server port", "testdata/minimal.yaml", func(t *testing.T, c render.Children) {
+			p := c.Deployment.Spec.Template.Spec.Containers[0].ReadinessProbe
+			require.NotNil(t, p.TCPSocket)
+			assert.Nil(t, p.HTTPGet)
+		}},
+		{"engine-local backends have no children", "testdata/hicache.yaml", func(t *testing.T, c render.Children) {
+			assert.Equal(t, render.Children{}, c)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := render.Render(load(t, tc.file))
+			require.NoError(t, err)
+			tc.check(t, c)
+		})
+	}
+}
+
+func TestRenderReportsUnsupportedKinds(t *testing.T) {
+	cb := load(t, "testdata/minimal.yaml")
+	cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
+	_, err := render.Render(cb)
+	var unsupported *render.UnsupportedError
+	require.ErrorAs(t, err, &unsupported)
+	assert.Equal(t, "spec.deploymentKind", unsupported.Field)
+}
+
+func TestEndpoint(t *testing.T) {
+	cb := load(t, "testdata/full.yaml")
+	assert.Equal(t, "lm://big.llm.svc:7000", render.Endpoint(cb))
+	assert.Equal(t, "lm://cache.llm.svc:65432", render.Endpoint(load(t, "testdata/minimal.yaml")))
+}

@@ -1,0 +1,272 @@
+// Package e2e runs the operator against a whole local cluster: etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler and kwok nodes
+// (test/localcluster). The operator runs in this test process through
+// controller.Setup, the same wiring as the manager binary; `make demo` runs
+// the binary itself. kwok moves pods to Running and Ready without running
+// containers, so the cache server's functional behaviour is out of scope.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zapcore"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/test/controlplane"
+	"github.com/inferencecache/operator/test/localcluster"
+)
+
+var (
+	cluster *localcluster.Cluster
+	k8s     client.Client
+	kubectl string
+	scheme  = runtime.NewScheme()
+)
+
+func TestMain(m *testing.M) { os.Exit(run(m)) }
+
+func run(m *testing.M) int {
+	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
+	utilruntime.Must(v1alpha1.AddToScheme(scheme))
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapLevel())))
+	bin, err := controlplane.Dir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "end-to-end tests need the local control plane:", err)
+		return 1
+	}
+	kubectl = filepath.Join(bin, "kubectl")
+	work, err := os.MkdirTemp("", "inferencecache-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	cluster, err = localcluster.Start(ctx, localcluster.Options{
+		BinDir: bin, WorkDir: work, Nodes: 1, CRDDir: "../../kustomize/base/crd",
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
+		return 1
+	}
+	defer cluster.Stop()
+	fmt.Fprintf(os.Stderr, "local cluster up in %s (work dir %s)\n", time.Since(start).Round(time.Millisecond), work)
+	k8s, err = client.New(cluster.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	mgr, err := ctrl.NewManager(cluster.Config, ctrl.Options{
+		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := controller.Setup(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	mctx, mcancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := mgr.Start(mctx); err != nil {
+			fmt.Fprintln(os.Stderr, "manager:", err)
+		}
+	}()
+	code := m.Run()
+	mcancel()
+	wg.Wait()
+	if code == 0 {
+		_ = os.RemoveAll(work)
+	} else {
+		fmt.Fprintf(os.Stderr, "component logs kept in %s\n", work)
+	}
+	return code
+}
+
+func zapLevel() zapcore.Level {
+	if os.Getenv("TEST_VERBOSE_MANAGER") != "" {
+		return -1
+	}
+	return 2
+}
+
+func namespace(t *testing.T, name string) string {
+	t.Helper()
+	require.NoError(t, k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
+	return name
+}
+
+func kubectlRun(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(kubectl, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "kubectl %s:\n%s", strings.Join(args, " "), out)
+	return string(out)
+}
+
+func eventually(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not met within %s: %v", timeout, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func gone(ctx context.Context, key client.ObjectKey, obj client.Object) error {
+	err := k8s.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%T %s still exists", obj, key)
+}
+
+// TestQuickstartBecomesReady: the quickstart, applied as a user would with
+// kubectl apply --server-side -k, gets a cache-server Deployment that
+// becomes Available on a kwok node; the CacheBackend reaches Ready with its
+// endpoint and matched engine count; kubectl wait returns.
+func TestQuickstartBecomesReady(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "quickstart")
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-k", "../../examples/quickstart")
+	key := client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}
+
+	eventually(t, 60*time.Second, func() error {
+		d := &appsv1.Deployment{}
+		if err := k8s.Get(ctx, key, d); err != nil {
+			return err
+		}
+		for _, c := range d.Status.Conditions {
+			if c.Type == appsv1.DeploymentAvailable && c.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("cache-server Deployment not Available: %+v", d.Status)
+	})
+	var pods corev1.PodList
+	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": "qwen-demo-cache"}))
+	require.Len(t, pods.Items, 1)
+	assert.Equal(t, "kwok-node-0", pods.Items[0].Spec.NodeName)
+	assert.Equal(t, corev1.PodRunning, pods.Items[0].Status.Phase)
+
+	out := kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=60s")
+	assert.Contains(t, out, "condition met")
+
+	cb := &v1alpha1.CacheBackend{}
+	eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if cb.Status.MatchedEnginePods != 1 {
+			return fmt.Errorf("matched %d engine pods", cb.Status.MatchedEnginePods)
+		}
+		return nil
+	})
+	assert.Equal(t, "lm://qwen-demo-cache.quickstart.svc:65432", cb.Status.Endpoint)
+	assert.Equal(t, cb.Generation, cb.Status.ObservedGeneration)
+	ready := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+	require.NotNil(t, ready)
+	assert.Equal(t, v1alpha1.ReasonBackendReady, ready.Reason)
+	assert.NotNil(t, cb.Status.FirstAvailableAt)
+
+	table := kubectlRun(t, "get", "cachebackend", "-n", ns)
+	for _, col := range []string{"TYPE", "READY", "ENDPOINT", "MATCHED", "AGE", "LMCache", "True", cb.Status.Endpoint} {
+		assert.Contains(t, table, col)
+	}
+}
+
+// TestDeletingBackendCollectsChildrenKeepsData: deleting a CacheBackend lets
+// the garbage collector remove its Deployment, Service and HPA while the
+// shared PVC stays (default retention); with whenDeleted=Delete the PVC goes
+// too.
+func TestDeletingBackendCollectsChildrenKeepsData(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "retention")
+	mk := func(name string, retention v1alpha1.RetentionAction) *v1alpha1.CacheBackend {
+		cb := &v1alpha1.CacheBackend{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: v1alpha1.CacheBackendSpec{
+				Type:        v1alpha1.BackendTypeLMCache,
+				Autoscaling: &v1alpha1.Autoscaling{MaxReplicas: 2},
+				Storage: &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{
+					Size:      resource.MustParse("1Gi"),
+					Retention: &v1alpha1.PVCRetention{WhenDeleted: retention},
+				}},
+			},
+		}
+		require.NoError(t, k8s.Create(ctx, cb))
+		return cb
+	}
+	keep := mk("keep", v1alpha1.RetentionRetain)
+	drop := mk("drop", v1alpha1.RetentionDelete)
+
+	for _, cb := range []*v1alpha1.CacheBackend{keep, drop} {
+		key := client.ObjectKeyFromObject(cb)
+		eventually(t, 30*time.Second, func() error {
+			for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
+				if err := k8s.Get(ctx, key, o); err != nil {
+					return err
+				}
+			}
+			return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: cb.Name + "-data"}, &corev1.PersistentVolumeClaim{})
+		})
+		require.NoError(t, k8s.Delete(ctx, cb))
+	}
+	for _, cb := range []*v1alpha1.CacheBackend{keep, drop} {
+		key := client.ObjectKeyFromObject(cb)
+		eventually(t, 60*time.Second, func() error {
+			for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
+				if err := gone(ctx, key, o); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	eventually(t, 60*time.Second, func() error {
+		return gone(ctx, client.ObjectKey{Namespace: ns, Name: "drop-data"}, &corev1.PersistentVolumeClaim{})
+	})
+	pvc := &corev1.PersistentVolumeClaim{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "keep-data"}, pvc), "retained claim survives its CacheBackend")
+	assert.Nil(t, pvc.DeletionTimestamp)
+}
