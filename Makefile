@@ -4,10 +4,10 @@ SHELL := /usr/bin/env bash
 .SHELLFLAGS := -euo pipefail -c
 
 CONTROLLER_GEN := go tool controller-gen
-# Folder of the control-plane binaries (kube-apiserver, etcd, kubectl,
-# kube-controller-manager, kube-scheduler, kwok), in a per-user cache keyed
-# by version; test/tools/install.sh builds whatever is missing and prints it.
-CONTROLPLANE = $(shell bash test/tools/install.sh)
+# test/tools/install.sh builds whichever control-plane binaries are missing
+# (kube-apiserver, etcd, kubectl, kube-controller-manager, kube-scheduler,
+# kwok) into a per-user cache folder keyed by version, and prints the folder.
+INSTALL_CONTROLPLANE := bash test/tools/install.sh
 
 .PHONY: all
 all: build
@@ -36,11 +36,11 @@ verify: ## Fail on unformatted code, vet findings or drift in generated files.
 
 .PHONY: controlplane
 controlplane: ## Build the local control-plane binaries (only those missing).
-	@echo "control plane binaries in $(CONTROLPLANE)"
+	@dir=$$($(INSTALL_CONTROLPLANE)); echo "control-plane binaries in $$dir"
 
 .PHONY: test
 test: verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
-	dir="$(CONTROLPLANE)"; \
+	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
 
 .PHONY: test-unit
@@ -49,7 +49,7 @@ test-unit: ## Run the tests that need no control plane.
 
 .PHONY: demo
 demo: ## Start a local cluster, run the operator against it and apply examples/quickstart.
-	dir="$(CONTROLPLANE)"; \
+	dir=$$($(INSTALL_CONTROLPLANE)); \
 	CONTROLPLANE_DIR="$$dir" go run ./test/cmd/localcluster demo
 
 .PHONY: demo-stop

@@ -128,6 +128,9 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 
 	st := cb.Status.DeepCopy()
 	defer func() {
+		if ctx.Err() != nil {
+			return // shutting down: the next leader reconciles again
+		}
 		st.ObservedGeneration = cb.Generation
 		if err := r.patchStatus(ctx, cb, st); err != nil {
 			retErr = errors.Join(retErr, err)
