@@ -42,10 +42,11 @@ controlplane: ## Build the local control-plane binaries (only those missing).
 test: verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
+	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane.
-	go test -count=1 ./api/... ./internal/render/... ./internal/apply/...
+	go test -count=1 ./api/... ./internal/render/... ./internal/apply/... ./internal/inject/...
 
 .PHONY: demo
 demo: ## Start a local cluster, run the operator against it and apply examples/quickstart.

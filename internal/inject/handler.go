@@ -1,0 +1,134 @@
+package inject
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"gomodules.xyz/jsonpatch/v2"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+// Decisions counts the webhook's verdicts by outcome and reason.
+var Decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_webhook_decisions_total",
+	Help: "Pod admission decisions of the injection webhook, by outcome (injected, skipped, fail-open, no-match) and reason.",
+}, []string{"outcome", "reason"})
+
+func init() { metrics.Registry.MustRegister(Decisions) }
+
+// MutatePath is where the Pod webhook is served.
+const MutatePath = "/mutate-v1-pod"
+
+// Handler is the mutating Pod webhook. It never rejects a pod: every error
+// admits the pod unchanged with a warning.
+type Handler struct {
+	// Reader lists the CacheBackends of the pod's namespace (the manager's cache).
+	Reader  client.Reader
+	Options Options
+}
+
+// Handle implements admission.Handler.
+func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admission.Response) {
+	logger := log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req))
+	defer func() {
+		if r := recover(); r != nil {
+			logger.Error(fmt.Errorf("panic: %v", r), "injection failed; admitting the pod unchanged")
+			resp = failOpen(fmt.Sprintf("internal error: %v", r))
+		}
+	}()
+	if req.Operation != admissionv1.Create || req.Kind.Kind != "Pod" {
+		return admission.Allowed("")
+	}
+	var backends v1alpha1.CacheBackendList
+	if err := h.Reader.List(ctx, &backends, client.InNamespace(req.Namespace)); err != nil {
+		logger.Error(err, "listing CacheBackends; admitting the pod unchanged")
+		return failOpen("listing CacheBackends: " + err.Error())
+	}
+	d, patch, err := Admit(req.Object.Raw, backends.Items, h.Options)
+	if err != nil {
+		logger.Error(err, "computing the injection; admitting the pod unchanged")
+		return failOpen(err.Error())
+	}
+	Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
+	if d.Outcome != NoMatch {
+		logger.Info("admission decision", "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "message", d.Message)
+	}
+	resp = admission.Patched("", patch...)
+	if len(patch) == 0 {
+		resp = admission.Allowed("")
+	}
+	if d.Outcome == Skipped || d.Outcome == FailOpen {
+		resp.Warnings = append(resp.Warnings, "inferencecache: "+d.Message)
+	}
+	return resp
+}
+
+func failOpen(msg string) admission.Response {
+	Decisions.WithLabelValues(string(FailOpen), FailOpenInternalError).Inc()
+	r := admission.Allowed("")
+	r.Warnings = []string{"inferencecache: pod admitted without cache wiring: " + msg}
+	return r
+}
+
+func podName(req admission.Request) string {
+	if req.Name != "" {
+		return req.Name
+	}
+	var meta struct {
+		Metadata struct {
+			Name         string `json:"name"`
+			GenerateName string `json:"generateName"`
+		} `json:"metadata"`
+	}
+	_ = json.Unmarshal(req.Object.Raw, &meta)
+	if meta.Metadata.Name != "" {
+		return meta.Metadata.Name
+	}
+	return meta.Metadata.GenerateName + "*"
+}
+
+// Admit decodes a pod from its admission JSON, decides, and returns the
+// JSON patch that turns raw into the decided pod. It is the handler without
+// the API: pure, so that it can be fuzzed and benchmarked. The patch is
+// computed against raw itself, so it applies to exactly what the API server
+// sent.
+func Admit(raw []byte, backends []v1alpha1.CacheBackend, opts Options) (Decision, []jsonpatch.Operation, error) {
+	pod := &corev1.Pod{}
+	if err := json.Unmarshal(raw, pod); err != nil {
+		return Decision{}, nil, fmt.Errorf("decoding pod: %w", err)
+	}
+	d := Decide(pod, backends, opts)
+	if d.Outcome == NoMatch && equalAnnotations(pod, d.Pod) {
+		return d, nil, nil
+	}
+	mutated, err := json.Marshal(d.Pod)
+	if err != nil {
+		return d, nil, fmt.Errorf("encoding pod: %w", err)
+	}
+	patch, err := jsonpatch.CreatePatch(raw, mutated)
+	if err != nil {
+		return d, nil, fmt.Errorf("computing patch: %w", err)
+	}
+	return d, patch, nil
+}
+
+func equalAnnotations(a, b *corev1.Pod) bool {
+	if len(a.Annotations) != len(b.Annotations) {
+		return false
+	}
+	for k, v := range a.Annotations {
+		if w, ok := b.Annotations[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}

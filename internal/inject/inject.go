@@ -1,0 +1,456 @@
+// Package inject decides how the mutating Pod webhook wires an engine pod to
+// a CacheBackend, and computes the mutation. Decide is pure: the pod being
+// created, the CacheBackends of its namespace and the manager's options in,
+// an outcome and the pod as it should be admitted out. The admission handler
+// (handler.go) is a thin shell around it that never rejects a pod.
+package inject
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+// Annotations on engine pods. They are API.
+const (
+	// AnnotationSkip opts a pod out of injection (see SkipRequested).
+	AnnotationSkip = "inferencecache.io/skip-inject"
+	// AnnotationSkipped records why the webhook left a matched pod unwired.
+	AnnotationSkipped = "inferencecache.io/inject-skipped"
+	// AnnotationInjectedBy is the receipt's <namespace>/<name> of the CacheBackend.
+	AnnotationInjectedBy = "inferencecache.io/injected-by"
+	// AnnotationInjectedByUID is the receipt's CacheBackend metadata.uid.
+	AnnotationInjectedByUID = "inferencecache.io/injected-by-uid"
+	// AnnotationInjectedGeneration is the receipt's CacheBackend metadata.generation.
+	AnnotationInjectedGeneration = "inferencecache.io/injected-generation"
+)
+
+// Values of AnnotationSkipped.
+const (
+	// SkippedByAnnotation: the pod carries a truthy skip-inject annotation.
+	SkippedByAnnotation = "skip-inject-annotation"
+	// SkippedUserConfig: the engine container already sets a value the
+	// injection would set differently (its own --kv-transfer-config, an
+	// LMCACHE_* variable, a HiCache flag, or an override's name); the
+	// webhook never overwrites it.
+	SkippedUserConfig = "user-config-conflict"
+	// SkippedShellWrapper: the engine container runs `sh -c ...`, whose
+	// inner command line the webhook cannot extend.
+	SkippedShellWrapper = "shell-wrapped-command"
+)
+
+// Fail-open reasons: the pod is admitted unwired and without annotations.
+const (
+	FailOpenNoEndpoint        = "no-endpoint"
+	FailOpenContainerNotFound = "engine-container-not-found"
+	FailOpenInternalError     = "internal-error"
+)
+
+// Outcome is what the webhook did with a pod.
+type Outcome string
+
+// Outcomes of Decide.
+const (
+	Injected Outcome = "injected"
+	Skipped  Outcome = "skipped"
+	FailOpen Outcome = "fail-open"
+	NoMatch  Outcome = "no-match"
+)
+
+// Options are the manager's settings that shape injection.
+type Options struct {
+	// KVEventSubscriberImage, when set, adds the kvevent-subscriber sidecar
+	// to pods whose CacheBackend has spec.observation.modelID.
+	KVEventSubscriberImage string
+}
+
+// Decision is the verdict on one pod.
+type Decision struct {
+	Outcome Outcome
+	// Backend is the CacheBackend that matched (nil on NoMatch).
+	Backend *v1alpha1.CacheBackend
+	// Reason is a fixed, machine-readable reason (the Skipped* and FailOpen*
+	// constants), empty for Injected and NoMatch.
+	Reason string
+	// Message explains the verdict to a person.
+	Message string
+	// Pod is the pod as it should be admitted: a mutated copy of the input.
+	Pod *corev1.Pod
+}
+
+// Names the injection uses.
+const (
+	KVTransferConfigFlag   = "--kv-transfer-config"
+	KVEventsConfigFlag     = "--kv-events-config"
+	LMCacheConnector       = "LMCacheConnectorV1"
+	SubscriberContainer    = "kvevent-subscriber"
+	kvEventsPort           = 5557
+	envRemoteURL           = "LMCACHE_REMOTE_URL"
+	envRemoteSerde         = "LMCACHE_REMOTE_SERDE"
+	envChunkSize           = "LMCACHE_CHUNK_SIZE"
+	envLocalCPU            = "LMCACHE_LOCAL_CPU"
+	envMaxLocalCPUSize     = "LMCACHE_MAX_LOCAL_CPU_SIZE"
+	envLocalDisk           = "LMCACHE_LOCAL_DISK"
+	envMaxLocalDiskSize    = "LMCACHE_MAX_LOCAL_DISK_SIZE"
+	envSubscriberModelID   = "MODEL_ID"
+	envSubscriberEndpoint  = "KV_EVENTS_ENDPOINT"
+	envSubscriberNamespace = "CACHEBACKEND"
+)
+
+// SkipRequested reports whether an AnnotationSkip value opts a pod out:
+// any non-empty value except those Go's strconv.ParseBool reads as false
+// (0, f, F, false, FALSE, False) and no, off, disable, disabled in any case.
+func SkipRequested(value string) bool {
+	v := strings.TrimSpace(value)
+	if v == "" {
+		return false
+	}
+	if b, err := strconv.ParseBool(v); err == nil && !b {
+		return false
+	}
+	switch strings.ToLower(v) {
+	case "no", "off", "disable", "disabled":
+		return false
+	}
+	return true
+}
+
+// Select returns the CacheBackend that claims a pod with these labels: of
+// those whose non-empty selector matches, the first by metadata.name. Nil
+// when none matches.
+func Select(podLabels map[string]string, backends []v1alpha1.CacheBackend) *v1alpha1.CacheBackend {
+	var matched []*v1alpha1.CacheBackend
+	for i := range backends {
+		sel := backends[i].Spec.EngineSelector.MatchLabels
+		if len(sel) == 0 || !backends[i].DeletionTimestamp.IsZero() {
+			continue
+		}
+		if labels.SelectorFromSet(sel).Matches(labels.Set(podLabels)) {
+			matched = append(matched, &backends[i])
+		}
+	}
+	if len(matched) == 0 {
+		return nil
+	}
+	sort.Slice(matched, func(i, j int) bool { return matched[i].Name < matched[j].Name })
+	return matched[0]
+}
+
+// Decide returns the verdict on pod given the CacheBackends of its
+// namespace. It does not modify its inputs.
+func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Decision {
+	out := pod.DeepCopy()
+	cb := Select(pod.Labels, backends)
+	if cb == nil {
+		clearReceipts(out)
+		return Decision{Outcome: NoMatch, Pod: out, Message: "no CacheBackend selector matches the pod's labels"}
+	}
+	d := Decision{Backend: cb, Pod: out}
+	clearReceipts(out)
+
+	if SkipRequested(pod.Annotations[AnnotationSkip]) {
+		return skip(d, SkippedByAnnotation, fmt.Sprintf("pod opts out with %s=%q", AnnotationSkip, pod.Annotations[AnnotationSkip]))
+	}
+	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Status.Endpoint == "" {
+		d.Outcome, d.Reason = FailOpen, FailOpenNoEndpoint
+		d.Message = fmt.Sprintf("CacheBackend %s/%s has no status.endpoint yet; pod admitted unwired (restart it once the backend is Ready)", cb.Namespace, cb.Name)
+		return d
+	}
+	idx := engineContainer(out, cb)
+	if idx < 0 {
+		d.Outcome, d.Reason = FailOpen, FailOpenContainerNotFound
+		d.Message = fmt.Sprintf("pod has no container %q (spec.integration.engineContainer of %s/%s)", cb.Spec.Integration.EngineContainer, cb.Namespace, cb.Name)
+		return d
+	}
+	c := &out.Spec.Containers[idx]
+	if isShellWrapped(c) {
+		return skip(d, SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, c.Command[0], KVTransferConfigFlag))
+	}
+	want := Desired(cb, opts)
+	if conflicts := apply(c, want); len(conflicts) > 0 {
+		// apply changed nothing it reports as a conflict, but it may have
+		// started to: start again from the unmodified pod.
+		d.Pod = pod.DeepCopy()
+		clearReceipts(d.Pod)
+		return skip(d, SkippedUserConfig, fmt.Sprintf("container %q already sets %s differently; the webhook never overwrites a pod's own configuration", c.Name, strings.Join(conflicts, ", ")))
+	}
+	if want.Sidecar != nil && !slices.ContainsFunc(out.Spec.Containers, func(x corev1.Container) bool { return x.Name == want.Sidecar.Name }) {
+		out.Spec.Containers = append(out.Spec.Containers, *want.Sidecar)
+	}
+	setAnnotation(out, AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
+	setAnnotation(out, AnnotationInjectedByUID, string(cb.UID))
+	setAnnotation(out, AnnotationInjectedGeneration, strconv.FormatInt(cb.Generation, 10))
+	d.Outcome = Injected
+	d.Message = fmt.Sprintf("container %q wired to CacheBackend %s/%s (generation %d)", c.Name, cb.Namespace, cb.Name, cb.Generation)
+	return d
+}
+
+func skip(d Decision, reason, msg string) Decision {
+	d.Outcome, d.Reason, d.Message = Skipped, reason, msg
+	setAnnotation(d.Pod, AnnotationSkipped, reason)
+	return d
+}
+
+// clearReceipts removes every receipt annotation, so that no pod keeps a
+// stale, partial or hand-written receipt past admission.
+func clearReceipts(p *corev1.Pod) {
+	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped} {
+		delete(p.Annotations, k)
+	}
+	if len(p.Annotations) == 0 {
+		p.Annotations = nil
+	}
+}
+
+func setAnnotation(p *corev1.Pod, k, v string) {
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[k] = v
+}
+
+// engineContainer is the index of the container to wire: the one named by
+// spec.integration.engineContainer, else the first; -1 when there is none.
+func engineContainer(p *corev1.Pod, cb *v1alpha1.CacheBackend) int {
+	name := cb.Spec.Integration.EngineContainer
+	if name == "" {
+		if len(p.Spec.Containers) == 0 {
+			return -1
+		}
+		return 0
+	}
+	return slices.IndexFunc(p.Spec.Containers, func(c corev1.Container) bool { return c.Name == name })
+}
+
+func isShellWrapped(c *corev1.Container) bool {
+	if len(c.Command) == 0 {
+		return false
+	}
+	switch path.Base(c.Command[0]) {
+	case "sh", "bash", "dash", "ash", "zsh", "ksh":
+	default:
+		return false
+	}
+	return slices.ContainsFunc(append(slices.Clone(c.Command[1:]), c.Args...), func(a string) bool {
+		return a == "-c" || (strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && strings.Contains(a, "c"))
+	})
+}
+
+// Flag is one command-line flag the injection ensures; Value is empty for
+// a boolean flag.
+type Flag struct {
+	Name, Value string
+}
+
+// Config is the engine configuration a CacheBackend asks for: what the
+// webhook ensures on the engine container, in order.
+type Config struct {
+	Flags []Flag
+	Env   []corev1.EnvVar
+	// ExtraArgs are engineOverrides.args, ensured as one contiguous run.
+	ExtraArgs []string
+	Sidecar   *corev1.Container
+}
+
+// Desired computes the configuration cb injects: the canonical settings of
+// its type, then integration.engineOverrides (an override env var replaces
+// a canonical one of the same name).
+func Desired(cb *v1alpha1.CacheBackend, opts Options) Config {
+	var cfg Config
+	sidecar := opts.KVEventSubscriberImage != "" && cb.Spec.Observation != nil && cb.Spec.Observation.ModelID != ""
+	switch cb.Spec.Type {
+	case v1alpha1.BackendTypeLMCache:
+		cfg.Flags = append(cfg.Flags, Flag{KVTransferConfigFlag, kvTransferConfig(cb.Spec.Integration.Role)})
+		cfg.Env = lmcacheEnv(cb)
+		if sidecar {
+			cfg.Flags = append(cfg.Flags, Flag{KVEventsConfigFlag, fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d"}`, kvEventsPort)})
+			cfg.Sidecar = &corev1.Container{
+				Name:  SubscriberContainer,
+				Image: opts.KVEventSubscriberImage,
+				Env: []corev1.EnvVar{
+					{Name: envSubscriberModelID, Value: cb.Spec.Observation.ModelID},
+					{Name: envSubscriberEndpoint, Value: fmt.Sprintf("tcp://127.0.0.1:%d", kvEventsPort)},
+					{Name: envSubscriberNamespace, Value: cb.Namespace + "/" + cb.Name},
+				},
+			}
+		}
+	case v1alpha1.BackendTypeSGLangHiCache:
+		cfg.Flags = hiCacheFlags(cb.Spec.HiCache)
+	}
+	if o := cb.Spec.Integration.EngineOverrides; o != nil {
+		for _, e := range o.Env {
+			if i := slices.IndexFunc(cfg.Env, func(x corev1.EnvVar) bool { return x.Name == e.Name }); i >= 0 {
+				cfg.Env[i] = e
+			} else {
+				cfg.Env = append(cfg.Env, e)
+			}
+		}
+		cfg.ExtraArgs = slices.Clone(o.Args)
+	}
+	return cfg
+}
+
+// KVRole maps an integration role to vLLM's kv_role.
+func KVRole(r v1alpha1.IntegrationRole) string {
+	switch r {
+	case v1alpha1.RoleReadOnly:
+		return "kv_consumer"
+	case v1alpha1.RoleWriteOnly:
+		return "kv_producer"
+	default:
+		return "kv_both"
+	}
+}
+
+func kvTransferConfig(r v1alpha1.IntegrationRole) string {
+	b, _ := json.Marshal(struct {
+		Connector string `json:"kv_connector"`
+		Role      string `json:"kv_role"`
+	}{LMCacheConnector, KVRole(r)})
+	return string(b)
+}
+
+func lmcacheEnv(cb *v1alpha1.CacheBackend) []corev1.EnvVar {
+	env := []corev1.EnvVar{{Name: envRemoteURL, Value: cb.Status.Endpoint}}
+	lc := cb.Spec.LMCache
+	serde := "naive"
+	if lc != nil && lc.Serde != "" {
+		serde = lc.Serde
+	}
+	env = append(env, corev1.EnvVar{Name: envRemoteSerde, Value: serde})
+	if lc == nil {
+		return env
+	}
+	if lc.ChunkSize != nil {
+		env = append(env, corev1.EnvVar{Name: envChunkSize, Value: strconv.Itoa(int(*lc.ChunkSize))})
+	}
+	if lc.LocalCPU != nil {
+		env = append(env,
+			corev1.EnvVar{Name: envLocalCPU, Value: "True"},
+			corev1.EnvVar{Name: envMaxLocalCPUSize, Value: GiB(lc.LocalCPU.MaxSize)})
+	}
+	if lc.LocalDisk != nil {
+		p := lc.LocalDisk.Path
+		if !strings.HasSuffix(p, "/") {
+			p += "/"
+		}
+		env = append(env,
+			corev1.EnvVar{Name: envLocalDisk, Value: "file://" + p},
+			corev1.EnvVar{Name: envMaxLocalDiskSize, Value: GiB(lc.LocalDisk.MaxSize)})
+	}
+	return env
+}
+
+// GiB renders a Kubernetes quantity as the plain number LMCache parses for
+// its sizes: a decimal count of GiB (LMCache multiplies it by 1024³), at
+// most three decimals, e.g. 4Gi → "4", 512Mi → "0.5", 10G → "9.313".
+func GiB(q resource.Quantity) string {
+	v := float64(q.Value()) / float64(1<<30)
+	return strconv.FormatFloat(float64(int64(v*1000+0.5))/1000, 'f', -1, 64)
+}
+
+func hiCacheFlags(h *v1alpha1.HiCache) []Flag {
+	flags := []Flag{{Name: "--enable-hierarchical-cache"}}
+	if h == nil {
+		return flags
+	}
+	add := func(name, v string) {
+		if v != "" {
+			flags = append(flags, Flag{name, v})
+		}
+	}
+	if h.Ratio != nil {
+		add("--hicache-ratio", *h.Ratio)
+	}
+	if h.SizeGB != nil {
+		add("--hicache-size", strconv.Itoa(int(*h.SizeGB)))
+	}
+	add("--hicache-write-policy", string(h.WritePolicy))
+	add("--hicache-io-backend", string(h.IOBackend))
+	add("--hicache-mem-layout", string(h.MemLayout))
+	add("--hicache-storage-backend", string(h.StorageBackend))
+	add("--hicache-storage-prefetch-policy", string(h.StoragePrefetchPolicy))
+	if h.PageSize != nil {
+		add("--page-size", strconv.Itoa(int(*h.PageSize)))
+	}
+	return flags
+}
+
+// apply ensures cfg on c: each flag and env var is added where missing and
+// left alone where present with the same value. It returns the names of
+// settings c already has with another value (the pod is then not wired).
+// Applying a Config twice changes nothing the second time.
+func apply(c *corev1.Container, cfg Config) []string {
+	var conflicts []string
+	cmdline := append(slices.Clone(c.Command), c.Args...)
+	for _, f := range cfg.Flags {
+		v, present := flagValue(cmdline, f.Name)
+		switch {
+		case !present:
+			c.Args = append(c.Args, f.Name)
+			if f.Value != "" {
+				c.Args = append(c.Args, f.Value)
+			}
+		case f.Value != "" && v != f.Value && !sameJSON(v, f.Value):
+			conflicts = append(conflicts, f.Name)
+		}
+	}
+	for _, e := range cfg.Env {
+		i := slices.IndexFunc(c.Env, func(x corev1.EnvVar) bool { return x.Name == e.Name })
+		switch {
+		case i < 0:
+			c.Env = append(c.Env, e)
+		case c.Env[i].Value != e.Value || c.Env[i].ValueFrom != nil:
+			conflicts = append(conflicts, "env "+e.Name)
+		}
+	}
+	if len(cfg.ExtraArgs) > 0 && !containsRun(append(slices.Clone(c.Command), c.Args...), cfg.ExtraArgs) {
+		c.Args = append(c.Args, cfg.ExtraArgs...)
+	}
+	return conflicts
+}
+
+// flagValue finds --name value or --name=value in a command line.
+func flagValue(cmdline []string, name string) (string, bool) {
+	for i, a := range cmdline {
+		if a == name {
+			if i+1 < len(cmdline) && !strings.HasPrefix(cmdline[i+1], "--") {
+				return cmdline[i+1], true
+			}
+			return "", true
+		}
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func containsRun(s, run []string) bool {
+	for i := 0; i+len(run) <= len(s); i++ {
+		if slices.Equal(s[i:i+len(run)], run) {
+			return true
+		}
+	}
+	return false
+}
+
+func sameJSON(a, b string) bool {
+	var x, y any
+	if json.Unmarshal([]byte(a), &x) != nil || json.Unmarshal([]byte(b), &y) != nil {
+		return false
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return string(xa) == string(ya)
+}
