@@ -24,6 +24,7 @@ generate: ## Generate deepcopy code.
 manifests: ## Generate the CRD and RBAC manifests.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=kustomize/base/crd
 	$(CONTROLLER_GEN) rbac:roleName=inferencecache-operator paths=./internal/... output:rbac:artifacts:config=kustomize/base/rbac
+	$(CONTROLLER_GEN) webhook paths=./internal/... output:webhook:artifacts:config=kustomize/base/webhook
 
 .PHONY: verify
 verify: ## Fail on unformatted code, vet findings or drift in generated files.

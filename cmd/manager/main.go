@@ -1,5 +1,6 @@
-// Command manager runs the inferencecache operator: the CacheBackend
-// controller, with leader election, health and readiness endpoints and
+// Command manager runs the inferencecache operator: the CacheBackend and
+// receipt controllers and the Pod injection and CacheBackend validation
+// webhooks, with leader election, health and readiness endpoints and
 // Prometheus metrics.
 package main
 
@@ -17,10 +18,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/inject"
 )
 
 func main() {
@@ -36,6 +39,11 @@ func run(args []string) error {
 	probeAddr := fs.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz endpoints bind to")
 	leaderElect := fs.Bool("leader-elect", false, "elect a leader so that only one replica reconciles at a time")
 	leaderNS := fs.String("leader-election-namespace", "", "namespace of the leader-election Lease (defaults to the pod's namespace)")
+	webhookPort := fs.Int("webhook-port", 9443, "port the admission webhooks are served on")
+	webhookHost := fs.String("webhook-host", "", "address the admission webhooks bind to (all addresses when empty)")
+	webhookCertDir := fs.String("webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder holding the webhooks' tls.crt and tls.key; reloaded when they change")
+	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
+	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -55,6 +63,7 @@ func run(args []string) error {
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		WebhookServer:           webhook.NewServer(webhook.Options{Host: *webhookHost, Port: *webhookPort, CertDir: *webhookCertDir}),
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
 		LeaderElectionID:        "inferencecache-operator.inferencecache.io",
@@ -65,7 +74,10 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
-	if err := controller.Setup(mgr); err != nil {
+	if err := controller.Setup(mgr, controller.Options{
+		Webhooks: *webhooks,
+		Inject:   inject.Options{KVEventSubscriberImage: *subscriberImage},
+	}); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

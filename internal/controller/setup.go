@@ -4,21 +4,44 @@ import (
 	"fmt"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/validation"
 )
 
-// Setup registers every reconciler of the operator with mgr. The manager
-// binary and the integration tests call it alike, so tests run the
-// controllers exactly as shipped.
-func Setup(mgr ctrl.Manager) error {
+// Options configure what Setup registers.
+type Options struct {
+	// Inject shapes the Pod webhook's injection.
+	Inject inject.Options
+	// Webhooks registers the Pod and CacheBackend webhooks on the manager's
+	// webhook server.
+	Webhooks bool
+}
+
+// Setup registers every reconciler (and, with opts.Webhooks, the webhooks)
+// of the operator with mgr. The manager binary and the tests call it alike,
+// so tests run the operator exactly as shipped.
+func Setup(mgr ctrl.Manager, opts Options) error {
+	rec := mgr.GetEventRecorder("inferencecache-operator")
 	r := &CacheBackendReconciler{
 		Client:   mgr.GetClient(),
 		Applier:  apply.New(mgr.GetClient(), mgr.GetClient()),
-		Recorder: mgr.GetEventRecorder("inferencecache-operator"),
+		Recorder: rec,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the CacheBackend controller: %w", err)
+	}
+	rr := &ReceiptReconciler{Client: mgr.GetClient(), Recorder: rec}
+	if err := rr.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the receipt controller: %w", err)
+	}
+	if opts.Webhooks {
+		srv := mgr.GetWebhookServer()
+		srv.Register(inject.MutatePath, &webhook.Admission{Handler: &inject.Handler{Reader: mgr.GetClient(), Options: opts.Inject}})
+		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"os"
@@ -26,10 +27,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/test/controlplane"
+	"github.com/inferencecache/operator/test/manifests"
 )
 
 // The suite runs the shipped controllers (controller.Setup) in a manager
@@ -58,10 +61,18 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "integration tests need the local control plane:", err)
 		return 1
 	}
+	mwc, vwc, err := manifests.Webhooks(filepath.Join("..", "..", "kustomize", "base"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	env := &envtest.Environment{
 		CRDDirectoryPaths:     []string{filepath.Join("..", "..", "kustomize", "base", "crd")},
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: dir,
+		// The webhook configurations the install bundle ships, pointed by
+		// envtest at the manager's webhook server below.
+		WebhookInstallOptions: envtest.WebhookInstallOptions{MutatingWebhooks: mwc, ValidatingWebhooks: vwc},
 	}
 	cfg, err = env.Start()
 	if err != nil {
@@ -79,12 +90,17 @@ func run(m *testing.M) int {
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		WebhookServer: webhook.NewServer(webhook.Options{
+			Host:    env.WebhookInstallOptions.LocalServingHost,
+			Port:    env.WebhookInstallOptions.LocalServingPort,
+			CertDir: env.WebhookInstallOptions.LocalServingCertDir,
+		}),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := controller.Setup(mgr); err != nil {
+	if err := controller.Setup(mgr, controller.Options{Webhooks: true}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -97,7 +113,12 @@ func run(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "manager:", err)
 		}
 	}()
-	code := m.Run()
+	code := 1
+	if err := waitWebhook(ctx, env.WebhookInstallOptions); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		code = m.Run()
+	}
 	cancel()
 	wg.Wait()
 	return code
@@ -224,3 +245,20 @@ func (w *writeCounter) snapshot() map[string]int {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// waitWebhook waits until the manager's webhook server accepts TLS
+// connections, so the first test's pods are not admitted unwired.
+func waitWebhook(ctx context.Context, o envtest.WebhookInstallOptions) error {
+	addr := fmt.Sprintf("%s:%d", o.LocalServingHost, o.LocalServingPort)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // readiness probe only
+		if err == nil {
+			return conn.Close()
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("webhook server at %s not serving: %w", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

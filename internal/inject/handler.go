@@ -28,6 +28,9 @@ func init() { metrics.Registry.MustRegister(Decisions) }
 // MutatePath is where the Pod webhook is served.
 const MutatePath = "/mutate-v1-pod"
 
+// +kubebuilder:webhookconfiguration:mutating=true,name=inferencecache-pod-injector
+// +kubebuilder:webhook:path=/mutate-v1-pod,mutating=true,failurePolicy=ignore,sideEffects=None,groups="",resources=pods,verbs=create,versions=v1,name=inject.inferencecache.io,admissionReviewVersions=v1,timeoutSeconds=5,reinvocationPolicy=Never
+
 // Handler is the mutating Pod webhook. It never rejects a pod: every error
 // admits the pod unchanged with a warning.
 type Handler struct {

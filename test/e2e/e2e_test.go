@@ -89,7 +89,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := controller.Setup(mgr); err != nil {
+	if err := controller.Setup(mgr, controller.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

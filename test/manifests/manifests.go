@@ -1,0 +1,59 @@
+// Package manifests builds the project's kustomizations in process with
+// sigs.k8s.io/kustomize/api (krusty), for tests that need the exact objects
+// the install bundle ships.
+package manifests
+
+import (
+	"fmt"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+)
+
+// Build runs kustomize on dir and returns its objects.
+func Build(dir string) ([]*unstructured.Unstructured, error) {
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
+	}
+	var out []*unstructured.Unstructured
+	for _, r := range rm.Resources() {
+		m, err := r.Map()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+	return out, nil
+}
+
+// Webhooks returns the webhook configurations of the kustomization in dir.
+func Webhooks(dir string) ([]*admissionregistrationv1.MutatingWebhookConfiguration, []*admissionregistrationv1.ValidatingWebhookConfiguration, error) {
+	objs, err := Build(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	var m []*admissionregistrationv1.MutatingWebhookConfiguration
+	var v []*admissionregistrationv1.ValidatingWebhookConfiguration
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "MutatingWebhookConfiguration":
+			c := &admissionregistrationv1.MutatingWebhookConfiguration{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, c); err != nil {
+				return nil, nil, err
+			}
+			m = append(m, c)
+		case "ValidatingWebhookConfiguration":
+			c := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, c); err != nil {
+				return nil, nil, err
+			}
+			v = append(v, c)
+		}
+	}
+	return m, v, nil
+}
