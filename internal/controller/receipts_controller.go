@@ -87,7 +87,12 @@ func (r *ReceiptReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 		return ctrl.Result{}, err
 	}
-	r.Recorder.Eventf(pod, related, evType, reason, "Admit", "%s", note)
+	if related != nil {
+		r.Recorder.Eventf(pod, related, evType, reason, "Admit", "%s", note)
+	} else {
+		// A typed nil would reach the recorder as a non-nil related object.
+		r.Recorder.Eventf(pod, nil, evType, reason, "Admit", "%s", note)
+	}
 	log.FromContext(ctx).V(1).Info("receipt reported", "reason", reason)
 	return ctrl.Result{}, nil
 }
