@@ -1,0 +1,112 @@
+package localcluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// WebhookServing writes a self-signed serving certificate for 127.0.0.1 as
+// tls.crt and tls.key into dir (controller-runtime's webhook CertDir layout)
+// and returns the certificate, to use as the configurations' caBundle.
+func WebhookServing(dir string) ([]byte, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: "inferencecache-webhook"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(365 * 24 * time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:              []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeCertKey(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), der, key); err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+// InstallWebhooks points the given webhook configurations at a webhook
+// server on baseURL (https://127.0.0.1:<port>), trusting caPEM, and creates
+// them.
+func InstallWebhooks(ctx context.Context, cfg *rest.Config, baseURL string, caPEM []byte,
+	mwc []*admissionregistrationv1.MutatingWebhookConfiguration, vwc []*admissionregistrationv1.ValidatingWebhookConfiguration) error {
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		return err
+	}
+	point := func(cc *admissionregistrationv1.WebhookClientConfig) {
+		path := ""
+		if cc.Service != nil && cc.Service.Path != nil {
+			path = *cc.Service.Path
+		}
+		url := baseURL + path
+		cc.Service, cc.URL, cc.CABundle = nil, &url, caPEM
+	}
+	for _, m := range mwc {
+		for i := range m.Webhooks {
+			point(&m.Webhooks[i].ClientConfig)
+		}
+		if err := c.Create(ctx, m); err != nil {
+			return fmt.Errorf("creating %s: %w", m.Name, err)
+		}
+	}
+	for _, v := range vwc {
+		for i := range v.Webhooks {
+			point(&v.Webhooks[i].ClientConfig)
+		}
+		if err := c.Create(ctx, v); err != nil {
+			return fmt.Errorf("creating %s: %w", v.Name, err)
+		}
+	}
+	return nil
+}
+
+// WaitServing waits until a TLS server completes a handshake on addr.
+func WaitServing(ctx context.Context, addr string, timeout time.Duration) error {
+	return poll(ctx, timeout, func() error {
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a readiness probe, not a client
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
+}
+
+// FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
+func FreePort() (int, error) {
+	p, err := freePorts(1)
+	if err != nil {
+		return 0, err
+	}
+	return p[0], nil
+}
