@@ -21,6 +21,7 @@ import (
 
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
+	"github.com/inferencecache/operator/test/manifests"
 )
 
 const (
@@ -96,18 +97,37 @@ func demo() error {
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", "bin/manager", "./cmd/manager").CombinedOutput(); err != nil {
 		return fmt.Errorf("building the manager: %w\n%s", err, out)
 	}
-	ports, err := freePorts(2)
+	ports, err := freePorts(3)
 	if err != nil {
 		return err
 	}
 	if err := os.Setenv("KUBECONFIG", c.Kubeconfig); err != nil {
 		return err
 	}
+	// The manager runs outside the cluster, so its webhooks are served on
+	// 127.0.0.1 with a self-signed certificate, and the install bundle's
+	// webhook configurations point there.
+	certDir := filepath.Join(wd, "webhook-certs")
+	ca, err := localcluster.WebhookServing(certDir)
+	if err != nil {
+		return err
+	}
+	mwc, vwc, err := manifests.Webhooks("kustomize/base")
+	if err != nil {
+		return err
+	}
+	if err := localcluster.InstallWebhooks(ctx, c.Config, fmt.Sprintf("https://127.0.0.1:%d", ports[2]), ca, mwc, vwc); err != nil {
+		return err
+	}
 	if err := startDetached(wd, "manager", abs("bin/manager"),
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
+		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", ports[2]), "--webhook-cert-dir="+certDir,
 	); err != nil {
 		return err
+	}
+	if err := localcluster.WaitServing(ctx, fmt.Sprintf("127.0.0.1:%d", ports[2]), 60*time.Second); err != nil {
+		return fmt.Errorf("the manager's webhook server did not come up (see %s/manager.log): %w", workDir, err)
 	}
 
 	kubectl := filepath.Join(bin, "kubectl")
@@ -121,18 +141,31 @@ func demo() error {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		return cmd.Run()
 	}
-	say("applying %s", examples)
-	if err := run("apply", "--server-side", "-k", examples); err != nil {
+	say("applying the CacheBackend of %s", examples)
+	if err := run("apply", "--server-side", "-f", examples+"/cachebackend.yaml"); err != nil {
 		return err
 	}
-	say("waiting for the CacheBackend to become Ready")
+	say("waiting for the CacheBackend to become Ready (its endpoint must exist before engines are admitted)")
 	if err := run("wait", "--for=condition=Ready", "cachebackend/"+backend, "--timeout=180s"); err != nil {
+		return err
+	}
+	say("applying the vLLM engine of %s; the webhook wires its pods at CREATE", examples)
+	if err := run("apply", "--server-side", "-f", examples+"/engine.yaml"); err != nil {
+		return err
+	}
+	if err := run("rollout", "status", "deployment/qwen-engine", "--timeout=180s"); err != nil {
 		return err
 	}
 	if err := run("get", "cachebackend", backend, "-o", "wide"); err != nil {
 		return err
 	}
 	if err := run("get", "deployment,service,pods", "-o", "wide"); err != nil {
+		return err
+	}
+	say("the engine pod as wired by the webhook (receipts, LMCache environment, --kv-transfer-config)")
+	// The receipt event comes from a controller shortly after the pod exists.
+	time.Sleep(2 * time.Second)
+	if err := run("describe", "pod", "-l", "app=qwen-demo"); err != nil {
 		return err
 	}
 	out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig="+c.Kubeconfig, "get", "cachebackend", backend,
