@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
 )
 
@@ -97,20 +97,11 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 	}
 	var reqs []reconcile.Request
 	for i := range list.Items {
-		if SelectorMatches(list.Items[i].Spec.EngineSelector.MatchLabels, pod.GetLabels()) {
+		if inject.Matches(list.Items[i].Spec.EngineSelector.MatchLabels, pod.GetLabels()) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
 	return reqs
-}
-
-// SelectorMatches reports whether every key/value of sel is in podLabels.
-// An empty selector matches nothing.
-func SelectorMatches(sel, podLabels map[string]string) bool {
-	if len(sel) == 0 {
-		return false
-	}
-	return labels.SelectorFromSet(sel).Matches(labels.Set(podLabels))
 }
 
 // Reconcile renders the CacheBackend's children, applies them and publishes

@@ -58,13 +58,3 @@ func TestDeploymentHealth(t *testing.T) {
 		})
 	}
 }
-
-func TestSelectorMatches(t *testing.T) {
-	pod := map[string]string{"app": "qwen", "tier": "gpu"}
-	assert.True(t, SelectorMatches(map[string]string{"app": "qwen"}, pod))
-	assert.True(t, SelectorMatches(pod, pod))
-	assert.False(t, SelectorMatches(map[string]string{"app": "llama"}, pod))
-	assert.False(t, SelectorMatches(map[string]string{"app": "qwen", "zone": "a"}, pod))
-	assert.False(t, SelectorMatches(nil, pod), "an empty selector matches nothing")
-	assert.False(t, SelectorMatches(map[string]string{}, pod))
-}

@@ -16,7 +16,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
@@ -125,17 +124,27 @@ func SkipRequested(value string) bool {
 	return true
 }
 
+// Matches reports whether every key/value of sel is in podLabels, the
+// semantics of a Service selector. An empty selector matches nothing.
+func Matches(sel, podLabels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if have, ok := podLabels[k]; !ok || have != v {
+			return false
+		}
+	}
+	return true
+}
+
 // Select returns the CacheBackend that claims a pod with these labels: of
 // those whose non-empty selector matches, the first by metadata.name. Nil
 // when none matches.
 func Select(podLabels map[string]string, backends []v1alpha1.CacheBackend) *v1alpha1.CacheBackend {
 	var matched []*v1alpha1.CacheBackend
 	for i := range backends {
-		sel := backends[i].Spec.EngineSelector.MatchLabels
-		if len(sel) == 0 || !backends[i].DeletionTimestamp.IsZero() {
-			continue
-		}
-		if labels.SelectorFromSet(sel).Matches(labels.Set(podLabels)) {
+		if backends[i].DeletionTimestamp.IsZero() && Matches(backends[i].Spec.EngineSelector.MatchLabels, podLabels) {
 			matched = append(matched, &backends[i])
 		}
 	}
