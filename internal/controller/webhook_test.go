@@ -265,3 +265,37 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		})
 	}
 }
+
+// TestDeletedBackendLeavesWiringInPlace: the failure-modes row "CacheBackend
+// deleted, engines keep the old wiring": wiring lasts for the pod's life,
+// and pods created afterwards match nothing.
+func TestDeletedBackendLeavesWiringInPlace(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := servingBackend(t, ns, "cache")
+	wired := engine(ns, "wired", map[string]string{"app": "engine-cache"}, nil)
+	require.NoError(t, k8s.Create(ctx, wired))
+	require.True(t, isWired(wired))
+
+	require.NoError(t, k8s.Delete(ctx, cb))
+	eventually(t, 10*time.Second, func() error {
+		err := k8s.Get(ctx, client.ObjectKeyFromObject(cb), &v1alpha1.CacheBackend{})
+		if err == nil {
+			return fmt.Errorf("CacheBackend still there")
+		}
+		return client.IgnoreNotFound(err)
+	})
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(wired), wired))
+	assert.True(t, isWired(wired), "an admitted pod keeps its wiring")
+	// The webhook's cache may lag the deletion for a moment.
+	eventually(t, 10*time.Second, func() error {
+		fresh := engine(ns, fmt.Sprintf("fresh-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
+		if err := k8s.Create(ctx, fresh); err != nil {
+			return err
+		}
+		if isWired(fresh) || len(fresh.Annotations) > 0 {
+			return fmt.Errorf("pod %s wired after the backend was deleted", fresh.Name)
+		}
+		return nil
+	})
+}
