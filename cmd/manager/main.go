@@ -44,6 +44,7 @@ func run(args []string) error {
 	webhookCertDir := fs.String("webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder holding the webhooks' tls.crt and tls.key; reloaded when they change")
 	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
 	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
+	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -75,8 +76,9 @@ func run(args []string) error {
 		return fmt.Errorf("creating manager: %w", err)
 	}
 	if err := controller.Setup(mgr, controller.Options{
-		Webhooks: *webhooks,
-		Inject:   inject.Options{KVEventSubscriberImage: *subscriberImage},
+		Webhooks:  *webhooks,
+		Inject:    inject.Options{KVEventSubscriberImage: *subscriberImage},
+		Namespace: *namespace,
 	}); err != nil {
 		return err
 	}
@@ -100,4 +102,11 @@ func newLogger(development bool) (*zap.Logger, error) {
 	cfg := zap.NewProductionConfig()
 	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
 	return cfg.Build()
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -32,6 +33,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
 )
 
@@ -44,6 +46,13 @@ type CacheBackendReconciler struct {
 	Client   client.Client
 	Applier  *apply.Applier
 	Recorder events.EventRecorder
+	// APIReader lists engine pods of engine-local backends live, so that no
+	// cache of full pod objects is needed.
+	APIReader client.Reader
+	// Keys verifies injection receipts.
+	Keys *receipt.KeyRing
+	// Inject are the webhook's options, to replay injections.
+	Inject inject.Options
 	// Now returns the current time; tests may replace it.
 	Now func() metav1.Time
 }
@@ -118,9 +127,10 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 
 	st := cb.Status.DeepCopy()
+	keepStatus := false
 	defer func() {
-		if ctx.Err() != nil {
-			return // shutting down: the next leader reconciles again
+		if ctx.Err() != nil || keepStatus {
+			return // shutting down, or nothing trustworthy to publish
 		}
 		st.ObservedGeneration = cb.Generation
 		if err := r.patchStatus(ctx, cb, st); err != nil {
@@ -132,10 +142,15 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, err
 	}
 
-	children, err := render.Render(cb)
-	if err == nil && cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
-		err = &render.UnsupportedError{Field: "spec.type", Value: string(cb.Spec.Type)}
+	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+		res, err := r.reconcileEngineLocal(ctx, cb, st)
+		// Without a pod list or keys there is no trustworthy verdict: the
+		// previous one stands.
+		keepStatus = err != nil
+		return res, err
 	}
+
+	children, err := render.Render(cb)
 	var unsupported *render.UnsupportedError
 	if errors.As(err, &unsupported) {
 		st.Endpoint = ""
@@ -178,6 +193,39 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	r.setHealth(cb, st, h)
 	if h.Ready && !wasReady {
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "cache server serving at %s", st.Endpoint)
+	}
+	return ctrl.Result{}, nil
+}
+
+// engineLocalPoll is how often a non-ready engine-local backend is checked.
+// Pod readiness is not watched (no cache of full pod objects), so it is
+// polled until the backend converges; then pod events drive reconciles.
+const engineLocalPoll = 5 * time.Second
+
+// reconcileEngineLocal publishes an SGLangHiCache backend's readiness from
+// its engine pods. Such a backend runs no server: it has no children and no
+// endpoint. When the pods cannot be listed or receipts cannot be verified,
+// the previous verdict stands and the error is returned.
+func (r *CacheBackendReconciler) reconcileEngineLocal(ctx context.Context, cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus) (ctrl.Result, error) {
+	st.Endpoint = ""
+	var pods corev1.PodList
+	if sel := cb.Spec.EngineSelector.MatchLabels; len(sel) > 0 {
+		if err := r.APIReader.List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
+			return ctrl.Result{}, fmt.Errorf("listing engine pods (previous verdict kept): %w", err)
+		}
+	}
+	keys, err := r.Keys.Keys(ctx)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
+	}
+	h := engineLocalHealth(cb, pods.Items, keys, r.Inject)
+	wasReady := meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
+	r.setHealth(cb, st, h)
+	if h.Ready && !wasReady {
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "%s", h.Message)
+	}
+	if !h.Ready {
+		return ctrl.Result{RequeueAfter: engineLocalPoll}, nil
 	}
 	return ctrl.Result{}, nil
 }

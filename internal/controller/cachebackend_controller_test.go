@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -46,6 +47,21 @@ func getBackend(t *testing.T, key client.ObjectKey) *v1alpha1.CacheBackend {
 	t.Helper()
 	cb := &v1alpha1.CacheBackend{}
 	require.NoError(t, k8s.Get(context.Background(), key, cb))
+	return cb
+}
+
+// updateBackend changes a CacheBackend's spec, retrying on conflicts with
+// the controller's status writes.
+func updateBackend(t *testing.T, key client.ObjectKey, mutate func(*v1alpha1.CacheBackend)) *v1alpha1.CacheBackend {
+	t.Helper()
+	cb := &v1alpha1.CacheBackend{}
+	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := k8s.Get(context.Background(), key, cb); err != nil {
+			return err
+		}
+		mutate(cb)
+		return k8s.Update(context.Background(), cb)
+	}))
 	return cb
 }
 
@@ -223,9 +239,9 @@ func TestForeignLabelSurvivesReconciles(t *testing.T) {
 	require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(foreign), client.FieldOwner("platform-team")))
 
 	// A spec change makes the operator apply the Deployment for real.
-	cb = getBackend(t, key)
-	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v2"}}
-	require.NoError(t, k8s.Update(ctx, cb))
+	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v2"}}
+	})
 	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if img := d.Spec.Template.Spec.Containers[0].Image; img != "example.com/lmcache:v2" {
 			return fmt.Errorf("image is %s", img)
@@ -246,12 +262,12 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 
-	cb = getBackend(t, key)
-	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{
-		Port: 7000, Replicas: ptr.To[int32](3), ExtraArgs: []string{"--verbose"},
-		Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}},
-	}}
-	require.NoError(t, k8s.Update(ctx, cb))
+	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{
+			Port: 7000, Replicas: ptr.To[int32](3), ExtraArgs: []string{"--verbose"},
+			Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}},
+		}}
+	})
 	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if *d.Spec.Replicas != 3 {
 			return fmt.Errorf("replicas %d", *d.Spec.Replicas)
@@ -303,9 +319,9 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 		}
 	}()
 
-	cb = getBackend(t, key)
-	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 5, TargetCPUUtilizationPercentage: ptr.To[int32](70)}
-	require.NoError(t, k8s.Update(ctx, cb))
+	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 5, TargetCPUUtilizationPercentage: ptr.To[int32](70)}
+	})
 	hpa := &autoscalingv2.HorizontalPodAutoscaler{}
 	eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, key, hpa) })
 	assert.Equal(t, int32(5), hpa.Spec.MaxReplicas)
@@ -321,9 +337,9 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	// The HPA scales the workload (as the HPA controller would, through the
 	// scale subresource); the operator must not take the count back.
 	require.NoError(t, scaleDeployment(ctx, key, 4))
-	cb = getBackend(t, key)
-	cb.Spec.RemoteStorage.LMCacheServer.Image = "example.com/lmcache:v3"
-	require.NoError(t, k8s.Update(ctx, cb))
+	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.RemoteStorage.LMCacheServer.Image = "example.com/lmcache:v3"
+	})
 	dep = waitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if d.Spec.Template.Spec.Containers[0].Image != "example.com/lmcache:v3" {
 			return fmt.Errorf("not applied yet")
@@ -332,9 +348,9 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	})
 	assert.Equal(t, int32(4), *dep.Spec.Replicas, "the HPA's count survives an apply")
 
-	cb = getBackend(t, key)
-	cb.Spec.Autoscaling = nil
-	require.NoError(t, k8s.Update(ctx, cb))
+	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Autoscaling = nil
+	})
 	eventually(t, 15*time.Second, func() error {
 		err := k8s.Get(ctx, key, &autoscalingv2.HorizontalPodAutoscaler{})
 		if apierrors.IsNotFound(err) {
@@ -374,9 +390,9 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 	assert.Equal(t, appsv1.RecreateDeploymentStrategyType, dep.Spec.Strategy.Type, "ReadWriteOnce claim: one pod at a time")
 	assert.Equal(t, "cache-data", dep.Spec.Template.Spec.Volumes[0].PersistentVolumeClaim.ClaimName)
 
-	cb = getBackend(t, key)
-	cb.Spec.Storage.PVC.Retention = &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}
-	require.NoError(t, k8s.Update(ctx, cb))
+	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Storage.PVC.Retention = &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}
+	})
 	eventually(t, 15*time.Second, func() error {
 		if err := k8s.Get(ctx, pvcKey, pvc); err != nil {
 			return err
@@ -387,9 +403,9 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 		return nil
 	})
 
-	cb = getBackend(t, key)
-	cb.Spec.Storage = nil
-	require.NoError(t, k8s.Update(ctx, cb))
+	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Storage = nil
+	})
 	waitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if len(d.Spec.Template.Spec.Volumes) != 0 {
 			return fmt.Errorf("volume still mounted")
@@ -518,15 +534,6 @@ func TestUnsupportedFeaturesAreReported(t *testing.T) {
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "spec.deploymentKind")
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
 
-	hc := &v1alpha1.CacheBackend{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hicache"},
-		Spec:       v1alpha1.CacheBackendSpec{Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache},
-	}
-	require.NoError(t, k8s.Create(ctx, hc))
-	got = waitBackend(t, client.ObjectKeyFromObject(hc), readyIs(metav1.ConditionFalse, v1alpha1.ReasonUnsupported))
-	assert.Empty(t, got.Status.Endpoint)
-	err := k8s.Get(ctx, client.ObjectKeyFromObject(hc), &appsv1.Deployment{})
-	assert.True(t, apierrors.IsNotFound(err), "no workload for an engine-local backend")
 }
 
 // scaleDeployment sets the replica count through the scale subresource,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
 )
 
 // Receipt events are recorded on pods, once per pod.
@@ -44,6 +45,10 @@ const (
 type ReceiptReconciler struct {
 	Client   client.Client
 	Recorder events.EventRecorder
+	// APIReader reads the full pod (once per receipt) to check its
+	// configuration against the signed digest.
+	APIReader client.Reader
+	Keys      *receipt.KeyRing
 }
 
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
@@ -121,6 +126,18 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *metav1.PartialObje
 	if uid := a[inject.AnnotationInjectedByUID]; uid != string(cb.UID) {
 		return corev1.EventTypeWarning, EventReceiptMismatch, cb,
 			fmt.Sprintf("receipt names CacheBackend %s with uid %q, but its uid is %q: the receipt was not written by the webhook for this backend", by, uid, cb.UID), nil
+	}
+	full := &corev1.Pod{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pod), full); err != nil {
+		return "", "", nil, "", fmt.Errorf("reading pod: %w", err)
+	}
+	keys, err := r.Keys.Keys(ctx)
+	if err != nil {
+		return "", "", nil, "", err
+	}
+	if err := receipt.Verify(keys, full, inject.ClaimOf(full)); err != nil {
+		return corev1.EventTypeWarning, EventReceiptMismatch, cb,
+			fmt.Sprintf("receipt for CacheBackend %s not trusted: %v", by, err), nil
 	}
 	return corev1.EventTypeNormal, EventInjected, cb,
 		fmt.Sprintf("wired to CacheBackend %s (generation %s)", by, a[inject.AnnotationInjectedGeneration]), nil

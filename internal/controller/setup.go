@@ -9,6 +9,7 @@ import (
 
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/validation"
 )
 
@@ -19,28 +20,43 @@ type Options struct {
 	// Webhooks registers the Pod and CacheBackend webhooks on the manager's
 	// webhook server.
 	Webhooks bool
+	// Namespace is the operator's own namespace, which holds the receipt
+	// key Secret.
+	Namespace string
 }
+
+// +kubebuilder:rbac:groups="",namespace=inferencecache-system,resources=secrets,verbs=get;create
 
 // Setup registers every reconciler (and, with opts.Webhooks, the webhooks)
 // of the operator with mgr. The manager binary and the tests call it alike,
 // so tests run the operator exactly as shipped.
 func Setup(mgr ctrl.Manager, opts Options) error {
 	rec := mgr.GetEventRecorder("inferencecache-operator")
+	if opts.Namespace == "" {
+		opts.Namespace = "inferencecache-system"
+	}
+	keys := &receipt.KeyRing{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: opts.Namespace, Name: receipt.DefaultSecretName}
+	if err := mgr.Add(keys); err != nil {
+		return err
+	}
 	r := &CacheBackendReconciler{
-		Client:   mgr.GetClient(),
-		Applier:  apply.New(mgr.GetClient(), mgr.GetClient()),
-		Recorder: rec,
+		Client:    mgr.GetClient(),
+		Applier:   apply.New(mgr.GetClient(), mgr.GetClient()),
+		Recorder:  rec,
+		APIReader: mgr.GetAPIReader(),
+		Keys:      keys,
+		Inject:    opts.Inject,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the CacheBackend controller: %w", err)
 	}
-	rr := &ReceiptReconciler{Client: mgr.GetClient(), Recorder: rec}
+	rr := &ReceiptReconciler{Client: mgr.GetClient(), Recorder: rec, APIReader: mgr.GetAPIReader(), Keys: keys}
 	if err := rr.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the receipt controller: %w", err)
 	}
 	if opts.Webhooks {
 		srv := mgr.GetWebhookServer()
-		srv.Register(inject.MutatePath, &webhook.Admission{Handler: &inject.Handler{Reader: mgr.GetClient(), Options: opts.Inject}})
+		srv.Register(inject.MutatePath, &webhook.Admission{Handler: &inject.Handler{Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}})
 		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
 	}
 	return nil

@@ -40,6 +40,8 @@ import (
 // here: tests that need a Deployment's status write it themselves, as the
 // Deployment controller would, and garbage collection is proven end to end
 // in test/e2e.
+const operatorNamespace = "inferencecache-system"
+
 var (
 	cfg    *rest.Config
 	k8s    client.Client
@@ -86,6 +88,11 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	// The operator's namespace holds the receipt key Secret it creates.
+	if err := k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: operatorNamespace}}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -100,7 +107,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := controller.Setup(mgr, controller.Options{Webhooks: true}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{Webhooks: true, Namespace: operatorNamespace}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/receipt"
 )
 
 // Decisions counts the webhook's verdicts by outcome and reason.
@@ -37,6 +38,8 @@ type Handler struct {
 	// Reader lists the CacheBackends of the pod's namespace (the manager's cache).
 	Reader  client.Reader
 	Options Options
+	// Keys, when set, provides the key that signs receipts.
+	Keys *receipt.KeyRing
 }
 
 // Handle implements admission.Handler.
@@ -56,7 +59,18 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 		logger.Error(err, "listing CacheBackends; admitting the pod unchanged")
 		return failOpen("listing CacheBackends: " + err.Error())
 	}
-	d, patch, err := Admit(req.Object.Raw, backends.Items, h.Options)
+	opts := h.Options
+	if h.Keys != nil {
+		k, err := h.Keys.Signing(ctx)
+		if err != nil {
+			// Wire the pod anyway: an unsigned receipt only means the
+			// readiness evaluator will not count the pod until it rolls.
+			logger.Error(err, "receipt key unavailable; the receipt will not be signed")
+		} else {
+			opts.Key = &k
+		}
+	}
+	d, patch, err := Admit(req.Object.Raw, backends.Items, opts)
 	if err != nil {
 		logger.Error(err, "computing the injection; admitting the pod unchanged")
 		return failOpen(err.Error())

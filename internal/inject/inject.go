@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/receipt"
 )
 
 // Annotations on engine pods. They are API.
@@ -71,6 +72,9 @@ type Options struct {
 	// KVEventSubscriberImage, when set, adds the kvevent-subscriber sidecar
 	// to pods whose CacheBackend has spec.observation.modelID.
 	KVEventSubscriberImage string
+	// Key, when set, signs receipts (see package receipt). Without it
+	// receipts carry a digest but no signature and never verify.
+	Key *receipt.Key
 }
 
 // Decision is the verdict on one pod.
@@ -199,9 +203,20 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	setAnnotation(out, AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
 	setAnnotation(out, AnnotationInjectedByUID, string(cb.UID))
 	setAnnotation(out, AnnotationInjectedGeneration, strconv.FormatInt(cb.Generation, 10))
+	claim := ClaimOf(out)
+	claim.Digest = receipt.Digest(out)
+	setAnnotation(out, receipt.AnnotationDigest, claim.Digest)
+	if opts.Key != nil {
+		setAnnotation(out, receipt.AnnotationSignature, receipt.Sign(*opts.Key, claim))
+	}
 	d.Outcome = Injected
 	d.Message = fmt.Sprintf("container %q wired to CacheBackend %s/%s (generation %d)", c.Name, cb.Namespace, cb.Name, cb.Generation)
 	return d
+}
+
+// ClaimOf reads the receipt claim on a pod.
+func ClaimOf(p *corev1.Pod) receipt.Claim {
+	return receipt.ClaimOf(p.Annotations, AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration)
 }
 
 func skip(d Decision, reason, msg string) Decision {
@@ -213,7 +228,8 @@ func skip(d Decision, reason, msg string) Decision {
 // clearReceipts removes every receipt annotation, so that no pod keeps a
 // stale, partial or hand-written receipt past admission.
 func clearReceipts(p *corev1.Pod) {
-	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped} {
+	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped,
+		receipt.AnnotationDigest, receipt.AnnotationSignature} {
 		delete(p.Annotations, k)
 	}
 	if len(p.Annotations) == 0 {

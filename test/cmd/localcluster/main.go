@@ -19,6 +19,10 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/manifests"
@@ -117,6 +121,15 @@ func demo() error {
 		return err
 	}
 	if err := localcluster.InstallWebhooks(ctx, c.Config, fmt.Sprintf("https://127.0.0.1:%d", ports[2]), ca, mwc, vwc); err != nil {
+		return err
+	}
+	// The install bundle creates the operator's namespace; it holds the
+	// receipt key Secret the manager creates.
+	cl, err := client.New(c.Config, client.Options{})
+	if err != nil {
+		return err
+	}
+	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-system"}}); err != nil {
 		return err
 	}
 	if err := startDetached(wd, "manager", abs("bin/manager"),

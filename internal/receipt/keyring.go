@@ -1,0 +1,120 @@
+package receipt
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+)
+
+// Secret layout: data["key"] signs and verifies; data["previous"], when
+// present, only verifies (the rotation grace period).
+const (
+	SecretKeyCurrent  = "key"
+	SecretKeyPrevious = "previous"
+	// DefaultSecretName is the receipt key Secret in the operator's namespace.
+	DefaultSecretName = "inferencecache-receipt-key"
+	refreshInterval   = 30 * time.Second
+)
+
+// KeyRing holds the receipt keys, read from one Secret in the operator's own
+// namespace through an uncached reader (no Secret informer, so the
+// operator reads no other Secret). It creates the Secret with a random key
+// when it does not exist. Keys are never logged.
+type KeyRing struct {
+	Client    client.Client
+	Reader    client.Reader
+	Namespace string
+	Name      string
+
+	mu      sync.Mutex
+	keys    []Key
+	fetched time.Time
+}
+
+// Signing returns the key that signs new receipts.
+func (k *KeyRing) Signing(ctx context.Context) (Key, error) {
+	keys, err := k.Keys(ctx)
+	if err != nil {
+		return Key{}, err
+	}
+	return keys[0], nil
+}
+
+// Keys returns the current key first, then the previous one if any.
+func (k *KeyRing) Keys(ctx context.Context) ([]Key, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.keys) > 0 && time.Since(k.fetched) < refreshInterval {
+		return k.keys, nil
+	}
+	keys, err := k.load(ctx)
+	if err != nil {
+		if len(k.keys) > 0 {
+			return k.keys, nil // keep serving with the last keys read
+		}
+		return nil, err
+	}
+	k.keys, k.fetched = keys, time.Now()
+	return keys, nil
+}
+
+func (k *KeyRing) load(ctx context.Context) ([]Key, error) {
+	s := &corev1.Secret{}
+	err := k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: k.Name}, s)
+	if apierrors.IsNotFound(err) {
+		s, err = k.create(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading receipt key secret %s/%s: %w", k.Namespace, k.Name, err)
+	}
+	cur := s.Data[SecretKeyCurrent]
+	if len(cur) < 16 {
+		return nil, fmt.Errorf("receipt key secret %s/%s: data[%q] must hold at least 16 bytes", k.Namespace, k.Name, SecretKeyCurrent)
+	}
+	keys := []Key{NewKey(cur)}
+	if prev := s.Data[SecretKeyPrevious]; len(prev) >= 16 {
+		keys = append(keys, NewKey(prev))
+	}
+	return keys, nil
+}
+
+func (k *KeyRing) create(ctx context.Context) (*corev1.Secret, error) {
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, err
+	}
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: k.Namespace, Name: k.Name,
+			Labels: map[string]string{"app.kubernetes.io/managed-by": "inferencecache-operator"},
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{SecretKeyCurrent: secret},
+	}
+	err := k.Client.Create(ctx, s)
+	if apierrors.IsAlreadyExists(err) {
+		// Another replica created it first: use theirs.
+		s = &corev1.Secret{}
+		err = k.Reader.Get(ctx, client.ObjectKey{Namespace: k.Namespace, Name: k.Name}, s)
+	}
+	return s, err
+}
+
+// Start creates the Secret if it is missing, so that the first admission
+// does not wait for it; failures are retried at each use. It implements
+// manager.Runnable.
+func (k *KeyRing) Start(ctx context.Context) error {
+	if _, err := k.Keys(ctx); err != nil {
+		log.FromContext(ctx).Error(err, "receipt keys not available yet; retrying on use")
+	}
+	<-ctx.Done()
+	return nil
+}
