@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -23,6 +24,8 @@ type Options struct {
 	// Namespace is the operator's own namespace, which holds the receipt
 	// key Secret.
 	Namespace string
+	// KeyRefresh is how often the receipt key Secret is re-read (30 s when zero).
+	KeyRefresh time.Duration
 }
 
 // +kubebuilder:rbac:groups="",namespace=inferencecache-system,resources=secrets,verbs=get;create
@@ -35,7 +38,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if opts.Namespace == "" {
 		opts.Namespace = "inferencecache-system"
 	}
-	keys := &receipt.KeyRing{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: opts.Namespace, Name: receipt.DefaultSecretName}
+	keys := &receipt.KeyRing{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: opts.Namespace, Name: receipt.DefaultSecretName, Refresh: opts.KeyRefresh}
 	if err := mgr.Add(keys); err != nil {
 		return err
 	}

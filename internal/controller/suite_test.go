@@ -107,7 +107,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := controller.Setup(mgr, controller.Options{Webhooks: true, Namespace: operatorNamespace}); err != nil {
+	if err := controller.Setup(mgr, controller.Options{Webhooks: true, Namespace: operatorNamespace, KeyRefresh: time.Second}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

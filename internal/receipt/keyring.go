@@ -33,6 +33,9 @@ type KeyRing struct {
 	Reader    client.Reader
 	Namespace string
 	Name      string
+	// Refresh is how long keys are used before the Secret is read again
+	// (30 s when zero): a rotation takes effect within it.
+	Refresh time.Duration
 
 	mu      sync.Mutex
 	keys    []Key
@@ -52,7 +55,11 @@ func (k *KeyRing) Signing(ctx context.Context) (Key, error) {
 func (k *KeyRing) Keys(ctx context.Context) ([]Key, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if len(k.keys) > 0 && time.Since(k.fetched) < refreshInterval {
+	refresh := k.Refresh
+	if refresh == 0 {
+		refresh = refreshInterval
+	}
+	if len(k.keys) > 0 && time.Since(k.fetched) < refresh {
 		return k.keys, nil
 	}
 	keys, err := k.load(ctx)

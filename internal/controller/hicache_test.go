@@ -1,0 +1,223 @@
+package controller_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
+)
+
+func newHiCache(ns string) *v1alpha1.CacheBackend {
+	return &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hicache"},
+		Spec: v1alpha1.CacheBackendSpec{
+			Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
+			HiCache:        &v1alpha1.HiCache{Ratio: ptr.To("2"), WritePolicy: "write_through", PageSize: ptr.To[int32](64)},
+		},
+	}
+}
+
+func sglangPod(ns, name string, annotations map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": "sglang"}, Annotations: annotations},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "sglang", Image: "lmsysorg/sglang", Command: []string{"python3", "-m", "sglang.launch_server"},
+			Args: []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct"},
+		}}},
+	}
+}
+
+// markPodReady writes the status a kubelet would write for a running, ready pod.
+func markPodReady(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		cur := &corev1.Pod{}
+		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(p), cur); err != nil {
+			return err
+		}
+		cur.Status.Phase = corev1.PodRunning
+		cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
+		return k8s.Status().Update(context.Background(), cur)
+	})
+}
+
+func reasonIs(reason string) func(*v1alpha1.CacheBackend) error {
+	return func(cb *v1alpha1.CacheBackend) error {
+		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Reason != reason || cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("Ready is %+v (observed %d of %d), want reason %s", c, cb.Status.ObservedGeneration, cb.Generation, reason)
+		}
+		return nil
+	}
+}
+
+// TestHiCacheReadiness: an engine-local backend runs nothing, waits for
+// engine pods, becomes Ready once an admitted pod is Ready, and reports a
+// rollout after a spec change until the pod is replaced.
+func TestHiCacheReadiness(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newHiCache(ns)
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+
+	got := waitBackend(t, key, reasonIs(controller.ReasonAwaitingEnginePods))
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
+	assert.Empty(t, got.Status.Endpoint)
+	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no workload")
+	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &corev1.Service{})), "no Service")
+
+	pod := sglangPod(ns, "engine-1", nil)
+	require.NoError(t, k8s.Create(ctx, pod))
+	assert.Equal(t, []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--enable-hierarchical-cache",
+		"--hicache-ratio", "2", "--hicache-write-policy", "write_through", "--page-size", "64"}, pod.Spec.Containers[0].Args)
+	assert.NotEmpty(t, pod.Annotations[receipt.AnnotationSignature], "the receipt is signed")
+	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsUnavailable))
+
+	markPodReady(t, pod)
+	got = waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady))
+	assert.Equal(t, int32(1), got.Status.MatchedEnginePods)
+
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.HiCache.Ratio = ptr.To("3") })
+	got = waitBackend(t, key, reasonIs(controller.ReasonEnginePodsRolloutInProgress))
+	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionDegraded), "a rollout never pages as Degraded")
+
+	require.NoError(t, k8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))
+	replacement := sglangPod(ns, "engine-2", nil)
+	require.NoError(t, k8s.Create(ctx, replacement))
+	assert.Contains(t, replacement.Spec.Containers[0].Args, "3")
+	markPodReady(t, replacement)
+	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+}
+
+// TestCopiedReceiptNeverCountsAsInjected: a pod created while the webhook is
+// unreachable, carrying a genuine receipt copied from a wired pod (name,
+// UID, generation, digest and signature), is not counted as injected:
+// EnginePodsNotInjected and a Warning event.
+func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newHiCache(ns)
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	genuine := sglangPod(ns, "genuine", nil)
+	require.NoError(t, k8s.Create(ctx, genuine))
+	markPodReady(t, genuine)
+	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
+	saved := mwc.Webhooks[0].ClientConfig.URL
+	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://127.0.0.1:1/mutate-v1-pod")
+	require.NoError(t, k8s.Update(ctx, mwc))
+	defer func() {
+		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
+		mwc.Webhooks[0].ClientConfig.URL = saved
+		require.NoError(t, k8s.Update(ctx, mwc))
+	}()
+
+	copied := map[string]string{}
+	for _, k := range []string{inject.AnnotationInjectedBy, inject.AnnotationInjectedByUID, inject.AnnotationInjectedGeneration,
+		receipt.AnnotationDigest, receipt.AnnotationSignature} {
+		copied[k] = genuine.Annotations[k]
+	}
+	var forged *corev1.Pod
+	eventually(t, 15*time.Second, func() error {
+		forged = sglangPod(ns, fmt.Sprintf("forged-%d", time.Now().UnixNano()), copied)
+		if err := k8s.Create(ctx, forged); err != nil {
+			return err
+		}
+		if len(forged.Spec.Containers[0].Args) != 2 {
+			_ = k8s.Delete(ctx, forged)
+			return fmt.Errorf("still admitted through the webhook")
+		}
+		return nil
+	})
+	markPodReady(t, forged)
+	got := waitBackend(t, key, reasonIs(controller.ReasonEnginePodsNotInjected))
+	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, forged.Name)
+	waitPodEvent(t, ns, forged.Name, "Warning/"+controller.EventReceiptMismatch)
+	assert.Zero(t, podEvents(t, ns, forged.Name)["Normal/"+controller.EventInjected])
+}
+
+// TestReceiptKeyRotation: with the old key moved to data.previous, receipts
+// it signed stay valid (the grace period) and new pods are signed with the
+// new key; once previous is removed, pods signed with it no longer count as
+// injected and must be rolled.
+func TestReceiptKeyRotation(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newHiCache(ns)
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	old := sglangPod(ns, "old", nil)
+	require.NoError(t, k8s.Create(ctx, old))
+	markPodReady(t, old)
+	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+
+	secretKey := client.ObjectKey{Namespace: operatorNamespace, Name: receipt.DefaultSecretName}
+	secret := &corev1.Secret{}
+	require.NoError(t, k8s.Get(ctx, secretKey, secret))
+	previous := secret.Data[receipt.SecretKeyCurrent]
+	fresh := make([]byte, 32)
+	_, _ = rand.Read(fresh)
+	secret.Data = map[string][]byte{receipt.SecretKeyCurrent: fresh, receipt.SecretKeyPrevious: previous}
+	require.NoError(t, k8s.Update(ctx, secret))
+	defer func() {
+		// Leave the suite with a single current key.
+		require.NoError(t, k8s.Get(ctx, secretKey, secret))
+		delete(secret.Data, receipt.SecretKeyPrevious)
+		require.NoError(t, k8s.Update(ctx, secret))
+	}()
+
+	var young *corev1.Pod
+	eventually(t, 15*time.Second, func() error {
+		young = sglangPod(ns, fmt.Sprintf("young-%d", time.Now().UnixNano()), nil)
+		if err := k8s.Create(ctx, young); err != nil {
+			return err
+		}
+		if young.Annotations[receipt.AnnotationSignature][:16] != receipt.NewKey(fresh).ID {
+			_ = k8s.Delete(ctx, young, client.GracePeriodSeconds(0))
+			return fmt.Errorf("not signed with the new key yet")
+		}
+		return nil
+	})
+	markPodReady(t, young)
+	// Both receipts verify during the grace period.
+	time.Sleep(2 * time.Second)
+	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+
+	require.NoError(t, k8s.Get(ctx, secretKey, secret))
+	delete(secret.Data, receipt.SecretKeyPrevious)
+	require.NoError(t, k8s.Update(ctx, secret))
+	// A Ready backend is not polled; a new engine pod wakes it.
+	time.Sleep(1500 * time.Millisecond)
+	require.NoError(t, k8s.Create(ctx, sglangPod(ns, "trigger", nil)))
+	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Reason != controller.ReasonEnginePodsNotInjected {
+			return fmt.Errorf("Ready is %+v", c)
+		}
+		return nil
+	})
+	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "old")
+}
