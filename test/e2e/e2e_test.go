@@ -345,3 +345,34 @@ func TestDeletingBackendCollectsChildrenKeepsData(t *testing.T) {
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "keep-data"}, pvc), "retained claim survives its CacheBackend")
 	assert.Nil(t, pvc.DeletionTimestamp)
 }
+
+// TestSGLangHiCacheExampleBecomesReady: the SGLang HiCache example, applied
+// with kubectl, reaches Ready=True / EnginePodsReady once its kwok-run engine
+// pods are admitted with the HiCache flags and Ready. No server is created.
+func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "hicache")
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-k", "../../examples/sglang-hicache")
+	key := client.ObjectKey{Namespace: ns, Name: "qwen-hicache"}
+	cb := &v1alpha1.CacheBackend{}
+	eventually(t, 90*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != controller.ReasonEnginePodsReady {
+			return fmt.Errorf("Ready is %+v", c)
+		}
+		return nil
+	})
+	assert.Equal(t, int32(2), cb.Status.MatchedEnginePods)
+	assert.Empty(t, cb.Status.Endpoint)
+	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no server workload")
+	var pods corev1.PodList
+	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-sglang"}))
+	for _, p := range pods.Items {
+		assert.Contains(t, p.Spec.Containers[0].Args, "--enable-hierarchical-cache", p.Name)
+		assert.Equal(t, ns+"/qwen-hicache", p.Annotations[inject.AnnotationInjectedBy])
+	}
+	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-hicache", "--timeout=30s")
+}
