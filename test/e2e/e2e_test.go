@@ -352,9 +352,21 @@ func TestDeletingBackendCollectsChildrenKeepsData(t *testing.T) {
 func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "hicache")
-	kubectlRun(t, "apply", "--server-side", "-n", ns, "-k", "../../examples/sglang-hicache")
+	// The CacheBackend first: a pod admitted before the operator's cache
+	// holds it matches nothing and stays unwired (fail-open), as documented.
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/sglang-hicache/cachebackend.yaml")
 	key := client.ObjectKey{Namespace: ns, Name: "qwen-hicache"}
 	cb := &v1alpha1.CacheBackend{}
+	eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != controller.ReasonAwaitingEnginePods {
+			return fmt.Errorf("Ready is %+v", c)
+		}
+		return nil
+	})
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/sglang-hicache/engine.yaml")
 	eventually(t, 90*time.Second, func() error {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err
