@@ -469,6 +469,12 @@ type CacheBackendStatus struct {
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 
+	// Capacity is the bound capacity of the shared claim <name>-data
+	// (Deployment kind with storage only; per-replica claims of a
+	// StatefulSet are not summed).
+	// +optional
+	Capacity *resource.Quantity `json:"capacity,omitempty"`
+
 	// FirstAvailableAt is when the cache server first served.
 	// +optional
 	FirstAvailableAt *metav1.Time `json:"firstAvailableAt,omitempty"`

@@ -160,6 +160,11 @@ func (in *CacheBackendStatus) DeepCopyInto(out *CacheBackendStatus) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.Capacity != nil {
+		in, out := &in.Capacity, &out.Capacity
+		x := (*in).DeepCopy()
+		*out = &x
+	}
 	if in.FirstAvailableAt != nil {
 		in, out := &in.FirstAvailableAt, &out.FirstAvailableAt
 		*out = (*in).DeepCopy()

@@ -114,6 +114,9 @@ func Objects(c render.Children) ([]*unstructured.Unstructured, error) {
 	if c.Deployment != nil {
 		acs = append(acs, c.Deployment)
 	}
+	if c.StatefulSet != nil {
+		acs = append(acs, c.StatefulSet)
+	}
 	if c.HPA != nil {
 		acs = append(acs, c.HPA)
 	}
@@ -140,17 +143,31 @@ func toUnstructured(ac any) (*unstructured.Unstructured, error) {
 	return u, nil
 }
 
+// Options adjust one Apply.
+type Options struct {
+	// Hold lists children, as "Kind/name", that are left exactly as they
+	// are: neither applied nor pruned (a StatefulSet whose immutable
+	// storage the spec can no longer describe, a claim whose class cannot
+	// change).
+	Hold []string
+}
+
 // Apply server-side applies children for owner and prunes owned children of
 // the prunable kinds that are not among them. A child whose live state
 // already matches is not written.
-func (a *Applier) Apply(ctx context.Context, owner *v1alpha1.CacheBackend, children render.Children) (Result, error) {
+func (a *Applier) Apply(ctx context.Context, owner *v1alpha1.CacheBackend, children render.Children, opts Options) (Result, error) {
 	var res Result
 	objs, err := Objects(children)
 	if err != nil {
 		return res, err
 	}
-	if children.Deployment != nil && children.Deployment.Spec != nil && children.Deployment.Spec.Replicas == nil {
-		if err := a.handOffReplicas(ctx, owner); err != nil {
+	if d := children.Deployment; d != nil && d.Spec != nil && d.Spec.Replicas == nil {
+		if err := a.handOffReplicas(ctx, owner, &appsv1.Deployment{}); err != nil {
+			return res, err
+		}
+	}
+	if s := children.StatefulSet; s != nil && s.Spec != nil && s.Spec.Replicas == nil {
+		if err := a.handOffReplicas(ctx, owner, &appsv1.StatefulSet{}); err != nil {
 			return res, err
 		}
 	}
@@ -165,7 +182,7 @@ func (a *Applier) Apply(ctx context.Context, owner *v1alpha1.CacheBackend, child
 			return res, fmt.Errorf("applying children: %w", err)
 		}
 	}
-	pruned, err := a.prune(ctx, owner, objs)
+	pruned, err := a.prune(ctx, owner, objs, opts.Hold)
 	res.Changes = append(res.Changes, pruned...)
 	return res, err
 }
@@ -189,13 +206,17 @@ func action(a ssa.Action) Action {
 func prunable() []client.ObjectList {
 	return []client.ObjectList{
 		&appsv1.DeploymentList{},
+		&appsv1.StatefulSetList{},
 		&corev1.ServiceList{},
 		&autoscalingv2.HorizontalPodAutoscalerList{},
 	}
 }
 
-func (a *Applier) prune(ctx context.Context, owner *v1alpha1.CacheBackend, want []*unstructured.Unstructured) ([]Change, error) {
+func (a *Applier) prune(ctx context.Context, owner *v1alpha1.CacheBackend, want []*unstructured.Unstructured, hold []string) ([]Change, error) {
 	wanted := map[string]bool{}
+	for _, h := range hold {
+		wanted[h] = true
+	}
 	for _, o := range want {
 		wanted[o.GetKind()+"/"+o.GetName()] = true
 	}
@@ -233,6 +254,10 @@ func metaItems(list client.ObjectList) ([]client.Object, error) {
 	var out []client.Object
 	switch l := list.(type) {
 	case *appsv1.DeploymentList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *appsv1.StatefulSetList:
 		for i := range l.Items {
 			out = append(out, &l.Items[i])
 		}
@@ -276,22 +301,28 @@ func ptrUID(obj client.Object) *types.UID {
 // spec.replicas on the live Deployment, a separate manager first applies the
 // current value, so the field keeps its value when the operator releases it
 // instead of being removed and defaulted back to 1.
-func (a *Applier) handOffReplicas(ctx context.Context, owner *v1alpha1.CacheBackend) error {
-	live := &appsv1.Deployment{}
+func (a *Applier) handOffReplicas(ctx context.Context, owner *v1alpha1.CacheBackend, live client.Object) error {
 	if err := a.reader.Get(ctx, client.ObjectKey{Namespace: owner.Namespace, Name: owner.Name}, live); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("reading workload for replica hand-off: %w", err)
 	}
-	if live.Spec.Replicas == nil || !ownsReplicas(live.ManagedFields, FieldManager) || ownsReplicas(live.ManagedFields, ReplicasHandoffManager) {
+	var replicas *int32
+	switch w := live.(type) {
+	case *appsv1.Deployment:
+		replicas = w.Spec.Replicas
+	case *appsv1.StatefulSet:
+		replicas = w.Spec.Replicas
+	}
+	if replicas == nil || !ownsReplicas(live.GetManagedFields(), FieldManager) || ownsReplicas(live.GetManagedFields(), ReplicasHandoffManager) {
 		return nil
 	}
 	patch := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "apps/v1",
-		"kind":       "Deployment",
-		"metadata":   map[string]any{"name": live.Name, "namespace": live.Namespace},
-		"spec":       map[string]any{"replicas": int64(*live.Spec.Replicas)},
+		"kind":       kindOf(live, a.client.Scheme()),
+		"metadata":   map[string]any{"name": live.GetName(), "namespace": live.GetNamespace()},
+		"spec":       map[string]any{"replicas": int64(*replicas)},
 	}}
 	if err := a.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(patch),
 		client.FieldOwner(ReplicasHandoffManager), client.ForceOwnership); err != nil {

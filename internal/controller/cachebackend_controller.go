@@ -60,6 +60,7 @@ type CacheBackendReconciler struct {
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch;update
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
@@ -77,6 +78,7 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Owns(&appsv1.Deployment{}).
+		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
 		WatchesMetadata(&corev1.Pod{},
@@ -158,7 +160,27 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return ctrl.Result{}, nil
 	}
 
-	res, err := r.Applier.Apply(ctx, cb, children)
+	var opts apply.Options
+	live, err := r.liveWorkload(ctx, cb)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// A StatefulSet's claim templates cannot change: when the spec's storage
+	// no longer matches them, the StatefulSet is left untouched (not applied,
+	// not pruned) and the backend reports it; the rest is still applied.
+	drift := ""
+	if sts, ok := live.(*appsv1.StatefulSet); ok && children.StatefulSet != nil {
+		if drift = claimTemplateDrift(children.StatefulSet.Spec.VolumeClaimTemplates, sts.Spec.VolumeClaimTemplates); drift != "" {
+			children.StatefulSet = nil
+			opts.Hold = append(opts.Hold, "StatefulSet/"+cb.Name)
+		}
+	}
+	storageNote, err := r.reconcileClaims(ctx, cb, &children, st)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	res, err := r.Applier.Apply(ctx, cb, children, opts)
 	if res.Changed() {
 		logger.Info("applied children", "changes", res.String())
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventChildrenApplied, "Apply", "%s", res.String())
@@ -169,18 +191,34 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		r.setHealth(cb, st, health{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error(), Degraded: true, Stalled: true})
 		return ctrl.Result{}, err
 	}
-
-	var dep *appsv1.Deployment
-	if children.Deployment != nil {
-		live := &appsv1.Deployment{}
-		switch err := r.Client.Get(ctx, client.ObjectKeyFromObject(cb), live); {
-		case err == nil && metav1.IsControlledBy(live, cb):
-			dep = live
-		case err != nil && !apierrors.IsNotFound(err):
-			return ctrl.Result{}, fmt.Errorf("reading cache-server Deployment: %w", err)
+	if drift != "" {
+		msg := fmt.Sprintf("storage of StatefulSet %s cannot change (%s); restore spec.storage, or delete the StatefulSet (its claims are kept) to recreate it", cb.Name, drift)
+		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != ReasonImmutableStatefulSetStorage {
+			r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, ReasonImmutableStatefulSetStorage, "Apply", "%s", msg)
 		}
+		st.Endpoint = ""
+		r.setHealth(cb, st, health{Reason: ReasonImmutableStatefulSetStorage, Message: msg, Degraded: true, Stalled: true})
+		return ctrl.Result{}, nil
 	}
-	h := deploymentHealth(dep)
+
+	// Health comes from the workload of the kind the spec asks for, read
+	// after the apply: a workload of the other kind (being pruned) is never
+	// advertised.
+	live, err = r.liveWorkload(ctx, cb)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var h health
+	if children.StatefulSet != nil {
+		sts, _ := live.(*appsv1.StatefulSet)
+		h = statefulSetHealth(sts)
+	} else {
+		dep, _ := live.(*appsv1.Deployment)
+		h = deploymentHealth(dep)
+	}
+	if storageNote != "" {
+		h.Message += "; " + storageNote
+	}
 	st.Endpoint = ""
 	if h.Available {
 		st.Endpoint = render.Endpoint(cb)
@@ -195,6 +233,24 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "cache server serving at %s", st.Endpoint)
 	}
 	return ctrl.Result{}, nil
+}
+
+// liveWorkload returns the cache-server workload of the kind cb asks for,
+// if it exists and cb controls it; nil otherwise.
+func (r *CacheBackendReconciler) liveWorkload(ctx context.Context, cb *v1alpha1.CacheBackend) (client.Object, error) {
+	var obj client.Object = &appsv1.Deployment{}
+	if render.IsStatefulSet(cb) {
+		obj = &appsv1.StatefulSet{}
+	}
+	switch err := r.Client.Get(ctx, client.ObjectKeyFromObject(cb), obj); {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the cache-server %s: %w", render.WorkloadKind(cb), err)
+	case !metav1.IsControlledBy(obj, cb):
+		return nil, nil
+	}
+	return obj, nil
 }
 
 // engineLocalPoll is how often a non-ready engine-local backend is checked.

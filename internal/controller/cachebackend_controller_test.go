@@ -209,7 +209,7 @@ func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 	c, err := client.New(counter.wrap(cfg), client.Options{Scheme: scheme})
 	require.NoError(t, err)
 	r := &controller.CacheBackendReconciler{
-		Client: c, Applier: apply.New(c, c),
+		Client: c, Applier: apply.New(c, c), APIReader: c,
 		Recorder: events.NewFakeRecorder(100), Now: metav1.Now,
 	}
 	for range 3 {
@@ -475,24 +475,30 @@ func TestEngineSelectorMatching(t *testing.T) {
 func waitEvent(t *testing.T, ns, name, reason string, atLeast int) {
 	t.Helper()
 	eventually(t, 15*time.Second, func() error {
-		var list eventsv1.EventList
-		if err := k8s.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-			return err
-		}
-		n := 0
-		for _, e := range list.Items {
-			if e.Regarding.Name == name && e.Reason == reason {
-				n += max(1, int(e.DeprecatedCount))
-				if e.Series != nil {
-					n = max(n, int(e.Series.Count))
-				}
-			}
-		}
-		if n < atLeast {
+		if n := countEvents(t, ns, name, reason); n < atLeast {
 			return fmt.Errorf("%d %s events on %s, want at least %d", n, reason, name, atLeast)
 		}
 		return nil
 	})
+}
+
+// countEvents counts the events with reason regarding the object name,
+// including repeats the recorder folded into one event.
+func countEvents(t *testing.T, ns, name, reason string) int {
+	t.Helper()
+	var list eventsv1.EventList
+	require.NoError(t, k8s.List(context.Background(), &list, client.InNamespace(ns)))
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.Name == name && e.Reason == reason {
+			c := max(1, int(e.DeprecatedCount))
+			if e.Series != nil {
+				c = max(c, int(e.Series.Count))
+			}
+			n += c
+		}
+	}
+	return n
 }
 
 // TestKstatus: kstatus (what Flux and kubectl wait read) computes
@@ -520,20 +526,6 @@ func TestKstatus(t *testing.T) {
 	markDeploymentAvailable(t, key)
 	waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, status.CurrentStatus, kstatus())
-}
-
-// TestUnsupportedFeaturesAreReported: a spec this version accepts but does
-// not implement is reported with a condition, never ignored silently.
-func TestUnsupportedFeaturesAreReported(t *testing.T) {
-	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "sts")
-	cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
-	require.NoError(t, k8s.Create(ctx, cb))
-	got := waitBackend(t, client.ObjectKeyFromObject(cb), readyIs(metav1.ConditionFalse, v1alpha1.ReasonUnsupported))
-	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "spec.deploymentKind")
-	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
-
 }
 
 // scaleDeployment sets the replica count through the scale subresource,

@@ -79,3 +79,44 @@ func condition(dep *appsv1.Deployment, t appsv1.DeploymentConditionType) corev1.
 	}
 	return corev1.ConditionUnknown
 }
+
+// statefulSetHealth judges a cache-server StatefulSet: Ready when the
+// controller observed the current spec and every replica is updated and
+// ready.
+func statefulSetHealth(sts *appsv1.StatefulSet) health {
+	if sts == nil {
+		return health{Reason: v1alpha1.ReasonRolloutInProgress, Message: "waiting for the cache-server StatefulSet to be created", Progressing: true}
+	}
+	desired := int32(1)
+	if sts.Spec.Replicas != nil {
+		desired = *sts.Spec.Replicas
+	}
+	st := sts.Status
+	h := health{
+		Replicas:      desired,
+		ReadyReplicas: st.ReadyReplicas,
+		Available:     st.AvailableReplicas > 0 || st.ReadyReplicas > 0,
+	}
+	switch {
+	case st.ObservedGeneration < sts.Generation:
+		h.Reason, h.Progressing = v1alpha1.ReasonRolloutInProgress, true
+		h.Message = "waiting for the StatefulSet controller to observe the latest spec"
+	case st.UpdatedReplicas < desired || (st.UpdateRevision != "" && st.CurrentRevision != st.UpdateRevision):
+		h.Reason, h.Progressing = v1alpha1.ReasonRolloutInProgress, true
+		h.Message = fmt.Sprintf("rollout in progress: %d of %d replicas updated, %d ready", st.UpdatedReplicas, desired, st.ReadyReplicas)
+	case st.ReadyReplicas < desired:
+		// A StatefulSet creates its pods one by one: until every replica
+		// was ready once, missing ones are still rolling out.
+		if st.Replicas < desired || st.CurrentReplicas < desired {
+			h.Reason, h.Progressing = v1alpha1.ReasonRolloutInProgress, true
+		} else {
+			h.Reason, h.Degraded = v1alpha1.ReasonReplicasUnavailable, true
+		}
+		h.Message = fmt.Sprintf("%d of %d replicas ready", st.ReadyReplicas, desired)
+	default:
+		h.Ready = true
+		h.Reason = v1alpha1.ReasonBackendReady
+		h.Message = fmt.Sprintf("%d of %d replicas ready", st.ReadyReplicas, desired)
+	}
+	return h
+}

@@ -39,10 +39,13 @@ const (
 	managedByValue  = "inferencecache-operator"
 	containerName   = "lmcache-server"
 	portName        = "lmcache"
-	dataVolumeName  = "cache-data"
 	dataMountPath   = "/data"
 	defaultHPACPU   = int32(80)
 	defaultReplicas = int32(1)
+
+	// DataVolumeName names the data volume and a StatefulSet's
+	// volumeClaimTemplate, whose claims are <DataVolumeName>-<name>-<ordinal>.
+	DataVolumeName = "cache-data"
 
 	// AnnotationRetentionWhenDeleted on a claim records whether it goes with
 	// its CacheBackend (Delete) or outlives it (Retain).
@@ -58,7 +61,8 @@ const (
 // CacheBackend. Nil members are objects it does not want: the applier prunes
 // the Service, workload and HPA kinds it finds but does not want (never PVCs).
 type Children struct {
-	Deployment *appsv1ac.DeploymentApplyConfiguration
+	Deployment  *appsv1ac.DeploymentApplyConfiguration
+	StatefulSet *appsv1ac.StatefulSetApplyConfiguration
 	Service    *corev1ac.ServiceApplyConfiguration
 	HPA        *autoscalingv2ac.HorizontalPodAutoscalerApplyConfiguration
 	PVC        *corev1ac.PersistentVolumeClaimApplyConfiguration
@@ -119,9 +123,6 @@ func Render(cb *v1alpha1.CacheBackend) (Children, error) {
 	if cb.Spec.Type != v1alpha1.BackendTypeLMCache {
 		return Children{}, nil
 	}
-	if k := cb.Spec.DeploymentKind; k != "" && k != v1alpha1.DeploymentKindDeployment {
-		return Children{}, &UnsupportedError{Field: "spec.deploymentKind", Value: string(k)}
-	}
 	if rs := cb.Spec.RemoteStorage; rs != nil {
 		if rs.Provider != "" && rs.Provider != v1alpha1.ProviderLMCacheServer {
 			return Children{}, &UnsupportedError{Field: "spec.remoteStorage.provider", Value: string(rs.Provider)}
@@ -130,15 +131,17 @@ func Render(cb *v1alpha1.CacheBackend) (Children, error) {
 			return Children{}, &UnsupportedError{Field: "spec.remoteStorage.ownership", Value: string(rs.Ownership)}
 		}
 	}
-	c := Children{
-		Deployment: deployment(cb),
-		Service:    service(cb),
+	c := Children{Service: service(cb)}
+	if IsStatefulSet(cb) {
+		c.StatefulSet = statefulSet(cb)
+	} else {
+		c.Deployment = deployment(cb)
+		if pvcSpec(cb) != nil {
+			c.PVC = pvc(cb)
+		}
 	}
 	if cb.Spec.Autoscaling != nil {
 		c.HPA = hpa(cb)
-	}
-	if pvcSpec(cb) != nil {
-		c.PVC = pvc(cb)
 	}
 	return c, nil
 }
@@ -152,6 +155,19 @@ type UnsupportedError struct {
 
 func (e *UnsupportedError) Error() string {
 	return fmt.Sprintf("%s %q is not supported by this version of the operator", e.Field, e.Value)
+}
+
+// IsStatefulSet reports whether cb's server runs as a StatefulSet.
+func IsStatefulSet(cb *v1alpha1.CacheBackend) bool {
+	return cb.Spec.DeploymentKind == v1alpha1.DeploymentKindStatefulSet
+}
+
+// WorkloadKind is the kind of cb's server workload.
+func WorkloadKind(cb *v1alpha1.CacheBackend) string {
+	if IsStatefulSet(cb) {
+		return "StatefulSet"
+	}
+	return "Deployment"
 }
 
 func server(cb *v1alpha1.CacheBackend) *v1alpha1.LMCacheServer {
@@ -261,10 +277,14 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 	}
 	podSpec := corev1ac.PodSpec()
 	if pvcSpec(cb) != nil {
-		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(dataVolumeName).WithMountPath(dataMountPath))
-		podSpec.WithVolumes(corev1ac.Volume().
-			WithName(dataVolumeName).
-			WithPersistentVolumeClaim(corev1ac.PersistentVolumeClaimVolumeSource().WithClaimName(PVCName(cb))))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(DataVolumeName).WithMountPath(dataMountPath))
+		// A StatefulSet's volume comes from its volumeClaimTemplate of the
+		// same name; a Deployment mounts the shared claim.
+		if !IsStatefulSet(cb) {
+			podSpec.WithVolumes(corev1ac.Volume().
+				WithName(DataVolumeName).
+				WithPersistentVolumeClaim(corev1ac.PersistentVolumeClaimVolumeSource().WithClaimName(PVCName(cb))))
+		}
 	}
 	podSpec.WithContainers(container)
 	return corev1ac.PodTemplateSpec().
@@ -317,20 +337,60 @@ func hpa(cb *v1alpha1.CacheBackend) *autoscalingv2ac.HorizontalPodAutoscalerAppl
 		WithSpec(autoscalingv2ac.HorizontalPodAutoscalerSpec().
 			WithScaleTargetRef(autoscalingv2ac.CrossVersionObjectReference().
 				WithAPIVersion("apps/v1").
-				WithKind("Deployment").
+				WithKind(WorkloadKind(cb)).
 				WithName(cb.Name)).
 			WithMinReplicas(min).
 			WithMaxReplicas(as.MaxReplicas).
 			WithMetrics(metrics...))
 }
 
-// pvc renders the shared claim. Whether it is deleted with the CacheBackend
-// is expressed only through its owner reference: with retention
-// whenDeleted=Delete it is owned by the CacheBackend and garbage-collected
-// with it; otherwise it has no owner and outlives it. The operator itself
-// never deletes a claim.
-func pvc(cb *v1alpha1.CacheBackend) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+// statefulSet renders the StatefulSet kind: per-replica claims from a
+// volumeClaimTemplate when storage is set, and a claim retention policy that
+// is always set from spec.storage.pvc.retention (Retain/Retain by default),
+// so that a policy edited by hand or missing is put back.
+func statefulSet(cb *v1alpha1.CacheBackend) *appsv1ac.StatefulSetApplyConfiguration {
+	spec := appsv1ac.StatefulSetSpec().
+		WithServiceName(ServiceName(cb)).
+		WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb))).
+		WithTemplate(podTemplate(cb)).
+		WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
+			WithWhenDeleted(retentionPolicyType(cb, func(r *v1alpha1.PVCRetention) v1alpha1.RetentionAction { return r.WhenDeleted })).
+			WithWhenScaled(retentionPolicyType(cb, func(r *v1alpha1.PVCRetention) v1alpha1.RetentionAction { return r.WhenScaled })))
+	if cb.Spec.Autoscaling == nil {
+		spec.WithReplicas(Replicas(cb))
+	}
+	if t := VolumeClaimTemplate(cb); t != nil {
+		spec.WithVolumeClaimTemplates(t)
+	}
+	return appsv1ac.StatefulSet(cb.Name, cb.Namespace).
+		WithLabels(Labels(cb)).
+		WithOwnerReferences(ownerRef(cb)).
+		WithSpec(spec)
+}
+
+func retentionPolicyType(cb *v1alpha1.CacheBackend, get func(*v1alpha1.PVCRetention) v1alpha1.RetentionAction) appsv1.PersistentVolumeClaimRetentionPolicyType {
+	if p := pvcSpec(cb); p != nil && p.Retention != nil && get(p.Retention) == v1alpha1.RetentionDelete {
+		return appsv1.DeletePersistentVolumeClaimRetentionPolicyType
+	}
+	return appsv1.RetainPersistentVolumeClaimRetentionPolicyType
+}
+
+// VolumeClaimTemplate is the StatefulSet's claim template, nil without
+// storage. Its fields are the ones the operator compares with the live
+// StatefulSet: name, access modes, storage request, storage class.
+func VolumeClaimTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PersistentVolumeClaimApplyConfiguration {
 	p := pvcSpec(cb)
+	if p == nil {
+		return nil
+	}
+	t := &corev1ac.PersistentVolumeClaimApplyConfiguration{}
+	t.WithName(DataVolumeName).
+		WithLabels(Labels(cb)).
+		WithSpec(claimSpec(p))
+	return t
+}
+
+func claimSpec(p *v1alpha1.PVCStorage) *corev1ac.PersistentVolumeClaimSpecApplyConfiguration {
 	modes := p.AccessModes
 	if len(modes) == 0 {
 		modes = []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}
@@ -342,6 +402,16 @@ func pvc(cb *v1alpha1.CacheBackend) *corev1ac.PersistentVolumeClaimApplyConfigur
 	if p.StorageClassName != nil {
 		spec.WithStorageClassName(*p.StorageClassName)
 	}
+	return spec
+}
+
+// pvc renders the shared claim. Whether it is deleted with the CacheBackend
+// is expressed only through its owner reference: with retention
+// whenDeleted=Delete it is owned by the CacheBackend and garbage-collected
+// with it; otherwise it has no owner and outlives it. The operator itself
+// never deletes a claim.
+func pvc(cb *v1alpha1.CacheBackend) *corev1ac.PersistentVolumeClaimApplyConfiguration {
+	spec := claimSpec(pvcSpec(cb))
 	retention := v1alpha1.RetentionRetain
 	if DeleteDataWithBackend(cb) {
 		retention = v1alpha1.RetentionDelete

@@ -44,7 +44,7 @@ func TestRenderGolden(t *testing.T) {
 			children, err := render.Render(load(t, in))
 			require.NoError(t, err)
 			var buf bytes.Buffer
-			for _, obj := range []any{children.PVC, children.Service, children.Deployment, children.HPA} {
+			for _, obj := range []any{children.PVC, children.Service, children.Deployment, children.StatefulSet, children.HPA} {
 				if isNil(obj) {
 					continue
 				}
@@ -128,13 +128,25 @@ func TestRenderRules(t *testing.T) {
 	}
 }
 
-func TestRenderReportsUnsupportedKinds(t *testing.T) {
-	cb := load(t, "testdata/minimal.yaml")
-	cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
-	_, err := render.Render(cb)
-	var unsupported *render.UnsupportedError
-	require.ErrorAs(t, err, &unsupported)
-	assert.Equal(t, "spec.deploymentKind", unsupported.Field)
+func TestRenderStatefulSet(t *testing.T) {
+	c, err := render.Render(load(t, "testdata/statefulset.yaml"))
+	require.NoError(t, err)
+	assert.Nil(t, c.Deployment)
+	assert.Nil(t, c.PVC, "per-replica claims come from the volumeClaimTemplate")
+	require.NotNil(t, c.StatefulSet)
+	require.Len(t, c.StatefulSet.Spec.VolumeClaimTemplates, 1)
+	assert.Equal(t, render.DataVolumeName, *c.StatefulSet.Spec.VolumeClaimTemplates[0].Name)
+	assert.Empty(t, c.StatefulSet.Spec.Template.Spec.Volumes, "the template's claim provides the volume")
+	assert.Equal(t, "StatefulSet", *c.HPA.Spec.ScaleTargetRef.Kind)
+
+	plain := load(t, "testdata/minimal.yaml")
+	plain.Spec.DeploymentKind = "StatefulSet"
+	c, err = render.Render(plain)
+	require.NoError(t, err)
+	p := c.StatefulSet.Spec.PersistentVolumeClaimRetentionPolicy
+	require.NotNil(t, p, "the retention policy is always set")
+	assert.Equal(t, "Retain", string(*p.WhenDeleted))
+	assert.Equal(t, "Retain", string(*p.WhenScaled))
 }
 
 func TestEndpoint(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/render"
 )
 
 // Path is where the validating webhook is served.
@@ -35,6 +36,30 @@ func Validate(cb *v1alpha1.CacheBackend) field.ErrorList {
 		}
 		for _, msg := range validation.IsValidLabelValue(v) {
 			errs = append(errs, field.Invalid(sel.Key(k), v, "label value: "+msg))
+		}
+	}
+
+	if render.IsStatefulSet(cb) {
+		// The StatefulSet controller labels every pod with
+		// controller-revision-hash=<name>-<10-character hash>, a label value
+		// of at most 63 characters.
+		if n := len(cb.Name); n > maxStatefulSetName {
+			errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), cb.Name,
+				fmt.Sprintf("must be at most %d characters with deploymentKind StatefulSet (it is %d): the pods' controller-revision-hash label is <name>-<hash>", maxStatefulSetName, n)))
+		}
+		if cb.Spec.Storage != nil && cb.Spec.Storage.PVC != nil {
+			// Per-replica claims are <template>-<statefulset>-<ordinal>.
+			maxOrdinal := 100
+			if cb.Spec.Autoscaling != nil {
+				maxOrdinal = int(cb.Spec.Autoscaling.MaxReplicas)
+			} else if r := render.Replicas(cb); int(r) > maxOrdinal {
+				maxOrdinal = int(r)
+			}
+			claim := fmt.Sprintf("%s-%s-%d", render.DataVolumeName, cb.Name, maxOrdinal-1)
+			if len(claim) > validation.DNS1123SubdomainMaxLength {
+				errs = append(errs, field.Invalid(field.NewPath("metadata", "name"), cb.Name,
+					fmt.Sprintf("the StatefulSet's claim names (%s) would exceed %d characters", claim, validation.DNS1123SubdomainMaxLength)))
+			}
 		}
 	}
 
@@ -62,6 +87,24 @@ func Validate(cb *v1alpha1.CacheBackend) field.ErrorList {
 				errs = append(errs, field.Forbidden(p, "LMCACHE_REMOTE_URL is the backend's status.endpoint and cannot be overridden"))
 			}
 		}
+	}
+	return errs
+}
+
+// maxStatefulSetName keeps <name>-<10-character hash> within a label value.
+const maxStatefulSetName = validation.LabelValueMaxLength - 11
+
+// ValidateUpdate returns what is wrong with a change from old to cb: the
+// rules of Validate, and that a Deployment's shared claim never shrinks.
+func ValidateUpdate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
+	errs := Validate(cb)
+	if render.IsStatefulSet(cb) || render.IsStatefulSet(old) || old.Spec.Storage == nil || old.Spec.Storage.PVC == nil ||
+		cb.Spec.Storage == nil || cb.Spec.Storage.PVC == nil {
+		return errs
+	}
+	if was, now := old.Spec.Storage.PVC.Size, cb.Spec.Storage.PVC.Size; now.Cmp(was) < 0 {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "storage", "pvc", "size"),
+			fmt.Sprintf("cannot shrink from %s to %s: a PersistentVolumeClaim only grows", was.String(), now.String())))
 	}
 	return errs
 }
@@ -98,6 +141,13 @@ func (h *Handler) Handle(_ context.Context, req admission.Request) admission.Res
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	errs := Validate(cb)
+	if req.Operation == admissionv1.Update {
+		old := &v1alpha1.CacheBackend{}
+		if err := h.Decoder.DecodeRaw(req.OldObject, old); err != nil {
+			return admission.Errored(http.StatusBadRequest, err)
+		}
+		errs = ValidateUpdate(old, cb)
+	}
 	if len(errs) == 0 {
 		return admission.Allowed("")
 	}

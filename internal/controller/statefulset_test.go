@@ -1,0 +1,361 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/controller"
+)
+
+func stsBackend(ns, name string, replicas int32, storage bool) *v1alpha1.CacheBackend {
+	cb := newBackend(ns, name)
+	cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To(replicas)}}
+	if storage {
+		cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("10Gi")}}
+	}
+	return cb
+}
+
+func waitStatefulSet(t *testing.T, key client.ObjectKey, cond func(*appsv1.StatefulSet) error) *appsv1.StatefulSet {
+	t.Helper()
+	s := &appsv1.StatefulSet{}
+	eventually(t, 15*time.Second, func() error {
+		if err := k8s.Get(context.Background(), key, s); err != nil {
+			return err
+		}
+		if cond == nil {
+			return nil
+		}
+		return cond(s)
+	})
+	return s
+}
+
+// setStatefulSetStatus writes what the StatefulSet controller would.
+func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int32) {
+	t.Helper()
+	eventually(t, 10*time.Second, func() error {
+		s := &appsv1.StatefulSet{}
+		if err := k8s.Get(context.Background(), key, s); err != nil {
+			return err
+		}
+		n := *s.Spec.Replicas
+		s.Status = appsv1.StatefulSetStatus{
+			ObservedGeneration: s.Generation, Replicas: n, CurrentReplicas: n, UpdatedReplicas: updated,
+			ReadyReplicas: ready, AvailableReplicas: ready, CurrentRevision: "r1", UpdateRevision: "r1",
+		}
+		if updated < n {
+			s.Status.UpdateRevision = "r2"
+		}
+		return k8s.Status().Update(context.Background(), s)
+	})
+}
+
+func readyReason(reason string, status metav1.ConditionStatus) func(*v1alpha1.CacheBackend) error {
+	return readyIs(status, reason)
+}
+
+// TestStatefulSetReadinessFromReadyAndUpdatedReplicas: the StatefulSet kind
+// is Ready from its ready and updated replicas.
+func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := stsBackend(ns, "cache", 2, false)
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	sts := waitStatefulSet(t, key, nil)
+	assert.True(t, metav1.IsControlledBy(sts, cb))
+	assert.Equal(t, "cache", sts.Spec.ServiceName)
+	require.NotNil(t, sts.Spec.PersistentVolumeClaimRetentionPolicy)
+	assert.Equal(t, appsv1.RetainPersistentVolumeClaimRetentionPolicyType, sts.Spec.PersistentVolumeClaimRetentionPolicy.WhenDeleted)
+	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no Deployment for the StatefulSet kind")
+
+	setStatefulSetStatus(t, key, 0, 1)
+	waitBackend(t, key, readyReason(v1alpha1.ReasonRolloutInProgress, metav1.ConditionFalse))
+	setStatefulSetStatus(t, key, 1, 2)
+	got := waitBackend(t, key, readyReason(v1alpha1.ReasonReplicasUnavailable, metav1.ConditionFalse))
+	assert.NotEmpty(t, got.Status.Endpoint, "one ready replica serves")
+	setStatefulSetStatus(t, key, 2, 2)
+	got = waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc:65432", ns), got.Status.Endpoint)
+	assert.Equal(t, int32(2), got.Status.ReadyReplicas)
+}
+
+// TestVolumeClaimTemplatesSurviveAPIServerDefaults: per-replica storage is a
+// volumeClaimTemplate; the API server's defaults in it (volumeMode) never
+// count as a storage change over several reconciles.
+func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := stsBackend(ns, "cache", 1, true)
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	sts := waitStatefulSet(t, key, nil)
+	require.Len(t, sts.Spec.VolumeClaimTemplates, 1)
+	vct := sts.Spec.VolumeClaimTemplates[0]
+	assert.Equal(t, "cache-data", vct.Name)
+	require.NotNil(t, vct.Spec.VolumeMode, "the API server defaulted volumeMode")
+	assert.Equal(t, "10Gi", ptr.To(vct.Spec.Resources.Requests[corev1.ResourceStorage]).String())
+
+	for i := range 3 {
+		setStatefulSetStatus(t, key, 1, 1)
+		got := waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+		assert.NotEmpty(t, got.Status.Endpoint, "reconcile %d", i)
+		// Touch the StatefulSet's status again to force another reconcile.
+		setStatefulSetStatus(t, key, 0, 1)
+		waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+			if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c.Reason == controller.ReasonImmutableStatefulSetStorage {
+				return nil // fails below
+			} else if c.Status == metav1.ConditionTrue {
+				return fmt.Errorf("not reconciled yet")
+			}
+			return nil
+		})
+		got = getBackend(t, key)
+		assert.NotEqual(t, controller.ReasonImmutableStatefulSetStorage, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Reason)
+	}
+}
+
+// TestStorageChangeTripsImmutableStatefulSetStorage: a size change leaves
+// the live StatefulSet untouched, publishes Ready=False / Progressing=False
+// with reason ImmutableStatefulSetStorage and no endpoint, while the HPA is
+// still reconciled.
+func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := stsBackend(ns, "cache", 1, true)
+	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitStatefulSet(t, key, nil)
+	setStatefulSetStatus(t, key, 1, 1)
+	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Storage.PVC.Size = resource.MustParse("20Gi")
+		cb.Spec.Autoscaling.MaxReplicas = 5
+	})
+	got := waitBackend(t, key, readyReason(controller.ReasonImmutableStatefulSetStorage, metav1.ConditionFalse))
+	assert.Empty(t, got.Status.Endpoint)
+	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
+	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "size 20Gi")
+
+	sts := waitStatefulSet(t, key, nil)
+	assert.Equal(t, "10Gi", ptr.To(sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]).String(), "the live StatefulSet is untouched")
+	eventually(t, 10*time.Second, func() error {
+		hpa := &autoscalingv2.HorizontalPodAutoscaler{}
+		if err := k8s.Get(ctx, key, hpa); err != nil {
+			return err
+		}
+		if hpa.Spec.MaxReplicas != 5 {
+			return fmt.Errorf("HPA maxReplicas %d, want 5", hpa.Spec.MaxReplicas)
+		}
+		return nil
+	})
+
+	// Restoring the spec's storage returns to normal.
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("10Gi") })
+	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+}
+
+// TestRetentionPolicyIsRepaired: a retention policy edited by hand on the
+// StatefulSet is put back to the spec's.
+func TestRetentionPolicyIsRepaired(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := stsBackend(ns, "cache", 1, true)
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	sts := waitStatefulSet(t, key, nil)
+	sts.Spec.PersistentVolumeClaimRetentionPolicy = &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{
+		WhenDeleted: appsv1.DeletePersistentVolumeClaimRetentionPolicyType,
+		WhenScaled:  appsv1.DeletePersistentVolumeClaimRetentionPolicyType,
+	}
+	require.NoError(t, k8s.Update(ctx, sts, client.FieldOwner("someone")))
+	waitStatefulSet(t, key, func(s *appsv1.StatefulSet) error {
+		p := s.Spec.PersistentVolumeClaimRetentionPolicy
+		if p.WhenDeleted != appsv1.RetainPersistentVolumeClaimRetentionPolicyType || p.WhenScaled != appsv1.RetainPersistentVolumeClaimRetentionPolicyType {
+			return fmt.Errorf("retention policy is %+v", p)
+		}
+		return nil
+	})
+}
+
+// TestKindSwitches: Deployment → StatefulSet keeping storage prunes the
+// Deployment and warns SharedPVCRetained once for the old shared claim;
+// StatefulSet → Deployment without storage warns OrphanedPVCRetained once per
+// per-replica claim; no claim is deleted; the status never advertises the
+// workload being replaced.
+func TestKindSwitches(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+	markDeploymentAvailable(t, key)
+	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
+	got := waitBackend(t, key, readyReason(v1alpha1.ReasonRolloutInProgress, metav1.ConditionFalse))
+	assert.Empty(t, got.Status.Endpoint, "the available Deployment being replaced is not advertised")
+	waitStatefulSet(t, key, nil)
+	eventually(t, 15*time.Second, func() error { return gone(ctx, key, &appsv1.Deployment{}) })
+	waitEvent(t, ns, "cache", controller.EventSharedPVCRetained, 1)
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, &corev1.PersistentVolumeClaim{}), "the shared claim is kept")
+
+	// Per-replica claims as the StatefulSet controller would create them.
+	for i := range 2 {
+		require.NoError(t, k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cache-data-cache-%d", i), Labels: map[string]string{"inferencecache.io/cachebackend": "cache"}},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		}))
+	}
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment
+		cb.Spec.Storage = nil
+	})
+	waitDeployment(t, key, nil)
+	eventually(t, 15*time.Second, func() error { return gone(ctx, key, &appsv1.StatefulSet{}) })
+	waitEvent(t, ns, "cache", controller.EventOrphanedPVCRetained, 3)
+
+	// More reconciles record no further warnings.
+	markDeploymentAvailable(t, key)
+	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	markDeploymentRolling(t, key)
+	waitBackend(t, key, readyReason(v1alpha1.ReasonRolloutInProgress, metav1.ConditionFalse))
+	time.Sleep(time.Second)
+	assert.Equal(t, 1, countEvents(t, ns, "cache", controller.EventSharedPVCRetained))
+	assert.Equal(t, 3, countEvents(t, ns, "cache", controller.EventOrphanedPVCRetained))
+	var claims corev1.PersistentVolumeClaimList
+	require.NoError(t, k8s.List(ctx, &claims, client.InNamespace(ns)))
+	assert.Len(t, claims.Items, 3, "no claim deleted")
+	for _, c := range claims.Items {
+		assert.Nil(t, c.DeletionTimestamp, c.Name)
+	}
+}
+
+// TestFailedReplacementShowsNoEndpoint: when the StatefulSet replacing a
+// Deployment cannot be applied (a foreign StatefulSet holds the name with
+// another selector), the status has no endpoint and is not Ready.
+func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+	markDeploymentAvailable(t, key)
+	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+
+	foreign := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache"},
+		Spec: appsv1.StatefulSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "someone-else"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "someone-else"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}},
+			},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, foreign))
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
+	got := waitBackend(t, key, readyReason(v1alpha1.ReasonApplyFailed, metav1.ConditionFalse))
+	assert.Empty(t, got.Status.Endpoint)
+	assert.True(t, strings.Contains(meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "StatefulSet"))
+}
+
+// TestSharedClaimChangesThatCannotApply: a storage class change of the
+// shared claim is held back and reported (Warning event once, Ready
+// message); shrinking is refused at admission.
+func TestSharedClaimChangesThatCannotApply(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("2Gi"), StorageClassName: ptr.To("standard")}}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+	markDeploymentAvailable(t, key)
+	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.StorageClassName = ptr.To("fast") })
+	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || cb.Status.ObservedGeneration != cb.Generation || !strings.Contains(c.Message, "storageClassName") {
+			return fmt.Errorf("Ready is %+v", c)
+		}
+		return nil
+	})
+	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, `"fast" cannot be applied`)
+	waitEvent(t, ns, "cache", controller.EventStorageChangeRejected, 1)
+	pvc := &corev1.PersistentVolumeClaim{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, pvc))
+	assert.Equal(t, "standard", *pvc.Spec.StorageClassName)
+
+	err := retryUpdate(ctx, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("1Gi") })
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "spec.storage.pvc.size")
+	assert.Contains(t, err.Error(), "cannot shrink from 2Gi to 1Gi")
+}
+
+// TestOverlongStatefulSetNameIsRejected: a StatefulSet's pods are labelled
+// controller-revision-hash=<name>-<hash>, so the name is limited to 52.
+func TestOverlongStatefulSetNameIsRejected(t *testing.T) {
+	ns := newNamespace(t)
+	name := "c" + strings.Repeat("a", 52)
+	cb := stsBackend(ns, name, 1, true)
+	err := k8s.Create(context.Background(), cb, client.DryRunAll)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "metadata.name")
+	assert.Contains(t, err.Error(), "at most 52 characters")
+	cb = stsBackend(ns, name[:52], 1, true)
+	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
+}
+
+func retryUpdate(ctx context.Context, key client.ObjectKey, mutate func(*v1alpha1.CacheBackend)) error {
+	var err error
+	for range 5 {
+		cb := &v1alpha1.CacheBackend{}
+		if err = k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		mutate(cb)
+		if err = k8s.Update(ctx, cb); !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func gone(ctx context.Context, key client.ObjectKey, obj client.Object) error {
+	err := k8s.Get(ctx, key, obj)
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%T %s still exists", obj, key)
+}
