@@ -63,9 +63,9 @@ const (
 type Children struct {
 	Deployment  *appsv1ac.DeploymentApplyConfiguration
 	StatefulSet *appsv1ac.StatefulSetApplyConfiguration
-	Service    *corev1ac.ServiceApplyConfiguration
-	HPA        *autoscalingv2ac.HorizontalPodAutoscalerApplyConfiguration
-	PVC        *corev1ac.PersistentVolumeClaimApplyConfiguration
+	Service     *corev1ac.ServiceApplyConfiguration
+	HPA         *autoscalingv2ac.HorizontalPodAutoscalerApplyConfiguration
+	PVC         *corev1ac.PersistentVolumeClaimApplyConfiguration
 }
 
 // SelectorLabels are the labels that select the cache-server pods of cb. They
