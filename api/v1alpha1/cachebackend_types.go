@@ -80,6 +80,19 @@ const (
 	RetentionDelete RetentionAction = "Delete"
 )
 
+// EngineRestartPolicy says whether the operator rolls the wired engines when
+// their cache server is replaced or restarts.
+// +kubebuilder:validation:Enum=OnServerChange;Never
+type EngineRestartPolicy string
+
+const (
+	// EngineRestartOnServerChange rolls the engine Deployments whose pods
+	// carry this backend's receipt, once per server change.
+	EngineRestartOnServerChange EngineRestartPolicy = "OnServerChange"
+	// EngineRestartNever leaves engines alone.
+	EngineRestartNever EngineRestartPolicy = "Never"
+)
+
 // CacheBackendSpec is the desired state of a CacheBackend.
 //
 // +kubebuilder:validation:XValidation:rule="self.type != 'SGLangHiCache' || self.runtime == 'SGLang'",message="type SGLangHiCache requires runtime SGLang"
@@ -136,6 +149,15 @@ type CacheBackendSpec struct {
 	// is not applied.
 	// +optional
 	Autoscaling *Autoscaling `json:"autoscaling,omitempty"`
+
+	// EngineRestartPolicy: with OnServerChange (default) the operator rolls
+	// the engine Deployments wired to this backend, the way kubectl rollout
+	// restart does, when a cache-server pod is replaced or its container
+	// restarts: engines otherwise keep dead connections to it. Never turns
+	// that off. Type LMCache only.
+	// +kubebuilder:default=OnServerChange
+	// +optional
+	EngineRestartPolicy EngineRestartPolicy `json:"engineRestartPolicy,omitempty"`
 
 	// HiCache holds SGLang HiCache launch settings (type SGLangHiCache only).
 	// +optional
@@ -468,6 +490,12 @@ type CacheBackendStatus struct {
 	// ReadyReplicas is the number of ready cache-server replicas.
 	// +optional
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+
+	// ObservedServerInstance identifies the serving cache-server pods, as
+	// sorted <pod-uid>:<restart-count-sum> entries. A change from one
+	// non-empty value to another means a server was replaced or restarted.
+	// +optional
+	ObservedServerInstance string `json:"observedServerInstance,omitempty"`
 
 	// Capacity is the bound capacity of the shared claim <name>-data
 	// (Deployment kind with storage only; per-replica claims of a

@@ -65,6 +65,7 @@ type CacheBackendReconciler struct {
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
 
@@ -107,6 +108,10 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 		return nil
 	}
 	var reqs []reconcile.Request
+	if owner := pod.GetLabels()[render.LabelCacheBackend]; owner != "" {
+		// A cache-server pod: its replacement matters to its backend.
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: pod.GetNamespace(), Name: owner}})
+	}
 	for i := range list.Items {
 		if inject.Matches(list.Items[i].Spec.EngineSelector.MatchLabels, pod.GetLabels()) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
@@ -191,6 +196,26 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		r.setHealth(cb, st, health{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error(), Degraded: true, Stalled: true})
 		return ctrl.Result{}, err
 	}
+	// Health and the server observer read the workload of the kind the spec
+	// asks for, after the apply: a workload of the other kind (being pruned)
+	// is never advertised. A held StatefulSet still serves, so its server
+	// pods are still observed.
+	live, err = r.liveWorkload(ctx, cb)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	deferred, err := r.observeServer(ctx, cb, live, st)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var requeue ctrl.Result
+	if cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever {
+		// Container restarts are pod status, which no watch here sees.
+		requeue.RequeueAfter = serverPoll
+	}
+	if deferred {
+		requeue.RequeueAfter = 2 * time.Second
+	}
 	if drift != "" {
 		msg := fmt.Sprintf("storage of StatefulSet %s cannot change (%s); restore spec.storage, or delete the StatefulSet (its claims are kept) to recreate it", cb.Name, drift)
 		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != ReasonImmutableStatefulSetStorage {
@@ -198,16 +223,9 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		}
 		st.Endpoint = ""
 		r.setHealth(cb, st, health{Reason: ReasonImmutableStatefulSetStorage, Message: msg, Degraded: true, Stalled: true})
-		return ctrl.Result{}, nil
+		return requeue, nil
 	}
 
-	// Health comes from the workload of the kind the spec asks for, read
-	// after the apply: a workload of the other kind (being pruned) is never
-	// advertised.
-	live, err = r.liveWorkload(ctx, cb)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
 	var h health
 	if children.StatefulSet != nil {
 		sts, _ := live.(*appsv1.StatefulSet)
@@ -232,7 +250,36 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if h.Ready && !wasReady {
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "cache server serving at %s", st.Endpoint)
 	}
-	return ctrl.Result{}, nil
+	return requeue, nil
+}
+
+// serverPoll is how often an LMCache backend's server pods are looked at
+// for container restarts, which change pod status only.
+const serverPoll = 30 * time.Second
+
+// observeServer records the identity of the serving cache-server pods and,
+// when a pod seen before was replaced or restarted, rolls the wired engines
+// (unless spec.engineRestartPolicy is Never). The first observation never
+// rolls anything; while no pod serves, the last identity is kept so that
+// the replacement is recognised when it serves. Engines are rolled only
+// while the endpoint is published (in the status the webhook reads), so
+// that their new pods are wired; until then the change is deferred and the
+// returned flag asks for an early re-check.
+func (r *CacheBackendReconciler) observeServer(ctx context.Context, cb *v1alpha1.CacheBackend, workload client.Object, st *v1alpha1.CacheBackendStatus) (bool, error) {
+	inst, err := r.serverInstance(ctx, cb, workload)
+	if err != nil || inst == "" {
+		return false, err
+	}
+	if cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever && serverChanged(cb.Status.ObservedServerInstance, inst) {
+		if cb.Status.Endpoint == "" {
+			return true, nil
+		}
+		if err := r.rollEngines(ctx, cb, inst); err != nil {
+			return false, err
+		}
+	}
+	st.ObservedServerInstance = inst
+	return false, nil
 }
 
 // liveWorkload returns the cache-server workload of the kind cb asks for,

@@ -58,3 +58,22 @@ func TestDeploymentHealth(t *testing.T) {
 		})
 	}
 }
+
+func TestServerChanged(t *testing.T) {
+	cases := []struct {
+		prev, cur string
+		want      bool
+	}{
+		{"", "a:0", false},        // first observation
+		{"a:0", "a:0", false},     // nothing happened
+		{"a:0", "", false},        // no pod serves right now: wait for the replacement
+		{"a:0", "b:0", true},      // replaced
+		{"a:0", "a:1", true},      // container restarted
+		{"a:0", "a:0,b:0", false}, // scaled up
+		{"a:0,b:0", "a:0", true},  // scaled down: b's engines lost their connection
+		{"a:0,b:2", "a:0,b:2", false},
+	}
+	for _, tc := range cases {
+		assert.Equal(t, tc.want, serverChanged(tc.prev, tc.cur), "%q -> %q", tc.prev, tc.cur)
+	}
+}

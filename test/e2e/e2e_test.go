@@ -23,6 +23,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -387,4 +388,103 @@ func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
 		assert.Equal(t, ns+"/qwen-hicache", p.Annotations[inject.AnnotationInjectedBy])
 	}
 	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-hicache", "--timeout=30s")
+}
+
+// TestServerReplacementRollsEnginesOnce: deleting the running cache-server
+// pod makes the controller-manager replace it; the CacheBackend's
+// observedServerInstance changes and the wired engine Deployment rolls
+// exactly once, its new pods wired again by the webhook. The first
+// observation rolled nothing, and a later reconcile rolls nothing more.
+func TestServerReplacementRollsEnginesOnce(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "cascade")
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/cachebackend.yaml")
+	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=60s")
+	key := client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}
+	cb := &v1alpha1.CacheBackend{}
+	eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if cb.Status.ObservedServerInstance == "" {
+			return fmt.Errorf("no server instance observed yet")
+		}
+		return nil
+	})
+	first := cb.Status.ObservedServerInstance
+
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/engine.yaml")
+	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
+	engineKey := client.ObjectKey{Namespace: ns, Name: "qwen-engine"}
+	engine := &appsv1.Deployment{}
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	require.Equal(t, int64(1), engine.Generation, "the first observation rolled nothing")
+
+	var server corev1.PodList
+	require.NoError(t, k8s.List(ctx, &server, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": "qwen-demo-cache"}))
+	require.Len(t, server.Items, 1)
+	require.NoError(t, k8s.Delete(ctx, &server.Items[0]))
+
+	eventually(t, 60*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if cb.Status.ObservedServerInstance == first || cb.Status.ObservedServerInstance == "" {
+			return fmt.Errorf("observedServerInstance still %q", cb.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	assert.NotContains(t, cb.Status.ObservedServerInstance, strings.Split(first, ":")[0], "the replacement pod has a new UID")
+	eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, engineKey, engine); err != nil {
+			return err
+		}
+		if engine.Generation != 2 {
+			return fmt.Errorf("engine Deployment generation %d, want 2", engine.Generation)
+		}
+		return nil
+	})
+	assert.NotEmpty(t, engine.Spec.Template.Annotations[controller.AnnotationServerInstance])
+	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
+	eventually(t, 30*time.Second, func() error {
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-demo"}); err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp.IsZero() && p.Annotations[controller.AnnotationServerInstance] == "" {
+				if _, ok := p.Labels["pod-template-hash"]; ok {
+					return fmt.Errorf("pod %s of the old template still there", p.Name)
+				}
+			}
+			if p.DeletionTimestamp.IsZero() && p.Annotations[inject.AnnotationInjectedBy] != ns+"/qwen-demo-cache" {
+				return fmt.Errorf("pod %s not re-wired", p.Name)
+			}
+		}
+		return nil
+	})
+
+	// A later reconcile (woken by a new matching pod) rolls nothing more.
+	bystander := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bystander", Labels: map[string]string{"app": "qwen-demo", "role": "bystander"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+	}
+	require.NoError(t, k8s.Create(ctx, bystander))
+	time.Sleep(3 * time.Second)
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
+	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", controller.EventEnginesRestarted))
+}
+
+func countEvents(t *testing.T, ns, name, reason string) int {
+	t.Helper()
+	var list eventsv1.EventList
+	require.NoError(t, k8s.List(context.Background(), &list, client.InNamespace(ns)))
+	n := 0
+	for _, e := range list.Items {
+		if e.Regarding.Name == name && e.Reason == reason {
+			n += max(1, int(e.DeprecatedCount))
+		}
+	}
+	return n
 }
