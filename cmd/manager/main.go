@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/go-logr/zapr"
 	"go.uber.org/zap"
@@ -45,6 +46,8 @@ func run(args []string) error {
 	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
 	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
+	probe := fs.Bool("functional-probe", true, "before Ready=True, check that each cache server accepts TCP connections on its Service (turn off where servers do not really run, e.g. on kwok nodes)")
+	probeInterval := fs.Duration("functional-probe-interval", 30*time.Second, "at most one functional probe per backend per interval")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -75,7 +78,12 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
 	}
+	var prober *controller.Prober
+	if *probe {
+		prober = controller.NewProber(*probeInterval)
+	}
 	if err := controller.Setup(mgr, controller.Options{
+		Probe:     prober,
 		Webhooks:  *webhooks,
 		Inject:    inject.Options{KVEventSubscriberImage: *subscriberImage},
 		Namespace: *namespace,

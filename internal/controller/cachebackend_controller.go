@@ -53,6 +53,8 @@ type CacheBackendReconciler struct {
 	Keys *receipt.KeyRing
 	// Inject are the webhook's options, to replay injections.
 	Inject inject.Options
+	// Prober, when set, checks that the server answers before Ready=True.
+	Prober *Prober
 	// Now returns the current time; tests may replace it.
 	Now func() metav1.Time
 }
@@ -124,6 +126,15 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 // status. The status is written once, at the end, and only if it changed.
 func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
 	logger := log.FromContext(ctx)
+	// Every path that does not reach the functional probe leaves the ready
+	// state: it clears the backend's probe slot, so a return to it probes
+	// afresh.
+	probed := false
+	defer func() {
+		if r.Prober != nil && !probed {
+			r.Prober.Forget(req.NamespacedName)
+		}
+	}()
 	cb := &v1alpha1.CacheBackend{}
 	if err := r.Client.Get(ctx, req.NamespacedName, cb); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
@@ -140,6 +151,10 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 			return // shutting down, or nothing trustworthy to publish
 		}
 		st.ObservedGeneration = cb.Generation
+		if !probed {
+			// The probe's verdict holds only while the backend is probed.
+			meta.RemoveStatusCondition(&st.Conditions, ConditionFunctionalProbeOK)
+		}
 		if err := r.patchStatus(ctx, cb, st); err != nil {
 			retErr = errors.Join(retErr, err)
 		}
@@ -233,6 +248,20 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	} else {
 		dep, _ := live.(*appsv1.Deployment)
 		h = deploymentHealth(dep)
+	}
+	if h.Ready && r.Prober != nil {
+		probed = true
+		perr, _ := r.Prober.Check(ctx, cb)
+		if perr != nil {
+			h.Ready, h.Reason, h.Degraded = false, ReasonFunctionalProbeFailed, true
+			h.Message = perr.Error()
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionFunctionalProbeOK, Status: metav1.ConditionFalse,
+				Reason: ReasonProbeFailed, Message: perr.Error(), ObservedGeneration: cb.Generation})
+			requeue.RequeueAfter = r.Prober.Interval
+		} else {
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionFunctionalProbeOK, Status: metav1.ConditionTrue,
+				Reason: ReasonProbeSucceeded, Message: "the cache server accepts connections on its port", ObservedGeneration: cb.Generation})
+		}
 	}
 	if storageNote != "" {
 		h.Message += "; " + storageNote

@@ -24,6 +24,9 @@ type Options struct {
 	// Namespace is the operator's own namespace, which holds the receipt
 	// key Secret.
 	Namespace string
+	// Probe, when set, checks that cache servers answer before they are
+	// Ready (the manager's --functional-probe).
+	Probe *Prober
 	// KeyRefresh is how often the receipt key Secret is re-read (30 s when zero).
 	KeyRefresh time.Duration
 }
@@ -49,6 +52,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		APIReader: mgr.GetAPIReader(),
 		Keys:      keys,
 		Inject:    opts.Inject,
+		Prober:    opts.Probe,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the CacheBackend controller: %w", err)

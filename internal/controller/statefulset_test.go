@@ -269,17 +269,7 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 	markDeploymentAvailable(t, key)
 	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
 
-	foreign := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache"},
-		Spec: appsv1.StatefulSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "someone-else"}},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "someone-else"}},
-				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}},
-			},
-		},
-	}
-	require.NoError(t, k8s.Create(ctx, foreign))
+	require.NoError(t, k8s.Create(ctx, foreignStatefulSet(ns, "cache")))
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
 	got := waitBackend(t, key, readyReason(v1alpha1.ReasonApplyFailed, metav1.ConditionFalse))
 	assert.Empty(t, got.Status.Endpoint)
@@ -358,4 +348,19 @@ func gone(ctx context.Context, key client.ObjectKey, obj client.Object) error {
 		return err
 	}
 	return fmt.Errorf("%T %s still exists", obj, key)
+}
+
+// foreignStatefulSet is a StatefulSet of someone else, with a selector the
+// operator's cannot replace (selectors are immutable).
+func foreignStatefulSet(ns, name string) *appsv1.StatefulSet {
+	return &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.StatefulSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "someone-else"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "someone-else"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}},
+			},
+		},
+	}
 }

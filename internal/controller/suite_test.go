@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -43,10 +44,12 @@ import (
 const operatorNamespace = "inferencecache-system"
 
 var (
-	cfg    *rest.Config
-	k8s    client.Client
-	scheme = runtime.NewScheme()
-	nsSeq  atomic.Int64
+	prober        *controller.Prober
+	closedTargets sync.Map
+	cfg           *rest.Config
+	k8s           client.Client
+	scheme        = runtime.NewScheme()
+	nsSeq         atomic.Int64
 )
 
 func TestMain(m *testing.M) {
@@ -107,7 +110,32 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	if err := controller.Setup(mgr, controller.Options{Webhooks: true, Namespace: operatorNamespace, KeyRefresh: time.Second}); err != nil {
+	// The functional probe dials a local listener instead of the Service;
+	// a test closes a backend's target by putting its address in
+	// closedTargets.
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer listener.Close()
+	go func() {
+		for {
+			c, err := listener.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	prober = &controller.Prober{Interval: time.Second, Timeout: time.Second,
+		Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
+			if _, closed := closedTargets.Load(address); closed {
+				return nil, fmt.Errorf("dial %s: connection refused", address)
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, listener.Addr().String())
+		}}
+	if err := controller.Setup(mgr, controller.Options{Webhooks: true, Namespace: operatorNamespace, KeyRefresh: time.Second, Probe: prober}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -3,7 +3,10 @@
 // (test/localcluster). The operator runs in this test process through
 // controller.Setup, the same wiring as the manager binary; `make demo` runs
 // the binary itself. kwok moves pods to Running and Ready without running
-// containers, so the cache server's functional behaviour is out of scope.
+// containers, so the cache server's functional behaviour is out of scope:
+// the functional probe is off in this suite (controller.Options.Probe nil,
+// the manager's --functional-probe=false); internal/controller tests it
+// against a local listener.
 package e2e
 
 import (
@@ -31,6 +34,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -487,4 +491,71 @@ func countEvents(t *testing.T, ns, name, reason string) int {
 		}
 	}
 	return n
+}
+
+// TestStatefulSetWithStorageStaysReady: a StatefulSet backend with
+// per-replica claims, bound to PersistentVolumes the test creates, reaches
+// Ready and stays Ready across forced reconciles (the API server's defaults
+// in the claim templates are not a storage change).
+func TestStatefulSetWithStorageStaysReady(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "persistent")
+	for i := range 2 {
+		require.NoError(t, k8s.Create(ctx, &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("e2e-pv-%d", i)},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("5Gi")},
+				AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName:       "manual",
+				PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: fmt.Sprintf("/tmp/e2e-pv-%d", i)}},
+			},
+		}))
+	}
+	cb := &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "persistent"},
+		Spec: v1alpha1.CacheBackendSpec{
+			Type: v1alpha1.BackendTypeLMCache, DeploymentKind: v1alpha1.DeploymentKindStatefulSet,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "engine"}},
+			RemoteStorage:  &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}},
+			Storage: &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{
+				Size: resource.MustParse("1Gi"), StorageClassName: ptr.To("manual"),
+			}},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	ready := func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Status != metav1.ConditionTrue || cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("Ready is %+v", c)
+		}
+		return nil
+	}
+	eventually(t, 120*time.Second, ready)
+	assert.Equal(t, "lm://persistent.persistent.svc:65432", cb.Status.Endpoint)
+	for i := range 2 {
+		pvc := &corev1.PersistentVolumeClaim{}
+		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("cache-data-persistent-%d", i)}, pvc))
+		assert.Equal(t, corev1.ClaimBound, pvc.Status.Phase)
+	}
+	// Force reconciles: each new matching pod wakes the backend.
+	for i := range 3 {
+		require.NoError(t, k8s.Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("engine-%d", i), Labels: map[string]string{"app": "engine"}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+		}))
+		eventually(t, 15*time.Second, func() error {
+			if err := k8s.Get(ctx, key, cb); err != nil {
+				return err
+			}
+			if cb.Status.MatchedEnginePods != int32(i+1) {
+				return fmt.Errorf("matched %d", cb.Status.MatchedEnginePods)
+			}
+			return nil
+		})
+		require.NoError(t, ready(), "still Ready after forced reconcile %d", i)
+	}
 }

@@ -136,6 +136,9 @@ func demo() error {
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[0]),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", ports[1]),
 		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", ports[2]), "--webhook-cert-dir="+certDir,
+		// kwok pods run no lmcache_server, and <svc>.<ns>.svc does not
+		// resolve outside a cluster: the functional probe is off here.
+		"--functional-probe=false",
 	); err != nil {
 		return err
 	}

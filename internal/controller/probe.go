@@ -1,0 +1,109 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/render"
+)
+
+// The functional probe's condition.
+const (
+	ConditionFunctionalProbeOK = "FunctionalProbeOK"
+	ReasonProbeSucceeded       = "ProbeSucceeded"
+	ReasonProbeFailed          = "ProbeFailed"
+	// ReasonFunctionalProbeFailed is Ready's reason while the workload is
+	// ready but the server does not answer.
+	ReasonFunctionalProbeFailed = "FunctionalProbeFailed"
+)
+
+// ProbeResults counts functional probes by result.
+var ProbeResults = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_functional_probes_total",
+	Help: "Functional probes of cache servers (a TCP connection to the Service), by result (success, failure).",
+}, []string{"result"})
+
+func init() { metrics.Registry.MustRegister(ProbeResults) }
+
+// Prober checks that a cache server answers on its port before a backend is
+// Ready: a TCP connection to its Service, at most once per Interval per
+// backend. Its per-backend slot holds the last result; every path on which
+// a backend leaves the ready state clears the slot (Forget), so that coming
+// back always probes afresh instead of trusting a stale success.
+type Prober struct {
+	// Dial opens the connection; tests point it at a local listener.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
+	// Interval between two probes of one backend.
+	Interval time.Duration
+	// Timeout of one probe.
+	Timeout time.Duration
+
+	mu    sync.Mutex
+	slots map[types.NamespacedName]probeSlot
+}
+
+type probeSlot struct {
+	uid types.UID
+	at  time.Time
+	err error
+}
+
+// NewProber returns a Prober that dials with net.Dialer.
+func NewProber(interval time.Duration) *Prober {
+	d := &net.Dialer{}
+	return &Prober{Dial: d.DialContext, Interval: interval, Timeout: 3 * time.Second}
+}
+
+// Check returns the probe result for cb: the slot's while it is younger than
+// Interval, a fresh probe otherwise. The bool is true when it probed now.
+func (p *Prober) Check(ctx context.Context, cb *v1alpha1.CacheBackend) (error, bool) {
+	key := types.NamespacedName{Namespace: cb.Namespace, Name: cb.Name}
+	p.mu.Lock()
+	if s, ok := p.slots[key]; ok && s.uid == cb.UID && time.Since(s.at) < p.Interval {
+		p.mu.Unlock()
+		return s.err, false
+	}
+	p.mu.Unlock()
+
+	addr := fmt.Sprintf("%s.%s.svc:%d", render.ServiceName(cb), cb.Namespace, render.Port(cb))
+	dctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	conn, err := p.Dial(dctx, "tcp", addr)
+	if err == nil {
+		_ = conn.Close()
+		ProbeResults.WithLabelValues("success").Inc()
+	} else {
+		err = fmt.Errorf("cache server at %s does not answer: %w", addr, err)
+		ProbeResults.WithLabelValues("failure").Inc()
+	}
+	p.mu.Lock()
+	if p.slots == nil {
+		p.slots = map[types.NamespacedName]probeSlot{}
+	}
+	p.slots[key] = probeSlot{uid: cb.UID, at: time.Now(), err: err}
+	p.mu.Unlock()
+	return err, true
+}
+
+// Forget clears the slot of the backend key.
+func (p *Prober) Forget(key types.NamespacedName) {
+	p.mu.Lock()
+	delete(p.slots, key)
+	p.mu.Unlock()
+}
+
+// HasSlot reports whether a result is held for the backend key.
+func (p *Prober) HasSlot(key types.NamespacedName) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.slots[key]
+	return ok
+}
