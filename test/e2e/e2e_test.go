@@ -468,13 +468,29 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 		return nil
 	})
 
-	// A later reconcile (woken by a new matching pod) rolls nothing more.
+	// A manager that crashed after rolling but before recording the new
+	// instance (or a new leader with the old status) sees the change again:
+	// it must not roll a second time. Put the old instance back, then wake
+	// a reconcile with a new matching pod.
+	require.NoError(t, k8s.Get(ctx, key, cb))
+	stale := cb.DeepCopy()
+	stale.Status.ObservedServerInstance = first
+	require.NoError(t, k8s.Status().Patch(ctx, stale, client.MergeFrom(cb)))
 	bystander := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bystander", Labels: map[string]string{"app": "qwen-demo", "role": "bystander"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	require.NoError(t, k8s.Create(ctx, bystander))
 	time.Sleep(3 * time.Second)
+	eventually(t, 15*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if cb.Status.ObservedServerInstance == first {
+			return fmt.Errorf("the change was not seen again")
+		}
+		return nil
+	})
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
 	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", controller.EventEnginesRestarted))
