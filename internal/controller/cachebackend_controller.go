@@ -219,7 +219,8 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	deferred, err := r.observeServer(ctx, cb, live, st)
+	canRoll := drift == "" && workloadAvailable(live)
+	deferred, err := r.observeServer(ctx, cb, live, st, canRoll)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -282,6 +283,35 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	return requeue, nil
 }
 
+// endpointSettled reports whether engines rolled now will be wired: the
+// live status (read from the API server, not the cache) publishes the
+// endpoint and has been Ready for a few seconds, so that the webhook's
+// cache, which lags the API server, holds the endpoint too.
+func (r *CacheBackendReconciler) endpointSettled(ctx context.Context, cb *v1alpha1.CacheBackend) bool {
+	live := &v1alpha1.CacheBackend{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err != nil {
+		return false
+	}
+	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
+	return live.Status.Endpoint == render.Endpoint(cb) && ready != nil && ready.Status == metav1.ConditionTrue &&
+		r.Now().Sub(ready.LastTransitionTime.Time) >= endpointSettleTime
+}
+
+// endpointSettleTime is how long a backend must have been Ready before its
+// engines are rolled.
+const endpointSettleTime = 3 * time.Second
+
+// workloadAvailable reports whether the workload serves (the endpoint's rule).
+func workloadAvailable(w client.Object) bool {
+	switch w := w.(type) {
+	case *appsv1.Deployment:
+		return deploymentHealth(w).Available
+	case *appsv1.StatefulSet:
+		return statefulSetHealth(w).Available
+	}
+	return false
+}
+
 // serverPoll is how often an LMCache backend's server pods are looked at
 // for container restarts, which change pod status only.
 const serverPoll = 30 * time.Second
@@ -294,13 +324,13 @@ const serverPoll = 30 * time.Second
 // while the endpoint is published (in the status the webhook reads), so
 // that their new pods are wired; until then the change is deferred and the
 // returned flag asks for an early re-check.
-func (r *CacheBackendReconciler) observeServer(ctx context.Context, cb *v1alpha1.CacheBackend, workload client.Object, st *v1alpha1.CacheBackendStatus) (bool, error) {
+func (r *CacheBackendReconciler) observeServer(ctx context.Context, cb *v1alpha1.CacheBackend, workload client.Object, st *v1alpha1.CacheBackendStatus, canRoll bool) (bool, error) {
 	inst, err := r.serverInstance(ctx, cb, workload)
 	if err != nil || inst == "" {
 		return false, err
 	}
 	if cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever && serverChanged(cb.Status.ObservedServerInstance, inst) {
-		if cb.Status.Endpoint == "" {
+		if !canRoll || !r.endpointSettled(ctx, cb) {
 			return true, nil
 		}
 		if err := r.rollEngines(ctx, cb, inst); err != nil {
