@@ -13,8 +13,9 @@ INSTALL_CONTROLPLANE := bash test/tools/install.sh
 all: build
 
 .PHONY: build
-build: ## Build the manager binary into bin/.
+build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
 	go build -o bin/manager ./cmd/manager
+	go build -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
 
 .PHONY: generate
 generate: ## Generate deepcopy code.

@@ -248,11 +248,15 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 	args := append([]string{"0.0.0.0", strconv.Itoa(int(port)), device}, extra...)
 
 	probe := func(initialDelay, period, failures int32) *corev1ac.ProbeApplyConfiguration {
-		return corev1ac.Probe().
+		p := corev1ac.Probe().
 			WithTCPSocket(corev1ac.TCPSocketAction().WithPort(intstr.FromString(portName))).
-			WithInitialDelaySeconds(initialDelay).
 			WithPeriodSeconds(period).
 			WithFailureThreshold(failures)
+		if initialDelay > 0 {
+			// A zero would be applied but never stored (omitempty).
+			p.WithInitialDelaySeconds(initialDelay)
+		}
+		return p
 	}
 	container := corev1ac.Container().
 		WithName(containerName).

@@ -1,0 +1,175 @@
+// Command kubectl-cachebackend previews and explains what the inferencecache
+// operator does. Installed on the PATH it is also `kubectl cachebackend`.
+//
+//	kubectl cachebackend render -f cachebackend.yaml        child objects the controller applies
+//	kubectl cachebackend render -k overlays/prod            the same, from a kustomization built in process
+//	kubectl cachebackend render -f cb.yaml --engine dep.yaml  an engine's pod template as the webhook wires it
+//	kubectl cachebackend explain pod NAME [-n NAMESPACE]    what the webhook did with a pod, and why
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/cli"
+	"github.com/inferencecache/operator/internal/receipt"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage:
+  kubectl cachebackend render (-f FILE | -k DIR) [--engine FILE]
+  kubectl cachebackend explain pod NAME [-n NAMESPACE]`
+
+func run(args []string, out io.Writer) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	switch args[0] {
+	case "render":
+		return renderCmd(args[1:], out)
+	case "explain":
+		return explainCmd(args[1:], out)
+	default:
+		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+	}
+}
+
+func renderCmd(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("render", flag.ContinueOnError)
+	file := fs.String("f", "", "file with CacheBackends")
+	dir := fs.String("k", "", "kustomization directory with CacheBackends")
+	engine := fs.String("engine", "", "file with an engine Deployment: print its pod template as the webhook wires it")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if (*file == "") == (*dir == "") {
+		return errors.New("render needs exactly one of -f FILE or -k DIR")
+	}
+	path, kustomize := *file, false
+	if *dir != "" {
+		path, kustomize = *dir, true
+	}
+	objs, err := cli.ReadFile(path, kustomize)
+	if err != nil {
+		return err
+	}
+	backends, err := cli.Backends(objs)
+	if err != nil {
+		return err
+	}
+	if *engine == "" {
+		for _, cb := range backends {
+			if err := cli.RenderYAML(out, cb); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	eobjs, err := cli.ReadFile(*engine, false)
+	if err != nil {
+		return err
+	}
+	engines, err := cli.Engines(eobjs)
+	if err != nil {
+		return err
+	}
+	for _, d := range engines {
+		var wired any = d
+		decided := false
+		for _, cb := range backends {
+			if cb.Namespace != d.Namespace {
+				continue
+			}
+			w, dec := cli.WireEngine(cb, d)
+			if dec.Backend == nil {
+				continue
+			}
+			fmt.Fprintf(out, "# %s/%s: %s by CacheBackend %s", d.Namespace, d.Name, dec.Outcome, dec.Backend.Name)
+			if dec.Message != "" {
+				fmt.Fprintf(out, " (%s)", dec.Message)
+			}
+			fmt.Fprintln(out)
+			wired, decided = w, true
+			break
+		}
+		if !decided {
+			fmt.Fprintf(out, "# %s/%s: no CacheBackend selects its pod labels; its pods would not be wired\n", d.Namespace, d.Name)
+		}
+		b, err := yaml.Marshal(wired)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "---\n%s", b)
+	}
+	return nil
+}
+
+func explainCmd(args []string, out io.Writer) error {
+	if len(args) < 2 || args[0] != "pod" {
+		return errors.New("usage: kubectl cachebackend explain pod NAME [-n NAMESPACE]")
+	}
+	name := args[1]
+	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
+	ns := fs.String("n", "", "namespace (default: the kubeconfig context's)")
+	opNS := fs.String("operator-namespace", "inferencecache-system", "namespace of the receipt key Secret")
+	if err := fs.Parse(args[2:]); err != nil {
+		return err
+	}
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{})
+	cfg, err := loader.ClientConfig()
+	if err != nil {
+		return err
+	}
+	if *ns == "" {
+		if *ns, _, err = loader.Namespace(); err != nil {
+			return err
+		}
+	}
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(v1alpha1.AddToScheme(s))
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	keys, keysErr := readKeys(ctx, c, *opNS)
+	e, err := cli.Explain(ctx, c, *ns, name, keys, keysErr)
+	if err != nil {
+		return err
+	}
+	e.Print(out)
+	return nil
+}
+
+// readKeys reads the receipt keys if the caller may; explain works without.
+func readKeys(ctx context.Context, c client.Reader, ns string) ([]receipt.Key, error) {
+	s := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: receipt.DefaultSecretName}, s); err != nil {
+		return nil, fmt.Errorf("cannot read the receipt key Secret %s/%s: %w", ns, receipt.DefaultSecretName, err)
+	}
+	keys := []receipt.Key{receipt.NewKey(s.Data[receipt.SecretKeyCurrent])}
+	if p := s.Data[receipt.SecretKeyPrevious]; len(p) > 0 {
+		keys = append(keys, receipt.NewKey(p))
+	}
+	return keys, nil
+}

@@ -1,0 +1,156 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
+)
+
+// Outcomes of Explain.
+const (
+	ExplainInjected = "injected"
+	ExplainSkipped  = "skipped"
+	ExplainFailOpen = "fail-open"
+	ExplainNoMatch  = "no-match"
+	ExplainForged   = "forged-receipt"
+)
+
+// Explanation says what happened to a pod at admission, and why.
+type Explanation struct {
+	Outcome string
+	// Backend is the CacheBackend the pod's receipt or labels point at.
+	Backend string
+	Lines   []string
+}
+
+// Print writes the explanation for a person.
+func (e Explanation) Print(w io.Writer) {
+	fmt.Fprintf(w, "Outcome:      %s\n", e.Outcome)
+	if e.Backend != "" {
+		fmt.Fprintf(w, "CacheBackend: %s\n", e.Backend)
+	}
+	for _, l := range e.Lines {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
+}
+
+// Explain reads a pod and the CacheBackends of its namespace and says
+// whether the pod was injected, skipped, admitted unwired (fail-open), or
+// matched nothing, and whether its receipt verifies. keys may be nil when
+// the receipt key Secret cannot be read (keysErr says why); the signature
+// is then not checked, and the explanation says so.
+func Explain(ctx context.Context, c client.Reader, ns, name string, keys []receipt.Key, keysErr error) (Explanation, error) {
+	pod := &corev1.Pod{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
+		return Explanation{}, fmt.Errorf("reading pod %s/%s: %w", ns, name, err)
+	}
+	var list v1alpha1.CacheBackendList
+	if err := c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return Explanation{}, fmt.Errorf("listing CacheBackends in %s: %w", ns, err)
+	}
+	e := explain(pod, list.Items, keys, keysErr)
+	var evs eventsv1.EventList
+	if err := c.List(ctx, &evs, client.InNamespace(ns)); err == nil {
+		for _, ev := range evs.Items {
+			if ev.Regarding.Kind == "Pod" && ev.Regarding.Name == name && ev.Regarding.UID == pod.UID &&
+				(ev.ReportingController == "inferencecache-operator" || strings.HasPrefix(ev.Reason, "Injected") || ev.Reason == "SkippedByOperator" || ev.Reason == "ReceiptMismatch") {
+				e.Lines = append(e.Lines, fmt.Sprintf("event: %s %s: %s", ev.Type, ev.Reason, ev.Note))
+			}
+		}
+	}
+	return e, nil
+}
+
+func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.Key, keysErr error) Explanation {
+	a := pod.Annotations
+	byName := map[string]*v1alpha1.CacheBackend{}
+	for i := range backends {
+		byName[backends[i].Namespace+"/"+backends[i].Name] = &backends[i]
+	}
+	if by := a[inject.AnnotationInjectedBy]; by != "" {
+		e := Explanation{Backend: by}
+		cb := byName[by]
+		switch {
+		case cb == nil:
+			e.Outcome = ExplainForged
+			e.Lines = append(e.Lines, fmt.Sprintf("receipt names CacheBackend %s, which does not exist (deleted, or a receipt copied from elsewhere)", by))
+		case a[inject.AnnotationInjectedByUID] != string(cb.UID):
+			e.Outcome = ExplainForged
+			e.Lines = append(e.Lines, fmt.Sprintf("receipt uid %q is not the CacheBackend's %q: not written by the webhook for this backend", a[inject.AnnotationInjectedByUID], cb.UID))
+		case keys == nil:
+			e.Outcome = ExplainInjected
+			e.Lines = append(e.Lines, fmt.Sprintf("receipt names the live CacheBackend (generation %s); signature not checked: %v", a[inject.AnnotationInjectedGeneration], keysErr))
+		default:
+			if err := receipt.Verify(keys, pod, inject.ClaimOf(pod)); err != nil {
+				e.Outcome = ExplainForged
+				e.Lines = append(e.Lines, "receipt not trusted: "+err.Error())
+			} else {
+				e.Outcome = ExplainInjected
+				e.Lines = append(e.Lines, fmt.Sprintf("receipt verifies: wired by the webhook with generation %s of the CacheBackend (now %d)", a[inject.AnnotationInjectedGeneration], cb.Generation))
+			}
+		}
+		return e
+	}
+	matched := inject.Select(pod.Labels, backends)
+	name := ""
+	if matched != nil {
+		name = matched.Namespace + "/" + matched.Name
+	}
+	if skipped := a[inject.AnnotationSkipped]; skipped != "" {
+		e := Explanation{Outcome: ExplainSkipped, Backend: name}
+		switch skipped {
+		case inject.SkippedByAnnotation:
+			e.Lines = append(e.Lines, fmt.Sprintf("the pod opts out with %s=%q", inject.AnnotationSkip, a[inject.AnnotationSkip]))
+		case inject.SkippedUserConfig:
+			e.Lines = append(e.Lines, "the engine container sets its own LMCache/HiCache configuration, which the webhook never overwrites")
+		case inject.SkippedShellWrapper:
+			e.Lines = append(e.Lines, "the engine container runs a shell command line (sh -c), which the webhook cannot extend")
+		default:
+			e.Lines = append(e.Lines, "skipped: "+skipped)
+		}
+		return e
+	}
+	if matched != nil {
+		e := Explanation{Outcome: ExplainFailOpen, Backend: name}
+		e.Lines = append(e.Lines,
+			"the pod's labels match this CacheBackend, but the pod carries no receipt: it was admitted unwired",
+			"causes: the backend had no status.endpoint at admission, the webhook was unreachable, the pod was created before the operator knew the backend, or it was labelled after creation")
+		if matched.Spec.Type == v1alpha1.BackendTypeLMCache && matched.Status.Endpoint == "" {
+			e.Lines = append(e.Lines, "the backend has no endpoint now either: wait until it is Ready")
+		}
+		e.Lines = append(e.Lines, "fix: recreate the pod (kubectl rollout restart on its workload) once the backend is Ready")
+		return e
+	}
+	e := Explanation{Outcome: ExplainNoMatch}
+	e.Lines = append(e.Lines, fmt.Sprintf("no CacheBackend's engineSelector matches the pod's labels %s", labelString(pod.Labels)))
+	for _, cb := range backends {
+		e.Lines = append(e.Lines, fmt.Sprintf("CacheBackend %s selects %s", cb.Name, labelString(cb.Spec.EngineSelector.MatchLabels)))
+	}
+	return e
+}
+
+func labelString(m map[string]string) string {
+	if len(m) == 0 {
+		return "{} (nothing)"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}

@@ -1,0 +1,164 @@
+package controller_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/cli"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
+)
+
+// subset reports the first path where want has a value that got lacks or
+// differs from: every field the CLI prints must be what the API server holds.
+func subset(path string, want, got any) string {
+	switch w := want.(type) {
+	case map[string]any:
+		g, ok := got.(map[string]any)
+		if !ok {
+			return path
+		}
+		for k, v := range w {
+			if p := subset(path+"."+k, v, g[k]); p != "" {
+				return p
+			}
+		}
+		return ""
+	case []any:
+		g, ok := got.([]any)
+		if !ok || len(g) != len(w) {
+			return path
+		}
+		for i := range w {
+			if p := subset(fmt.Sprintf("%s[%d]", path, i), w[i], g[i]); p != "" {
+				return p
+			}
+		}
+		return ""
+	default:
+		if fmt.Sprint(want) != fmt.Sprint(got) && !reflect.DeepEqual(want, got) {
+			return fmt.Sprintf("%s (%v != %v)", path, want, got)
+		}
+		return ""
+	}
+}
+
+// TestRenderEqualsWhatTheControllerApplied: for the same CacheBackend, the
+// objects `kubectl cachebackend render` prints are, object by object, the
+// ones the controller applied on the API server (server-set fields aside).
+func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("3Gi"), Retention: &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}}}
+	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 4, TargetMemoryUtilizationPercentage: ptr.To[int32](70)}
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Port: 7100, ExtraArgs: []string{"--verbose"}}}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+	time.Sleep(500 * time.Millisecond)
+	live := getBackend(t, key) // with the API server's defaults and UID, as the controller sees it
+
+	var buf bytes.Buffer
+	require.NoError(t, cli.RenderYAML(&buf, live))
+	docs, err := cli.Documents(buf.Bytes())
+	require.NoError(t, err)
+	require.Len(t, docs, 4)
+	for _, want := range docs {
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(want.GroupVersionKind())
+		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(want), got), "%s %s", want.GetKind(), want.GetName())
+		assert.Empty(t, subset(want.GetKind(), want.Object, got.Object), "%s differs from the live object", want.GetKind())
+	}
+}
+
+// TestExplainPodThroughTheAPIServer: explain pod reports each outcome for
+// real pods admitted by the webhook (or admitted while it was unreachable).
+func TestExplainPodThroughTheAPIServer(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	servingBackend(t, ns, "cache")
+	secret := &corev1.Secret{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: receipt.DefaultSecretName}, secret))
+	keys := []receipt.Key{receipt.NewKey(secret.Data[receipt.SecretKeyCurrent])}
+
+	require.NoError(t, k8s.Create(ctx, engine(ns, "wired", map[string]string{"app": "engine-cache"}, nil)))
+	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", map[string]string{"app": "engine-cache"}, map[string]string{inject.AnnotationSkip: "true"})))
+	require.NoError(t, k8s.Create(ctx, engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
+
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
+	saved := mwc.Webhooks[0].ClientConfig.URL
+	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://127.0.0.1:1/mutate-v1-pod")
+	require.NoError(t, k8s.Update(ctx, mwc))
+	var unwired, forged string
+	func() {
+		defer func() {
+			require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
+			mwc.Webhooks[0].ClientConfig.URL = saved
+			require.NoError(t, k8s.Update(ctx, mwc))
+		}()
+		eventually(t, 15*time.Second, func() error {
+			p := engine(ns, fmt.Sprintf("unwired-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
+			if err := k8s.Create(ctx, p); err != nil {
+				return err
+			}
+			if isWired(p) {
+				return fmt.Errorf("still wired")
+			}
+			unwired = p.Name
+			return nil
+		})
+		f := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
+			inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "copied", inject.AnnotationInjectedGeneration: "1"})
+		require.NoError(t, k8s.Create(ctx, f))
+		forged = f.Name
+	}()
+
+	for pod, want := range map[string]string{
+		"wired": cli.ExplainInjected, "optout": cli.ExplainSkipped, "stranger": cli.ExplainNoMatch,
+		unwired: cli.ExplainFailOpen, forged: cli.ExplainForged,
+	} {
+		e, err := cli.Explain(ctx, k8s, ns, pod, keys, nil)
+		require.NoError(t, err)
+		assert.Equal(t, want, e.Outcome, "pod %s: %v", pod, e.Lines)
+	}
+}
+
+// TestExamplesApplyWithServerSideDryRun: every example kustomization under
+// examples/ is accepted by the API server (schema, CEL and the validating
+// webhook), so a broken example fails the tests.
+func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	dirs, err := filepath.Glob("../../examples/*/kustomization.yaml")
+	require.NoError(t, err)
+	require.NotEmpty(t, dirs)
+	for _, k := range dirs {
+		dir := filepath.Dir(k)
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			objs, err := cli.ReadFile(dir, true)
+			require.NoError(t, err)
+			for _, o := range objs {
+				o.SetNamespace(ns)
+				err := k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("examples"), client.DryRunAll)
+				assert.NoError(t, err, "%s %s", o.GetKind(), o.GetName())
+			}
+		})
+	}
+}
