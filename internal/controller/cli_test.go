@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -101,18 +100,8 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", map[string]string{"app": "engine-cache"}, map[string]string{inject.AnnotationSkip: "true"})))
 	require.NoError(t, k8s.Create(ctx, engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
 
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-	saved := mwc.Webhooks[0].ClientConfig.URL
-	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://127.0.0.1:1/mutate-v1-pod")
-	require.NoError(t, k8s.Update(ctx, mwc))
 	var unwired, forged string
-	func() {
-		defer func() {
-			require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-			mwc.Webhooks[0].ClientConfig.URL = saved
-			require.NoError(t, k8s.Update(ctx, mwc))
-		}()
+	withWebhookUnreachable(t, func() {
 		eventually(t, 15*time.Second, func() error {
 			p := engine(ns, fmt.Sprintf("unwired-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
 			if err := k8s.Create(ctx, p); err != nil {
@@ -128,7 +117,7 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 			inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "copied", inject.AnnotationInjectedGeneration: "1"})
 		require.NoError(t, k8s.Create(ctx, f))
 		forged = f.Name
-	}()
+	})
 
 	for pod, want := range map[string]string{
 		"wired": cli.ExplainInjected, "optout": cli.ExplainSkipped, "stranger": cli.ExplainNoMatch,

@@ -9,7 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -124,39 +123,30 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 	markPodReady(t, genuine)
 	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
 
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-	saved := mwc.Webhooks[0].ClientConfig.URL
-	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://127.0.0.1:1/mutate-v1-pod")
-	require.NoError(t, k8s.Update(ctx, mwc))
-	defer func() {
-		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-		mwc.Webhooks[0].ClientConfig.URL = saved
-		require.NoError(t, k8s.Update(ctx, mwc))
-	}()
-
-	copied := map[string]string{}
-	for _, k := range []string{inject.AnnotationInjectedBy, inject.AnnotationInjectedByUID, inject.AnnotationInjectedGeneration,
-		receipt.AnnotationDigest, receipt.AnnotationSignature} {
-		copied[k] = genuine.Annotations[k]
-	}
-	var forged *corev1.Pod
-	eventually(t, 15*time.Second, func() error {
-		forged = sglangPod(ns, fmt.Sprintf("forged-%d", time.Now().UnixNano()), copied)
-		if err := k8s.Create(ctx, forged); err != nil {
-			return err
+	withWebhookUnreachable(t, func() {
+		copied := map[string]string{}
+		for _, k := range []string{inject.AnnotationInjectedBy, inject.AnnotationInjectedByUID, inject.AnnotationInjectedGeneration,
+			receipt.AnnotationDigest, receipt.AnnotationSignature} {
+			copied[k] = genuine.Annotations[k]
 		}
-		if len(forged.Spec.Containers[0].Args) != 2 {
-			_ = k8s.Delete(ctx, forged)
-			return fmt.Errorf("still admitted through the webhook")
-		}
-		return nil
+		var forged *corev1.Pod
+		eventually(t, 15*time.Second, func() error {
+			forged = sglangPod(ns, fmt.Sprintf("forged-%d", time.Now().UnixNano()), copied)
+			if err := k8s.Create(ctx, forged); err != nil {
+				return err
+			}
+			if len(forged.Spec.Containers[0].Args) != 2 {
+				_ = k8s.Delete(ctx, forged)
+				return fmt.Errorf("still admitted through the webhook")
+			}
+			return nil
+		})
+		markPodReady(t, forged)
+		got := waitBackend(t, key, reasonIs(controller.ReasonEnginePodsNotInjected))
+		assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, forged.Name)
+		waitPodEvent(t, ns, forged.Name, "Warning/"+controller.EventReceiptMismatch)
+		assert.Zero(t, podEvents(t, ns, forged.Name)["Normal/"+controller.EventInjected])
 	})
-	markPodReady(t, forged)
-	got := waitBackend(t, key, reasonIs(controller.ReasonEnginePodsNotInjected))
-	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, forged.Name)
-	waitPodEvent(t, ns, forged.Name, "Warning/"+controller.EventReceiptMismatch)
-	assert.Zero(t, podEvents(t, ns, forged.Name)["Normal/"+controller.EventInjected])
 }
 
 // TestReceiptKeyRotation: with the old key moved to data.previous, receipts

@@ -144,12 +144,19 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *metav1.PartialObje
 }
 
 func (r *ReceiptReconciler) markReported(ctx context.Context, pod *metav1.PartialObjectMetadata, reason string) error {
+	return applyAnnotation(ctx, r.Client, "Pod", pod, AnnotationReceiptObserved, reason, ReceiptsManager)
+}
+
+// applyAnnotation server-side applies one annotation on a core/v1 object
+// with its own field manager, guarded by the object's UID so that a
+// recreated object of the same name is never marked.
+func applyAnnotation(ctx context.Context, c client.Client, kind string, obj metav1.Object, key, value, manager string) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("v1")
-	u.SetKind("Pod")
-	u.SetNamespace(pod.Namespace)
-	u.SetName(pod.Name)
-	u.SetUID(pod.UID)
-	u.SetAnnotations(map[string]string{AnnotationReceiptObserved: reason})
-	return r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(ReceiptsManager), client.ForceOwnership)
+	u.SetKind(kind)
+	u.SetNamespace(obj.GetNamespace())
+	u.SetName(obj.GetName())
+	u.SetUID(obj.GetUID())
+	u.SetAnnotations(map[string]string{key: value})
+	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership)
 }

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -149,14 +148,7 @@ func (r *CacheBackendReconciler) warnOnce(ctx context.Context, cb *v1alpha1.Cach
 	if pvc.Annotations[key] == value {
 		return nil
 	}
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("v1")
-	u.SetKind("PersistentVolumeClaim")
-	u.SetNamespace(pvc.Namespace)
-	u.SetName(pvc.Name)
-	u.SetUID(pvc.UID)
-	u.SetAnnotations(map[string]string{key: value})
-	if err := r.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(PVCWarningsManager), client.ForceOwnership); err != nil {
+	if err := applyAnnotation(ctx, r.Client, "PersistentVolumeClaim", pvc, key, value, PVCWarningsManager); err != nil {
 		return fmt.Errorf("marking claim %s: %w", pvc.Name, err)
 	}
 	r.Recorder.Eventf(cb, pvc, corev1.EventTypeWarning, reason, "Reconcile", "%s", msg)

@@ -191,39 +191,30 @@ func TestWebhookUnreachable(t *testing.T) {
 	ns := newNamespace(t)
 	servingBackend(t, ns, "cache")
 
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-	saved := mwc.Webhooks[0].ClientConfig.URL
-	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://127.0.0.1:1/mutate-v1-pod")
-	require.NoError(t, k8s.Update(ctx, mwc))
-	defer func() {
-		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-		mwc.Webhooks[0].ClientConfig.URL = saved
-		require.NoError(t, k8s.Update(ctx, mwc))
-	}()
+	withWebhookUnreachable(t, func() {
+		// The webhook configuration change reaches the API server's admission
+		// chain asynchronously: wait until a pod is admitted without it.
+		var plain *corev1.Pod
+		eventually(t, 15*time.Second, func() error {
+			plain = engine(ns, fmt.Sprintf("plain-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
+			if err := k8s.Create(ctx, plain); err != nil {
+				return err
+			}
+			if isWired(plain) {
+				return fmt.Errorf("still wired by the webhook")
+			}
+			return nil
+		})
+		assert.Empty(t, plain.Annotations, "admitted unwired and without receipts")
 
-	// The webhook configuration change reaches the API server's admission
-	// chain asynchronously: wait until a pod is admitted without it.
-	var plain *corev1.Pod
-	eventually(t, 15*time.Second, func() error {
-		plain = engine(ns, fmt.Sprintf("plain-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
-		if err := k8s.Create(ctx, plain); err != nil {
-			return err
-		}
-		if isWired(plain) {
-			return fmt.Errorf("still wired by the webhook")
-		}
-		return nil
+		forged := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
+			inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "00000000-copied-from-another-pod", inject.AnnotationInjectedGeneration: "1",
+		})
+		require.NoError(t, k8s.Create(ctx, forged))
+		assert.False(t, isWired(forged))
+		waitPodEvent(t, ns, "forged", "Warning/"+controller.EventReceiptMismatch)
+		assert.Zero(t, podEvents(t, ns, "forged")["Normal/"+controller.EventInjected])
 	})
-	assert.Empty(t, plain.Annotations, "admitted unwired and without receipts")
-
-	forged := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
-		inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "00000000-copied-from-another-pod", inject.AnnotationInjectedGeneration: "1",
-	})
-	require.NoError(t, k8s.Create(ctx, forged))
-	assert.False(t, isWired(forged))
-	waitPodEvent(t, ns, "forged", "Warning/"+controller.EventReceiptMismatch)
-	assert.Zero(t, podEvents(t, ns, "forged")["Normal/"+controller.EventInjected])
 }
 
 // TestValidatingWebhookRejectsWhatTheSchemaCannot: rules beyond the CRD
@@ -298,4 +289,25 @@ func TestDeletedBackendLeavesWiringInPlace(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// withWebhookUnreachable points the Pod webhook at a closed port while f
+// runs, as when the operator is down (failurePolicy Ignore admits pods
+// untouched), and restores it afterwards. The change reaches the API
+// server's admission chain asynchronously: f should retry until a pod is
+// admitted unwired.
+func withWebhookUnreachable(t *testing.T, f func()) {
+	t.Helper()
+	ctx := context.Background()
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
+	saved := mwc.Webhooks[0].ClientConfig.URL
+	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://127.0.0.1:1/mutate-v1-pod")
+	require.NoError(t, k8s.Update(ctx, mwc))
+	defer func() {
+		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
+		mwc.Webhooks[0].ClientConfig.URL = saved
+		require.NoError(t, k8s.Update(ctx, mwc))
+	}()
+	f()
 }

@@ -4,31 +4,16 @@
 package manifests
 
 import (
-	"fmt"
-
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/inferencecache/operator/internal/cli"
 )
 
-// Build runs kustomize on dir and returns its objects.
+// Build runs kustomize on dir, as the CLI does, and returns its objects.
 func Build(dir string) ([]*unstructured.Unstructured, error) {
-	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
-	rm, err := k.Run(filesys.MakeFsOnDisk(), dir)
-	if err != nil {
-		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
-	}
-	var out []*unstructured.Unstructured
-	for _, r := range rm.Resources() {
-		m, err := r.Map()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, &unstructured.Unstructured{Object: m})
-	}
-	return out, nil
+	return cli.ReadFile(dir, true)
 }
 
 // Webhooks returns the webhook configurations of the kustomization in dir.
