@@ -4,6 +4,7 @@
 //	kubectl cachebackend render -f cachebackend.yaml        child objects the controller applies
 //	kubectl cachebackend render -k overlays/prod            the same, from a kustomization built in process
 //	kubectl cachebackend render -f cb.yaml --engine dep.yaml  an engine's pod template as the webhook wires it
+//	kubectl cachebackend diff -f cachebackend.yaml          what a reconcile would change in the cluster (server-side dry run)
 //	kubectl cachebackend explain pod NAME [-n NAMESPACE]    what the webhook did with a pod, and why
 package main
 
@@ -37,6 +38,7 @@ func main() {
 
 const usage = `usage:
   kubectl cachebackend render (-f FILE | -k DIR) [--engine FILE]
+  kubectl cachebackend diff (-f FILE | -k DIR)
   kubectl cachebackend explain pod NAME [-n NAMESPACE]`
 
 func run(args []string, out io.Writer) error {
@@ -48,6 +50,8 @@ func run(args []string, out io.Writer) error {
 		return renderCmd(args[1:], out)
 	case "explain":
 		return explainCmd(args[1:], out)
+	case "diff":
+		return diffCmd(args[1:], out)
 	default:
 		return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 	}
@@ -134,22 +138,12 @@ func explainCmd(args []string, out io.Writer) error {
 	if err := fs.Parse(args[2:]); err != nil {
 		return err
 	}
-	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{})
-	cfg, err := loader.ClientConfig()
+	c, defaultNS, err := newClient()
 	if err != nil {
 		return err
 	}
 	if *ns == "" {
-		if *ns, _, err = loader.Namespace(); err != nil {
-			return err
-		}
-	}
-	s := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
-	utilruntime.Must(v1alpha1.AddToScheme(s))
-	c, err := client.New(cfg, client.Options{Scheme: s})
-	if err != nil {
-		return err
+		*ns = defaultNS
 	}
 	ctx := context.Background()
 	keys, keysErr := readKeys(ctx, c, *opNS)
@@ -159,6 +153,60 @@ func explainCmd(args []string, out io.Writer) error {
 	}
 	e.Print(out)
 	return nil
+}
+
+func diffCmd(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("diff", flag.ContinueOnError)
+	file := fs.String("f", "", "file with CacheBackends")
+	dir := fs.String("k", "", "kustomization directory with CacheBackends")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if (*file == "") == (*dir == "") {
+		return errors.New("diff needs exactly one of -f FILE or -k DIR")
+	}
+	path, kustomize := *file, false
+	if *dir != "" {
+		path, kustomize = *dir, true
+	}
+	objs, err := cli.ReadFile(path, kustomize)
+	if err != nil {
+		return err
+	}
+	backends, err := cli.Backends(objs)
+	if err != nil {
+		return err
+	}
+	c, _, err := newClient()
+	if err != nil {
+		return err
+	}
+	for _, cb := range backends {
+		d, _, err := cli.Diff(context.Background(), c, cb)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "# CacheBackend %s/%s\n%s", cb.Namespace, cb.Name, d)
+	}
+	return nil
+}
+
+// newClient connects with the kubeconfig kubectl would use.
+func newClient() (client.Client, string, error) {
+	loader := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), &clientcmd.ConfigOverrides{})
+	cfg, err := loader.ClientConfig()
+	if err != nil {
+		return nil, "", err
+	}
+	ns, _, err := loader.Namespace()
+	if err != nil {
+		return nil, "", err
+	}
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(v1alpha1.AddToScheme(s))
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	return c, ns, err
 }
 
 // readKeys reads the receipt keys if the caller may; explain works without.

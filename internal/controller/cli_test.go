@@ -151,3 +151,37 @@ func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
 		})
 	}
 }
+
+// TestDiffShowsWhatAReconcileWouldChange: diff against the live API server
+// reports no change for the applied spec, and the exact lines for a changed
+// one, without writing anything.
+func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitDeployment(t, key, nil)
+	eventually(t, 10*time.Second, func() error {
+		_, changed, err := cli.Diff(ctx, k8s, getBackend(t, key))
+		if err != nil {
+			return err
+		}
+		if changed {
+			return fmt.Errorf("the applied spec still shows changes")
+		}
+		return nil
+	})
+
+	edited := getBackend(t, key)
+	edited.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v9"}}
+	edited.Spec.Autoscaling = nil
+	before := waitDeployment(t, key, nil).ResourceVersion
+	out, changed, err := cli.Diff(ctx, k8s, edited)
+	require.NoError(t, err)
+	assert.True(t, changed)
+	assert.Contains(t, out, "+        image: example.com/lmcache:v9")
+	assert.Contains(t, out, fmt.Sprintf("HorizontalPodAutoscaler %s/cache would be deleted", ns))
+	assert.Equal(t, before, waitDeployment(t, key, nil).ResourceVersion, "diff writes nothing")
+}
