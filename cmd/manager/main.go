@@ -5,9 +5,11 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/go-logr/zapr"
@@ -17,12 +19,14 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
 )
@@ -48,6 +52,10 @@ func run(args []string) error {
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
 	probe := fs.Bool("functional-probe", true, "before Ready=True, check that each cache server accepts TCP connections on its Service (turn off where servers do not really run, e.g. on kwok nodes)")
 	probeInterval := fs.Duration("functional-probe-interval", 30*time.Second, "at most one functional probe per backend per interval")
+	selfSigned := fs.Bool("self-signed-webhook-cert", false, "provision and renew the webhooks' serving certificate in a Secret and publish its CA as caBundle (the dev overlay; production uses cert-manager)")
+	certSecret := fs.String("webhook-cert-secret", "inferencecache-webhook-cert", "Secret of the self-signed webhook certificate, in --namespace")
+	webhookService := fs.String("webhook-service", "inferencecache-webhook", "Service in front of the webhooks; names the self-signed certificate")
+	certHosts := fs.String("webhook-cert-hosts", "", "extra comma-separated DNS names or IPs for the self-signed certificate (e.g. 127.0.0.1 when the manager runs outside the cluster)")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -64,7 +72,29 @@ func run(args []string) error {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
 
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	restCfg := ctrl.GetConfigOrDie()
+	var provisioner *certs.Provisioner
+	if *selfSigned && *webhooks {
+		direct, err := client.New(restCfg, client.Options{Scheme: scheme})
+		if err != nil {
+			return err
+		}
+		hosts := []string{*webhookService + "." + *namespace + ".svc", *webhookService + "." + *namespace + ".svc.cluster.local"}
+		for _, h := range strings.Split(*certHosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				hosts = append(hosts, h)
+			}
+		}
+		provisioner = &certs.Provisioner{
+			Client: direct, Namespace: *namespace, SecretName: *certSecret, Hosts: hosts, CertDir: *webhookCertDir,
+			Mutating:   map[string][]string{"inferencecache-pod-injector": {"inject.inferencecache.io"}},
+			Validating: map[string][]string{"inferencecache-cachebackend-validator": {"validate.cachebackend.inferencecache.io"}},
+		}
+		if err := provisioner.Ensure(context.Background()); err != nil {
+			return fmt.Errorf("provisioning the webhook certificate: %w", err)
+		}
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
 		WebhookServer:           webhook.NewServer(webhook.Options{Host: *webhookHost, Port: *webhookPort, CertDir: *webhookCertDir}),
@@ -89,6 +119,11 @@ func run(args []string) error {
 		Namespace: *namespace,
 	}); err != nil {
 		return err
+	}
+	if provisioner != nil {
+		if err := mgr.Add(provisioner); err != nil {
+			return err
+		}
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
