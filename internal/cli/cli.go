@@ -55,11 +55,16 @@ func ReadFile(path string, kustomize bool) ([]*unstructured.Unstructured, error)
 		}
 		var out []*unstructured.Unstructured
 		for _, r := range rm.Resources() {
-			m, err := r.Map()
+			// Through JSON, so numbers are int64 as from the API server.
+			raw, err := r.MarshalJSON()
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, &unstructured.Unstructured{Object: m})
+			u := &unstructured.Unstructured{}
+			if err := u.UnmarshalJSON(raw); err != nil {
+				return nil, err
+			}
+			out = append(out, u)
 		}
 		return out, nil
 	}

@@ -271,8 +271,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if h.Available {
 		st.Endpoint = render.Endpoint(cb)
 		if st.FirstAvailableAt == nil {
-			now := r.Now()
-			st.FirstAvailableAt = &now
+			st.FirstAvailableAt = r.firstAvailable(ctx, cb)
 		}
 	}
 	wasReady := meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
@@ -300,6 +299,18 @@ func (r *CacheBackendReconciler) endpointSettled(ctx context.Context, cb *v1alph
 // endpointSettleTime is how long a backend must have been Ready before its
 // engines are rolled.
 const endpointSettleTime = 3 * time.Second
+
+// firstAvailable returns the time to record as status.firstAvailableAt:
+// the live object's when it already has one (the cache may lag a write that
+// recorded it), now otherwise. It runs once per backend.
+func (r *CacheBackendReconciler) firstAvailable(ctx context.Context, cb *v1alpha1.CacheBackend) *metav1.Time {
+	live := &v1alpha1.CacheBackend{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil && live.Status.FirstAvailableAt != nil {
+		return live.Status.FirstAvailableAt
+	}
+	now := r.Now()
+	return &now
+}
 
 // workloadAvailable reports whether the workload serves (the endpoint's rule).
 func workloadAvailable(w client.Object) bool {

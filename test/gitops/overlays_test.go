@@ -111,4 +111,3 @@ func TestOverlays(t *testing.T) {
 		})
 	}
 }
-
