@@ -1,0 +1,158 @@
+// Package install tests the install bundle end to end on a local cluster of
+// its own: `kubectl apply --server-side -k kustomize/overlays/dev`, twice,
+// then the quickstart. The manager runs as the locally built binary outside
+// the cluster (kwok runs no real containers, so the bundle's manager pods
+// only stand in), impersonating the bundle's ServiceAccount so the
+// bundle's least-privilege RBAC is what it works with; it provisions its own
+// webhook certificate as the dev overlay configures it. Because the API
+// server cannot reach a Service without a pod network, the test points the
+// webhook configurations at the binary's address; their caBundle is the one
+// the manager published. The functional probe is off (no real server).
+package install
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/test/controlplane"
+	"github.com/inferencecache/operator/test/localcluster"
+)
+
+func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bin, err := controlplane.Dir()
+	require.NoError(t, err, "the local control plane")
+	work := t.TempDir()
+	cluster, err := localcluster.Start(ctx, localcluster.Options{BinDir: bin, WorkDir: filepath.Join(work, "cluster"), Nodes: 1})
+	require.NoError(t, err)
+	defer cluster.Stop()
+
+	kubectl := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(bin, "kubectl"), args...)
+		cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig)
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "kubectl %s:\n%s", strings.Join(args, " "), out)
+		return string(out)
+	}
+	// Install, then upgrade in place with the same bundle: both clean.
+	first := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/dev")
+	assert.Contains(t, first, "customresourcedefinition.apiextensions.k8s.io/cachebackends.inferencecache.io serverside-applied")
+	second := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/dev")
+	assert.NotContains(t, strings.ToLower(second), "error")
+	kubectl("wait", "--for=condition=Established", "crd/cachebackends.inferencecache.io", "--timeout=30s")
+
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(v1alpha1.AddToScheme(s))
+	k8s, err := client.New(cluster.Config, client.Options{Scheme: s})
+	require.NoError(t, err)
+
+	// The manager binary, as the bundle's ServiceAccount.
+	managerBin := filepath.Join(work, "manager")
+	build := exec.Command("go", "build", "-o", managerBin, "../../cmd/manager")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	kc, err := os.ReadFile(cluster.Kubeconfig)
+	require.NoError(t, err)
+	saKubeconfig := filepath.Join(work, "manager.kubeconfig")
+	require.NoError(t, os.WriteFile(saKubeconfig, []byte(strings.Replace(string(kc), "    client-key:",
+		"    as: system:serviceaccount:inferencecache-system:inferencecache-operator\n    client-key:", 1)), 0o600))
+	port, err := localcluster.FreePort()
+	require.NoError(t, err)
+	health, err := localcluster.FreePort()
+	require.NoError(t, err)
+	logf, err := os.Create(filepath.Join(work, "manager.log"))
+	require.NoError(t, err)
+	defer logf.Close()
+	mgr := exec.CommandContext(ctx, managerBin,
+		"--namespace=inferencecache-system", "--leader-elect", "--leader-election-namespace=inferencecache-system",
+		"--self-signed-webhook-cert", "--webhook-cert-hosts=127.0.0.1",
+		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir="+filepath.Join(work, "certs"),
+		"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
+		"--functional-probe=false",
+	)
+	mgr.Env = append(os.Environ(), "KUBECONFIG="+saKubeconfig)
+	mgr.Stdout, mgr.Stderr = logf, logf
+	require.NoError(t, mgr.Start())
+	defer func() {
+		_ = mgr.Process.Signal(os.Interrupt)
+		_ = mgr.Wait()
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(work, "manager.log"))
+			t.Logf("manager log:\n%s", log)
+		}
+	}()
+	require.NoError(t, localcluster.WaitServing(ctx, fmt.Sprintf("127.0.0.1:%d", port), 60*time.Second), "the manager's webhook server")
+
+	// The manager published its CA; point the configurations at it.
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+	eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc); err != nil {
+			return err
+		}
+		if len(mwc.Webhooks[0].ClientConfig.CABundle) == 0 {
+			return fmt.Errorf("no caBundle published yet")
+		}
+		return nil
+	})
+	url := func(path string) *string { u := fmt.Sprintf("https://127.0.0.1:%d%s", port, path); return &u }
+	mwc.Webhooks[0].ClientConfig.URL, mwc.Webhooks[0].ClientConfig.Service = url("/mutate-v1-pod"), nil
+	require.NoError(t, k8s.Update(ctx, mwc))
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-cachebackend-validator"}, vwc))
+	require.NotEmpty(t, vwc.Webhooks[0].ClientConfig.CABundle)
+	vwc.Webhooks[0].ClientConfig.URL, vwc.Webhooks[0].ClientConfig.Service = url("/validate-inferencecache-io-v1alpha1-cachebackend"), nil
+	require.NoError(t, k8s.Update(ctx, vwc))
+
+	kubectl("apply", "--server-side", "-f", "../../examples/quickstart/cachebackend.yaml")
+	kubectl("wait", "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=90s")
+	cb := &v1alpha1.CacheBackend{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "qwen-demo-cache"}, cb))
+	assert.Equal(t, "lm://qwen-demo-cache.default.svc:65432", cb.Status.Endpoint)
+	assert.True(t, meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady))
+
+	kubectl("apply", "--server-side", "-f", "../../examples/quickstart/engine.yaml")
+	kubectl("rollout", "status", "deployment/qwen-engine", "--timeout=90s")
+	var pods corev1.PodList
+	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{"app": "qwen-demo"}))
+	require.NotEmpty(t, pods.Items)
+	for _, p := range pods.Items {
+		assert.Equal(t, "default/qwen-demo-cache", p.Annotations[inject.AnnotationInjectedBy], "pod %s wired", p.Name)
+		assert.Contains(t, p.Spec.Containers[0].Args, inject.KVTransferConfigFlag)
+	}
+}
+
+func eventually(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not met within %s: %v", timeout, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
