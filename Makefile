@@ -26,15 +26,16 @@ manifests: ## Generate the CRD and RBAC manifests.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=kustomize/base/crd
 	$(CONTROLLER_GEN) rbac:roleName=inferencecache-operator paths=./internal/... output:rbac:artifacts:config=kustomize/base/rbac
 	$(CONTROLLER_GEN) webhook paths=./internal/... output:webhook:artifacts:config=kustomize/base/webhook
+	go run ./hack/apidoc
 
 .PHONY: verify
 verify: ## Fail on unformatted code, vet findings or drift in generated files.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	$(MAKE) generate manifests
-	@if [ -n "$$(git status --porcelain -- api kustomize)" ]; then \
+	@if [ -n "$$(git status --porcelain -- api kustomize docs/reference)" ]; then \
 		echo "generated files drifted; run 'make generate manifests' and commit:"; \
-		git status --porcelain -- api kustomize; git diff -- api kustomize | head -50; exit 1; fi
+		git status --porcelain -- api kustomize docs/reference; git diff -- api kustomize docs/reference | head -50; exit 1; fi
 
 .PHONY: controlplane
 controlplane: ## Build the local control-plane binaries (only those missing).

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	lua "github.com/yuin/gopher-lua"
+
+	"github.com/inferencecache/operator/internal/apidoc"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/yaml"
@@ -112,4 +114,16 @@ func TestKstatusOfTheSameStates(t *testing.T) {
 			assert.Equal(t, st, res.Status, res.Message)
 		})
 	}
+}
+
+// TestAPIReferenceIsCurrent: docs/reference/api.md is what the generator
+// makes of the current CRD, so the reference cannot drift from the types.
+func TestAPIReferenceIsCurrent(t *testing.T) {
+	crd, err := os.ReadFile("../../kustomize/base/crd/inferencecache.io_cachebackends.yaml")
+	require.NoError(t, err)
+	want, err := apidoc.Generate(crd)
+	require.NoError(t, err)
+	got, err := os.ReadFile("../../docs/reference/api.md")
+	require.NoError(t, err)
+	assert.Equal(t, want, string(got), "run make manifests")
 }
