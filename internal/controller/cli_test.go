@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,10 +138,13 @@ func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
 	ns := newNamespace(t)
 	dirs, err := filepath.Glob("../../examples/*/kustomization.yaml")
 	require.NoError(t, err)
-	require.NotEmpty(t, dirs)
+	overlays, err := filepath.Glob("../../examples/*/overlays/*/kustomization.yaml")
+	require.NoError(t, err)
+	dirs = append(dirs, overlays...)
+	require.GreaterOrEqual(t, len(dirs), 5)
 	for _, k := range dirs {
 		dir := filepath.Dir(k)
-		t.Run(filepath.Base(dir), func(t *testing.T) {
+		t.Run(strings.TrimPrefix(dir, "../../examples/"), func(t *testing.T) {
 			objs, err := cli.ReadFile(dir, true)
 			require.NoError(t, err)
 			for _, o := range objs {
