@@ -59,24 +59,8 @@ func run(args []string, out io.Writer) error {
 
 func renderCmd(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("render", flag.ContinueOnError)
-	file := fs.String("f", "", "file with CacheBackends")
-	dir := fs.String("k", "", "kustomization directory with CacheBackends")
 	engine := fs.String("engine", "", "file with an engine Deployment: print its pod template as the webhook wires it")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if (*file == "") == (*dir == "") {
-		return errors.New("render needs exactly one of -f FILE or -k DIR")
-	}
-	path, kustomize := *file, false
-	if *dir != "" {
-		path, kustomize = *dir, true
-	}
-	objs, err := cli.ReadFile(path, kustomize)
-	if err != nil {
-		return err
-	}
-	backends, err := cli.Backends(objs)
+	backends, err := backendsFromFlags(fs, args)
 	if err != nil {
 		return err
 	}
@@ -156,24 +140,7 @@ func explainCmd(args []string, out io.Writer) error {
 }
 
 func diffCmd(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("diff", flag.ContinueOnError)
-	file := fs.String("f", "", "file with CacheBackends")
-	dir := fs.String("k", "", "kustomization directory with CacheBackends")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if (*file == "") == (*dir == "") {
-		return errors.New("diff needs exactly one of -f FILE or -k DIR")
-	}
-	path, kustomize := *file, false
-	if *dir != "" {
-		path, kustomize = *dir, true
-	}
-	objs, err := cli.ReadFile(path, kustomize)
-	if err != nil {
-		return err
-	}
-	backends, err := cli.Backends(objs)
+	backends, err := backendsFromFlags(flag.NewFlagSet("diff", flag.ContinueOnError), args)
 	if err != nil {
 		return err
 	}
@@ -189,6 +156,28 @@ func diffCmd(args []string, out io.Writer) error {
 		fmt.Fprintf(out, "# CacheBackend %s/%s\n%s", cb.Namespace, cb.Name, d)
 	}
 	return nil
+}
+
+// backendsFromFlags adds -f and -k to fs, parses args and reads the
+// CacheBackends of the file or kustomization named.
+func backendsFromFlags(fs *flag.FlagSet, args []string) ([]*v1alpha1.CacheBackend, error) {
+	file := fs.String("f", "", "file with CacheBackends")
+	dir := fs.String("k", "", "kustomization directory with CacheBackends (built in process)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if (*file == "") == (*dir == "") {
+		return nil, fmt.Errorf("%s needs exactly one of -f FILE or -k DIR", fs.Name())
+	}
+	path, kustomize := *file, false
+	if *dir != "" {
+		path, kustomize = *dir, true
+	}
+	objs, err := cli.ReadFile(path, kustomize)
+	if err != nil {
+		return nil, err
+	}
+	return cli.Backends(objs)
 }
 
 // newClient connects with the kubeconfig kubectl would use.

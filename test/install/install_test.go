@@ -39,21 +39,8 @@ import (
 func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bin, err := controlplane.Dir()
-	require.NoError(t, err, "the local control plane")
 	work := t.TempDir()
-	cluster, err := localcluster.Start(ctx, localcluster.Options{BinDir: bin, WorkDir: filepath.Join(work, "cluster"), Nodes: 1})
-	require.NoError(t, err)
-	defer cluster.Stop()
-
-	kubectl := func(args ...string) string {
-		t.Helper()
-		cmd := exec.Command(filepath.Join(bin, "kubectl"), args...)
-		cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig)
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "kubectl %s:\n%s", strings.Join(args, " "), out)
-		return string(out)
-	}
+	cluster, kubectl := startCluster(ctx, t, work, "")
 	// Install, then upgrade in place with the same bundle: both clean.
 	first := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/dev")
 	assert.Contains(t, first, "customresourcedefinition.apiextensions.k8s.io/cachebackends.inferencecache.io serverside-applied")
@@ -165,13 +152,25 @@ func eventually(t *testing.T, timeout time.Duration, cond func() error) {
 func TestProductionOverlayAppliesTwice(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	_, kubectl := startCluster(ctx, t, t.TempDir(), "testdata")
+	first := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/production")
+	assert.Contains(t, first, "certificate.cert-manager.io/inferencecache-webhook serverside-applied")
+	second := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/production")
+	assert.NotContains(t, strings.ToLower(second), "error")
+	out := kubectl("get", "mutatingwebhookconfiguration", "inferencecache-pod-injector", "-o", "jsonpath={.metadata.annotations}")
+	assert.Contains(t, out, "inferencecache-system/inferencecache-webhook", "cert-manager is asked to inject the CA")
+}
+
+// startCluster starts a local cluster of the test's own (stopped when the
+// test ends), with the CRDs of crdDir if set, and returns a kubectl for it.
+func startCluster(ctx context.Context, t *testing.T, work, crdDir string) (*localcluster.Cluster, func(...string) string) {
+	t.Helper()
 	bin, err := controlplane.Dir()
 	require.NoError(t, err, "the local control plane")
-	cluster, err := localcluster.Start(ctx, localcluster.Options{BinDir: bin, WorkDir: filepath.Join(t.TempDir(), "cluster"), Nodes: 1,
-		CRDDir: "testdata"})
+	cluster, err := localcluster.Start(ctx, localcluster.Options{BinDir: bin, WorkDir: filepath.Join(work, "cluster"), Nodes: 1, CRDDir: crdDir})
 	require.NoError(t, err)
-	defer cluster.Stop()
-	kubectl := func(args ...string) string {
+	t.Cleanup(cluster.Stop)
+	return cluster, func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command(filepath.Join(bin, "kubectl"), args...)
 		cmd.Env = append(os.Environ(), "KUBECONFIG="+cluster.Kubeconfig)
@@ -179,10 +178,4 @@ func TestProductionOverlayAppliesTwice(t *testing.T) {
 		require.NoError(t, err, "kubectl %s:\n%s", strings.Join(args, " "), out)
 		return string(out)
 	}
-	first := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/production")
-	assert.Contains(t, first, "certificate.cert-manager.io/inferencecache-webhook serverside-applied")
-	second := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/production")
-	assert.NotContains(t, strings.ToLower(second), "error")
-	out := kubectl("get", "mutatingwebhookconfiguration", "inferencecache-pod-injector", "-o", "jsonpath={.metadata.annotations}")
-	assert.Contains(t, out, "inferencecache-system/inferencecache-webhook", "cert-manager is asked to inject the CA")
 }
