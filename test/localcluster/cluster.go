@@ -149,7 +149,6 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		"--root-ca-file="+p.CACert,
 		"--cluster-signing-cert-file="+p.CACert, "--cluster-signing-key-file="+p.CAKey,
 		"--leader-elect=false", "--secure-port=0",
-		"--node-monitor-grace-period=20s",
 		"--v=0",
 	); err != nil {
 		return c, err
