@@ -65,31 +65,29 @@ func updateBackend(t *testing.T, key client.ObjectKey, mutate func(*v1alpha1.Cac
 	return cb
 }
 
-func waitDeployment(t *testing.T, key client.ObjectKey, cond func(*appsv1.Deployment) error) *appsv1.Deployment {
+// waitFor reads key into obj until cond (nil: existence) holds.
+func waitFor[T client.Object](t *testing.T, key client.ObjectKey, obj T, cond func(T) error) T {
 	t.Helper()
-	d := &appsv1.Deployment{}
 	eventually(t, 15*time.Second, func() error {
-		if err := k8s.Get(context.Background(), key, d); err != nil {
+		if err := k8s.Get(context.Background(), key, obj); err != nil {
 			return err
 		}
 		if cond == nil {
 			return nil
 		}
-		return cond(d)
+		return cond(obj)
 	})
-	return d
+	return obj
+}
+
+func waitDeployment(t *testing.T, key client.ObjectKey, cond func(*appsv1.Deployment) error) *appsv1.Deployment {
+	t.Helper()
+	return waitFor(t, key, &appsv1.Deployment{}, cond)
 }
 
 func waitBackend(t *testing.T, key client.ObjectKey, cond func(*v1alpha1.CacheBackend) error) *v1alpha1.CacheBackend {
 	t.Helper()
-	cb := &v1alpha1.CacheBackend{}
-	eventually(t, 15*time.Second, func() error {
-		if err := k8s.Get(context.Background(), key, cb); err != nil {
-			return err
-		}
-		return cond(cb)
-	})
-	return cb
+	return waitFor(t, key, &v1alpha1.CacheBackend{}, cond)
 }
 
 func readyIs(want metav1.ConditionStatus, reason string) func(*v1alpha1.CacheBackend) error {

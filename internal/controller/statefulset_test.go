@@ -35,17 +35,7 @@ func stsBackend(ns, name string, replicas int32, storage bool) *v1alpha1.CacheBa
 
 func waitStatefulSet(t *testing.T, key client.ObjectKey, cond func(*appsv1.StatefulSet) error) *appsv1.StatefulSet {
 	t.Helper()
-	s := &appsv1.StatefulSet{}
-	eventually(t, 15*time.Second, func() error {
-		if err := k8s.Get(context.Background(), key, s); err != nil {
-			return err
-		}
-		if cond == nil {
-			return nil
-		}
-		return cond(s)
-	})
-	return s
+	return waitFor(t, key, &appsv1.StatefulSet{}, cond)
 }
 
 // setStatefulSetStatus writes what the StatefulSet controller would.
