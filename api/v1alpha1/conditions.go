@@ -25,8 +25,6 @@ const (
 	ReasonProgressDeadlineExceeded = "ProgressDeadlineExceeded"
 	// ReasonApplyFailed: the API server refused a child object.
 	ReasonApplyFailed = "ApplyFailed"
-	// ReasonUnsupported: the spec asks for something this version does not implement.
-	ReasonUnsupported = "Unsupported"
 	// ReasonEngineLocal: an engine-local backend (SGLangHiCache) runs no server.
 	ReasonEngineLocal = "EngineLocal"
 	// ReasonStable: nothing is progressing or degraded.

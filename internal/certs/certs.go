@@ -139,34 +139,46 @@ func (p *Provisioner) needsRenewal(s *corev1.Secret) bool {
 
 // fill generates a CA and a serving certificate signed by it.
 func (p *Provisioner) fill(s *corev1.Secret) error {
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, crt, key, err := Generate(p.Hosts, validity)
 	if err != nil {
 		return err
 	}
+	s.Data = map[string][]byte{"ca.crt": ca, corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}
+	return nil
+}
+
+// Generate makes a CA and a serving certificate for hosts (DNS names or IP
+// addresses) signed by it, valid for the given time; it returns the CA
+// certificate, the serving certificate and its key, PEM-encoded.
+func Generate(hosts []string, valid time.Duration) (caPEM, certPEM, keyPEM []byte, err error) {
+	now := time.Now()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	caTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(now.UnixNano()), Subject: pkix.Name{CommonName: "inferencecache-webhook-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity + renewBefore),
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(valid + renewBefore),
 		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
 	}
 	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	ca, err := x509.ParseCertificate(caDER)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano() + 1), Subject: pkix.Name{CommonName: p.Hosts[0]},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(validity),
+		SerialNumber: big.NewInt(now.UnixNano() + 1), Subject: pkix.Name{CommonName: hosts[0]},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(valid),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
-	for _, h := range p.Hosts {
+	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 		} else {
@@ -175,18 +187,15 @@ func (p *Provisioner) fill(s *corev1.Secret) error {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	kb, err := x509.MarshalECPrivateKey(key)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	s.Data = map[string][]byte{
-		"ca.crt":                pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		corev1.TLSCertKey:       pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		corev1.TLSPrivateKeyKey: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}),
-	}
-	return nil
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), nil
 }
 
 // write puts tls.crt and tls.key into CertDir when they differ, through a

@@ -159,11 +159,7 @@ func Check(cb *v1alpha1.CacheBackend) error {
 // the order it applies them. Owner references carry the CacheBackend's UID
 // only when cb has one (a live object); offline it is empty.
 func RenderYAML(w io.Writer, cb *v1alpha1.CacheBackend) error {
-	children, err := render.Render(cb)
-	if err != nil {
-		return err
-	}
-	objs, err := apply.Objects(children)
+	objs, err := apply.Objects(render.Render(cb))
 	if err != nil {
 		return err
 	}

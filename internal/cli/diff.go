@@ -31,11 +31,7 @@ func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend) (stri
 	}
 	b := cb.DeepCopy()
 	b.UID = live.UID // owner references name the live object
-	children, err := render.Render(b)
-	if err != nil {
-		return "", false, err
-	}
-	objs, err := apply.Objects(children)
+	objs, err := apply.Objects(render.Render(b))
 	if err != nil {
 		return "", false, err
 	}

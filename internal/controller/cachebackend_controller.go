@@ -172,13 +172,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return res, err
 	}
 
-	children, err := render.Render(cb)
-	var unsupported *render.UnsupportedError
-	if errors.As(err, &unsupported) {
-		st.Endpoint = ""
-		r.setHealth(cb, st, health{Reason: v1alpha1.ReasonUnsupported, Message: err.Error(), Degraded: true, Stalled: true})
-		return ctrl.Result{}, nil
-	}
+	children := render.Render(cb)
 
 	var opts apply.Options
 	live, err := r.liveWorkload(ctx, cb)

@@ -116,20 +116,11 @@ func Replicas(cb *v1alpha1.CacheBackend) int32 {
 }
 
 // Render returns the children cb wants. A CacheBackend that runs no server
-// (type SGLangHiCache) wants none. Render reports a spec the API server's
-// schema should have rejected, or a feature this version does not implement,
-// as an error whose message is meant for a status condition.
-func Render(cb *v1alpha1.CacheBackend) (Children, error) {
+// (type SGLangHiCache) wants none. The schema admits only the values render
+// implements (one provider, one ownership), so any admitted spec renders.
+func Render(cb *v1alpha1.CacheBackend) Children {
 	if cb.Spec.Type != v1alpha1.BackendTypeLMCache {
-		return Children{}, nil
-	}
-	if rs := cb.Spec.RemoteStorage; rs != nil {
-		if rs.Provider != "" && rs.Provider != v1alpha1.ProviderLMCacheServer {
-			return Children{}, &UnsupportedError{Field: "spec.remoteStorage.provider", Value: string(rs.Provider)}
-		}
-		if rs.Ownership != "" && rs.Ownership != v1alpha1.OwnershipManaged {
-			return Children{}, &UnsupportedError{Field: "spec.remoteStorage.ownership", Value: string(rs.Ownership)}
-		}
+		return Children{}
 	}
 	c := Children{Service: service(cb)}
 	if IsStatefulSet(cb) {
@@ -143,18 +134,7 @@ func Render(cb *v1alpha1.CacheBackend) (Children, error) {
 	if cb.Spec.Autoscaling != nil {
 		c.HPA = hpa(cb)
 	}
-	return c, nil
-}
-
-// UnsupportedError is a spec value this version of the operator accepts
-// in its schema but does not implement yet.
-type UnsupportedError struct {
-	Field string
-	Value string
-}
-
-func (e *UnsupportedError) Error() string {
-	return fmt.Sprintf("%s %q is not supported by this version of the operator", e.Field, e.Value)
+	return c
 }
 
 // IsStatefulSet reports whether cb's server runs as a StatefulSet.

@@ -41,8 +41,7 @@ func TestRenderGolden(t *testing.T) {
 		n++
 		name := strings.TrimSuffix(filepath.Base(in), ".yaml")
 		t.Run(name, func(t *testing.T) {
-			children, err := render.Render(load(t, in))
-			require.NoError(t, err)
+			children := render.Render(load(t, in))
 			var buf bytes.Buffer
 			for _, obj := range []any{children.PVC, children.Service, children.Deployment, children.StatefulSet, children.HPA} {
 				if isNil(obj) {
@@ -69,10 +68,8 @@ func isNil(v any) bool { return reflect.ValueOf(v).IsNil() }
 
 func TestRenderIsDeterministic(t *testing.T) {
 	cb := load(t, "testdata/full.yaml")
-	a, err := render.Render(cb)
-	require.NoError(t, err)
-	b, err := render.Render(cb)
-	require.NoError(t, err)
+	a := render.Render(cb)
+	b := render.Render(cb)
 	assert.Equal(t, a, b)
 }
 
@@ -121,16 +118,14 @@ func TestRenderRules(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := render.Render(load(t, tc.file))
-			require.NoError(t, err)
+			c := render.Render(load(t, tc.file))
 			tc.check(t, c)
 		})
 	}
 }
 
 func TestRenderStatefulSet(t *testing.T) {
-	c, err := render.Render(load(t, "testdata/statefulset.yaml"))
-	require.NoError(t, err)
+	c := render.Render(load(t, "testdata/statefulset.yaml"))
 	assert.Nil(t, c.Deployment)
 	assert.Nil(t, c.PVC, "per-replica claims come from the volumeClaimTemplate")
 	require.NotNil(t, c.StatefulSet)
@@ -141,8 +136,7 @@ func TestRenderStatefulSet(t *testing.T) {
 
 	plain := load(t, "testdata/minimal.yaml")
 	plain.Spec.DeploymentKind = "StatefulSet"
-	c, err = render.Render(plain)
-	require.NoError(t, err)
+	c = render.Render(plain)
 	p := c.StatefulSet.Spec.PersistentVolumeClaimRetentionPolicy
 	require.NotNil(t, p, "the retention policy is always set")
 	assert.Equal(t, "Retain", string(*p.WhenDeleted))

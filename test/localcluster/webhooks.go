@@ -2,15 +2,8 @@ package localcluster
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,39 +12,26 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/internal/certs"
 )
 
-// WebhookServing writes a self-signed serving certificate for 127.0.0.1 as
-// tls.crt and tls.key into dir (controller-runtime's webhook CertDir layout)
-// and returns the certificate, to use as the configurations' caBundle.
+// WebhookServing writes a serving certificate for 127.0.0.1 as tls.crt and
+// tls.key into dir (controller-runtime's webhook CertDir layout), made by
+// the same generator as the manager's own certificates, and returns its CA,
+// to use as the configurations' caBundle.
 func WebhookServing(dir string) ([]byte, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, crt, key, err := certs.Generate([]string{"127.0.0.1", "localhost"}, 365*24*time.Hour)
 	if err != nil {
 		return nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(time.Now().UnixNano()),
-		Subject:               pkix.Name{CommonName: "inferencecache-webhook"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(365 * 24 * time.Hour),
-		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
-		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:              []string{"localhost"},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), crt, 0o600); err != nil {
 		return nil, err
 	}
-	if err := writeCertKey(filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), der, key); err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+	return ca, os.WriteFile(filepath.Join(dir, "tls.key"), key, 0o600)
 }
 
 // InstallWebhooks points the given webhook configurations at a webhook
