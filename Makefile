@@ -8,6 +8,9 @@ CONTROLLER_GEN := go tool controller-gen
 # (kube-apiserver, etcd, kubectl, kube-controller-manager, kube-scheduler,
 # kwok) into a per-user cache folder keyed by version, and prints the folder.
 INSTALL_CONTROLPLANE := bash test/tools/install.sh
+# test/tools/install-packages.sh installs the Debian packages the tests use as
+# real peers (libzmq, redis-server, promtool, protoc), only those missing.
+INSTALL_PACKAGES := bash test/tools/install-packages.sh
 
 .PHONY: all
 all: build
@@ -41,8 +44,12 @@ verify: ## Fail on unformatted code, vet findings or drift in generated files.
 controlplane: ## Build the local control-plane binaries (only those missing).
 	@dir=$$($(INSTALL_CONTROLPLANE)); echo "control-plane binaries in $$dir"
 
+.PHONY: packages
+packages: ## Install the Debian packages the tests use as real peers (only those missing; needs root).
+	$(INSTALL_PACKAGES)
+
 .PHONY: test
-test: verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
+test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the tests use as real peers (not mocks), only
+# those missing: the reference ZeroMQ (libzmq through python3-zmq, with
+# python3-msgpack) for the KV-event interoperability tests, redis-server for
+# the index's Redis backend, Prometheus' promtool for the alert rules, and
+# protoc for the gRPC contract. CI runs as root on a fresh machine: one
+# `apt-get update`, then `apt-get install -y`. Prints nothing on success when
+# everything is already there.
+set -euo pipefail
+
+# command-or-file the test looks for, and the Debian package that brings it.
+need=(
+	"/usr/bin/python3:python3"
+	"/usr/lib/python3/dist-packages/zmq:python3-zmq"
+	"/usr/lib/python3/dist-packages/msgpack:python3-msgpack"
+	"/usr/bin/redis-server:redis-server"
+	"/usr/bin/promtool:prometheus"
+	"/usr/bin/protoc:protobuf-compiler"
+)
+
+missing=()
+for n in "${need[@]}"; do
+	path=${n%%:*} pkg=${n#*:}
+	[ -e "$path" ] || missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "packages: installing ${missing[*]}" >&2
+if [ "$(id -u)" -ne 0 ]; then
+	echo "packages: not root; install these Debian packages first: ${missing[*]}" >&2
+	exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >&2
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+# A package's post-install script may start its service (redis-server):
+# the tests start and stop their own servers on free ports.
+if command -v systemctl >/dev/null 2>&1; then systemctl stop redis-server >/dev/null 2>&1 || true; fi
+pkill -x redis-server >/dev/null 2>&1 || true
