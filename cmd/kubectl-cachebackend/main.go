@@ -16,7 +16,6 @@ import (
 	"io"
 	"os"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -26,7 +25,6 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/cli"
-	"github.com/inferencecache/operator/internal/receipt"
 )
 
 func main() {
@@ -130,7 +128,7 @@ func explainCmd(args []string, out io.Writer) error {
 		*ns = defaultNS
 	}
 	ctx := context.Background()
-	keys, keysErr := readKeys(ctx, c, *opNS)
+	keys, keysErr := cli.ReadKeys(ctx, c, *opNS)
 	e, err := cli.Explain(ctx, c, *ns, name, keys, keysErr)
 	if err != nil {
 		return err
@@ -149,11 +147,11 @@ func diffCmd(args []string, out io.Writer) error {
 		return err
 	}
 	for _, cb := range backends {
-		d, _, err := cli.Diff(context.Background(), c, cb)
+		d, err := cli.Diff(context.Background(), c, cb)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "# CacheBackend %s/%s\n%s", cb.Namespace, cb.Name, d)
+		fmt.Fprintf(out, "# CacheBackend %s/%s\n%s", cb.Namespace, cb.Name, d.String())
 	}
 	return nil
 }
@@ -196,17 +194,4 @@ func newClient() (client.Client, string, error) {
 	utilruntime.Must(v1alpha1.AddToScheme(s))
 	c, err := client.New(cfg, client.Options{Scheme: s})
 	return c, ns, err
-}
-
-// readKeys reads the receipt keys if the caller may; explain works without.
-func readKeys(ctx context.Context, c client.Reader, ns string) ([]receipt.Key, error) {
-	s := &corev1.Secret{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: receipt.DefaultSecretName}, s); err != nil {
-		return nil, fmt.Errorf("cannot read the receipt key Secret %s/%s: %w", ns, receipt.DefaultSecretName, err)
-	}
-	keys := []receipt.Key{receipt.NewKey(s.Data[receipt.SecretKeyCurrent])}
-	if p := s.Data[receipt.SecretKeyPrevious]; len(p) > 0 {
-		keys = append(keys, receipt.NewKey(p))
-	}
-	return keys, nil
 }

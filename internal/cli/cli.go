@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/validation"
@@ -159,7 +158,7 @@ func Check(cb *v1alpha1.CacheBackend) error {
 // the order it applies them. Owner references carry the CacheBackend's UID
 // only when cb has one (a live object); offline it is empty.
 func RenderYAML(w io.Writer, cb *v1alpha1.CacheBackend) error {
-	objs, err := apply.Objects(render.Render(cb))
+	objs, err := render.Objects(render.Render(cb))
 	if err != nil {
 		return err
 	}

@@ -3,137 +3,85 @@ package cli
 import (
 	"context"
 	"fmt"
-	"sort"
 	"strings"
 
-	"github.com/pmezard/go-difflib/difflib"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/plan"
 )
 
+// DiffResult is what a reconcile of a CacheBackend, as written in a file,
+// would change in the cluster.
+type DiffResult struct {
+	// Backend is <namespace>/<name>.
+	Backend string
+	// Missing is true when the CacheBackend is not in the cluster: applying
+	// it creates all of its children.
+	Missing bool
+	// Preview lists each child and what a reconcile would do to it.
+	Preview apply.Preview
+}
+
+// HasChanges reports whether a reconcile would create, change or delete
+// anything. A held child (a StatefulSet whose storage cannot change) is
+// not a change: the reconcile leaves it alone and reports it.
+func (d DiffResult) HasChanges() bool { return d.Missing || d.Preview.HasChanges() }
+
+// String renders the result for a person: one line per child that would
+// change or is held, the changed fields indented below it, or "no changes".
+func (d DiffResult) String() string {
+	if d.Missing {
+		return fmt.Sprintf("CacheBackend %s is not in the cluster: applying it creates all of its children (see render)\n", d.Backend)
+	}
+	var out strings.Builder
+	for _, e := range d.Preview.Entries {
+		switch e.Action {
+		case apply.Created:
+			fmt.Fprintf(&out, "%s would be created\n", e.Subject)
+		case apply.Configured:
+			fmt.Fprintf(&out, "%s would be changed:\n", e.Subject)
+			for _, c := range e.Changes {
+				fmt.Fprintf(&out, "  %s\n", c)
+			}
+		case apply.Deleted:
+			fmt.Fprintf(&out, "%s would be deleted (no longer wanted)\n", e.Subject)
+		case apply.Held:
+			fmt.Fprintf(&out, "%s is held, left as it is: %s\n", e.Subject, e.Reason)
+		}
+	}
+	if !d.HasChanges() {
+		out.WriteString("no changes\n")
+	}
+	return out.String()
+}
+
 // Diff shows what a reconcile of cb (as written in a file) would change in
-// the cluster: each rendered child is applied with a server-side dry run
-// under the operator's field manager, and the result is compared with the
-// live object. It writes nothing. It reports whether anything would change.
-func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend) (string, bool, error) {
+// the cluster. It builds the controller's own plan (plan.Gather and
+// plan.Build: the same holds, hand-offs and prunes) and previews it with
+// the applier's server-side dry run (fluxcd/pkg/ssa). It writes nothing.
+func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend) (DiffResult, error) {
+	res := DiffResult{Backend: cb.Namespace + "/" + cb.Name}
 	live := &v1alpha1.CacheBackend{}
 	switch err := c.Get(ctx, client.ObjectKeyFromObject(cb), live); {
 	case apierrors.IsNotFound(err):
-		return fmt.Sprintf("CacheBackend %s/%s is not in the cluster: applying it creates all of its children (see render)\n", cb.Namespace, cb.Name), true, nil
+		res.Missing = true
+		return res, nil
 	case err != nil:
-		return "", false, err
+		return res, fmt.Errorf("reading CacheBackend %s: %w", res.Backend, err)
 	}
 	b := cb.DeepCopy()
 	b.UID = live.UID // owner references name the live object
-	objs, err := apply.Objects(render.Render(b))
+	in, err := plan.Gather(ctx, c, c, b)
 	if err != nil {
-		return "", false, err
+		return res, err
 	}
-	var out strings.Builder
-	changed := false
-	for _, want := range objs {
-		cur := &unstructured.Unstructured{}
-		cur.SetGroupVersionKind(want.GroupVersionKind())
-		getErr := c.Get(ctx, client.ObjectKeyFromObject(want), cur)
-		if getErr != nil && !apierrors.IsNotFound(getErr) {
-			return "", false, getErr
-		}
-		dry := want.DeepCopy()
-		if err := c.Patch(ctx, dry, client.Apply, client.DryRunAll, client.ForceOwnership, client.FieldOwner(apply.FieldManager)); err != nil {
-			return "", false, fmt.Errorf("server-side dry run of %s %s: %w", want.GetKind(), want.GetName(), err)
-		}
-		subject := fmt.Sprintf("%s %s/%s", want.GetKind(), want.GetNamespace(), want.GetName())
-		if apierrors.IsNotFound(getErr) {
-			changed = true
-			fmt.Fprintf(&out, "%s would be created\n", subject)
-			continue
-		}
-		d, err := yamlDiff(subject, clean(cur), clean(dry))
-		if err != nil {
-			return "", false, err
-		}
-		if d != "" {
-			changed = true
-			out.WriteString(d)
-		}
-	}
-	pruned, err := prunable(ctx, c, b, objs)
+	p, err := plan.Build(in)
 	if err != nil {
-		return "", false, err
+		return res, err
 	}
-	for _, p := range pruned {
-		changed = true
-		fmt.Fprintf(&out, "%s would be deleted (no longer wanted)\n", p)
-	}
-	if !changed {
-		out.WriteString("no changes\n")
-	}
-	return out.String(), changed, nil
-}
-
-// clean removes what the API server sets on every write.
-func clean(u *unstructured.Unstructured) map[string]any {
-	o := u.DeepCopy().Object
-	for _, f := range []string{"managedFields", "resourceVersion", "generation", "creationTimestamp", "uid"} {
-		unstructured.RemoveNestedField(o, "metadata", f)
-	}
-	delete(o, "status")
-	return o
-}
-
-func yamlDiff(subject string, a, b map[string]any) (string, error) {
-	ay, err := yaml.Marshal(a)
-	if err != nil {
-		return "", err
-	}
-	by, err := yaml.Marshal(b)
-	if err != nil {
-		return "", err
-	}
-	if string(ay) == string(by) {
-		return "", nil
-	}
-	return difflib.GetUnifiedDiffString(difflib.UnifiedDiff{
-		A: difflib.SplitLines(string(ay)), B: difflib.SplitLines(string(by)),
-		FromFile: subject + " (live)", ToFile: subject + " (after reconcile)", Context: 3,
-	})
-}
-
-// prunable lists the owned children of kinds the controller prunes that the
-// rendered set no longer holds.
-func prunable(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend, want []*unstructured.Unstructured) ([]string, error) {
-	wanted := map[string]bool{}
-	for _, w := range want {
-		wanted[w.GetKind()+"/"+w.GetName()] = true
-	}
-	var out []string
-	for _, kind := range []struct{ apiVersion, kind string }{
-		{"apps/v1", "Deployment"}, {"apps/v1", "StatefulSet"}, {"v1", "Service"}, {"autoscaling/v2", "HorizontalPodAutoscaler"},
-	} {
-		list := &unstructured.UnstructuredList{}
-		list.SetAPIVersion(kind.apiVersion)
-		list.SetKind(kind.kind + "List")
-		if err := c.List(ctx, list, client.InNamespace(cb.Namespace), client.MatchingLabels{render.LabelCacheBackend: cb.Name}); err != nil {
-			return nil, err
-		}
-		for _, item := range list.Items {
-			owned := false
-			for _, ref := range item.GetOwnerReferences() {
-				if ref.UID == cb.UID && ref.Controller != nil && *ref.Controller {
-					owned = true
-				}
-			}
-			if owned && !wanted[kind.kind+"/"+item.GetName()] {
-				out = append(out, fmt.Sprintf("%s %s/%s", kind.kind, item.GetNamespace(), item.GetName()))
-			}
-		}
-	}
-	sort.Strings(out)
-	return out, nil
+	res.Preview, err = apply.New(c).Preview(ctx, p)
+	return res, err
 }

@@ -63,7 +63,7 @@ func Explain(ctx context.Context, c client.Reader, ns, name string, keys []recei
 	if err := c.List(ctx, &evs, client.InNamespace(ns)); err == nil {
 		for _, ev := range evs.Items {
 			if ev.Regarding.Kind == "Pod" && ev.Regarding.Name == name && ev.Regarding.UID == pod.UID &&
-				(ev.ReportingController == "inferencecache-operator" || strings.HasPrefix(ev.Reason, "Injected") || ev.Reason == "SkippedByOperator" || ev.Reason == "ReceiptMismatch") {
+				(ev.ReportingController == v1alpha1.ReportingController || ev.Reason == v1alpha1.EventInjected || ev.Reason == v1alpha1.EventSkipped || ev.Reason == v1alpha1.EventReceiptMismatch) {
 				e.Lines = append(e.Lines, fmt.Sprintf("event: %s %s: %s", ev.Type, ev.Reason, ev.Note))
 			}
 		}
@@ -73,31 +73,25 @@ func Explain(ctx context.Context, c client.Reader, ns, name string, keys []recei
 
 func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.Key, keysErr error) Explanation {
 	a := pod.Annotations
-	byName := map[string]*v1alpha1.CacheBackend{}
-	for i := range backends {
-		byName[backends[i].Namespace+"/"+backends[i].Name] = &backends[i]
-	}
-	if by := a[inject.AnnotationInjectedBy]; by != "" {
-		e := Explanation{Backend: by}
-		cb := byName[by]
-		switch {
-		case cb == nil:
-			e.Outcome = ExplainForged
-			e.Lines = append(e.Lines, fmt.Sprintf("receipt names CacheBackend %s, which does not exist (deleted, or a receipt copied from elsewhere)", by))
-		case a[inject.AnnotationInjectedByUID] != string(cb.UID):
-			e.Outcome = ExplainForged
-			e.Lines = append(e.Lines, fmt.Sprintf("receipt uid %q is not the CacheBackend's %q: not written by the webhook for this backend", a[inject.AnnotationInjectedByUID], cb.UID))
-		case keys == nil:
-			e.Outcome = ExplainInjected
-			e.Lines = append(e.Lines, fmt.Sprintf("receipt names the live CacheBackend (generation %s); signature not checked: %v", a[inject.AnnotationInjectedGeneration], keysErr))
-		default:
-			if err := receipt.Verify(keys, pod, inject.ClaimOf(pod)); err != nil {
-				e.Outcome = ExplainForged
-				e.Lines = append(e.Lines, "receipt not trusted: "+err.Error())
-			} else {
-				e.Outcome = ExplainInjected
-				e.Lines = append(e.Lines, fmt.Sprintf("receipt verifies: wired by the webhook with generation %s of the CacheBackend (now %d)", a[inject.AnnotationInjectedGeneration], cb.Generation))
+	if c := receipt.ClaimOf(a); c.Backend != "" || c.UID != "" {
+		var cb *v1alpha1.CacheBackend
+		for i := range backends {
+			if backends[i].Namespace+"/"+backends[i].Name == c.Backend {
+				cb = &backends[i]
 			}
+		}
+		e := Explanation{Backend: c.Backend}
+		j := receipt.Judge(pod, cb, keys)
+		switch j.Verdict {
+		case receipt.Valid:
+			e.Outcome = ExplainInjected
+			e.Lines = append(e.Lines, fmt.Sprintf("receipt verifies: wired by the webhook with generation %s of the CacheBackend (now %d)", c.Generation, cb.Generation))
+		case receipt.Unverified:
+			e.Outcome = ExplainInjected
+			e.Lines = append(e.Lines, fmt.Sprintf("%s: %v", j.Message, keysErr))
+		default:
+			e.Outcome = ExplainForged
+			e.Lines = append(e.Lines, j.Message)
 		}
 		return e
 	}
@@ -106,11 +100,11 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 	if matched != nil {
 		name = matched.Namespace + "/" + matched.Name
 	}
-	if skipped := a[inject.AnnotationSkipped]; skipped != "" {
+	if skipped := a[v1alpha1.AnnotationInjectSkipped]; skipped != "" {
 		e := Explanation{Outcome: ExplainSkipped, Backend: name}
 		switch skipped {
 		case inject.SkippedByAnnotation:
-			e.Lines = append(e.Lines, fmt.Sprintf("the pod opts out with %s=%q", inject.AnnotationSkip, a[inject.AnnotationSkip]))
+			e.Lines = append(e.Lines, fmt.Sprintf("the pod opts out with %s=%q", v1alpha1.AnnotationSkipInject, a[v1alpha1.AnnotationSkipInject]))
 		case inject.SkippedUserConfig:
 			e.Lines = append(e.Lines, "the engine container sets its own LMCache/HiCache configuration, which the webhook never overwrites")
 		case inject.SkippedShellWrapper:
@@ -153,4 +147,15 @@ func labelString(m map[string]string) string {
 		parts[i] = k + "=" + m[k]
 	}
 	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// ReadKeys reads the receipt keys from the key Secret in the operator's
+// namespace ns, with the operator's own parser (receipt.KeysFromSecret).
+// Explain works without them: the caller passes the error on.
+func ReadKeys(ctx context.Context, c client.Reader, ns string) ([]receipt.Key, error) {
+	s := &corev1.Secret{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: receipt.DefaultSecretName}, s); err != nil {
+		return nil, fmt.Errorf("cannot read the receipt key Secret %s/%s: %w", ns, receipt.DefaultSecretName, err)
+	}
+	return receipt.KeysFromSecret(s)
 }

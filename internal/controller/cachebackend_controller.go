@@ -1,6 +1,8 @@
-// Package controller holds the reconcilers: they read CacheBackends, render
-// their children (internal/render), hand them to the applier
-// (internal/apply), and publish status.
+// Package controller holds the reconcilers. A CacheBackend reconcile is a
+// pipeline of values: gather (every read of the cluster, gather.go) → plan
+// (internal/plan, pure) → execute (internal/apply, the only writer) →
+// evaluate (internal/evaluate, pure policy chains) → status. The CLI's
+// render and diff build the same plan.
 package controller
 
 import (
@@ -32,14 +34,16 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
 )
 
 // StatusManager is the field manager of CacheBackend status. It is API:
 // renaming it strands the status fields it owns.
-const StatusManager = "inferencecache-operator-status"
+const StatusManager = v1alpha1.FieldManagerStatus
 
 // CacheBackendReconciler reconciles CacheBackends: render, apply, status.
 type CacheBackendReconciler struct {
@@ -122,311 +126,226 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 	return reqs
 }
 
-// Reconcile renders the CacheBackend's children, applies them and publishes
-// status. The status is written once, at the end, and only if it changed.
-func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, retErr error) {
-	logger := log.FromContext(ctx)
-	// Every path that does not reach the functional probe leaves the ready
-	// state: it clears the backend's probe slot, so a return to it probes
-	// afresh.
-	probed := false
-	defer func() {
-		if r.Prober != nil && !probed {
-			r.Prober.Forget(req.NamespacedName)
-		}
-	}()
+// Reconcile is the pipeline of one CacheBackend: gather, plan, execute,
+// observe what was applied, evaluate, publish. A reconcile that stops
+// before it evaluates says so (Reconciling=True with a reason) and leaves
+// observedGeneration alone.
+func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cb, err := r.backend(ctx, req.NamespacedName)
+	if cb == nil {
+		return ctrl.Result{}, err
+	}
+	s := &pass{cb: cb, st: cb.Status.DeepCopy()}
+	defer r.forgetProbeUnlessProbed(s)
+
+	obs, err := r.gather(ctx, cb)
+	r.recordEngineMatch(s, obs)
+	if err != nil {
+		return r.stop(ctx, s, v1alpha1.ReasonObservationFailed, err)
+	}
+	p, err := plan.Build(obs.plan)
+	if err != nil {
+		return r.stop(ctx, s, v1alpha1.ReasonPlanFailed, err)
+	}
+	res, applyErr := r.execute(ctx, s, p)
+	facts, srv, err := r.observe(ctx, s, p, applyErr)
+	if err != nil {
+		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
+	}
+	v := r.evaluate(s, obs, facts)
+	requeue, err := r.followServer(ctx, s, p, facts, v, srv)
+	if err != nil {
+		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
+	}
+	return r.finalize(ctx, s, p, facts, v, requeue, errors.Join(applyErr, res.MarkErr))
+}
+
+// pass is the state of one reconcile: the backend as read, and the status
+// being built for it.
+type pass struct {
+	cb     *v1alpha1.CacheBackend
+	st     *v1alpha1.CacheBackendStatus
+	probed bool
+}
+
+// backend reads the CacheBackend; nil when it is gone or being deleted
+// (children carry owner references: the garbage collector removes them).
+func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectKey) (*v1alpha1.CacheBackend, error) {
 	cb := &v1alpha1.CacheBackend{}
-	if err := r.Client.Get(ctx, req.NamespacedName, cb); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if err := r.Client.Get(ctx, key, cb); err != nil {
+		return nil, client.IgnoreNotFound(err)
 	}
 	if !cb.DeletionTimestamp.IsZero() {
-		// Children carry owner references; the garbage collector removes them.
-		return ctrl.Result{}, nil
+		return nil, nil
 	}
+	return cb, nil
+}
 
-	st := cb.Status.DeepCopy()
-	keepStatus := false
-	defer func() {
-		if ctx.Err() != nil || keepStatus {
-			return // shutting down, or nothing trustworthy to publish
-		}
-		st.ObservedGeneration = cb.Generation
-		if !probed {
-			// The probe's verdict holds only while the backend is probed.
-			meta.RemoveStatusCondition(&st.Conditions, ConditionFunctionalProbeOK)
-		}
-		if err := r.patchStatus(ctx, cb, st); err != nil {
-			retErr = errors.Join(retErr, err)
-		}
-	}()
-
-	if err := r.observeEngines(ctx, cb, st); err != nil {
-		return ctrl.Result{}, err
+// forgetProbeUnlessProbed clears the backend's probe slot on every path that
+// did not reach the functional probe, so that a return to the ready state
+// probes afresh.
+func (r *CacheBackendReconciler) forgetProbeUnlessProbed(s *pass) {
+	if r.Prober != nil && !s.probed {
+		r.Prober.Forget(client.ObjectKeyFromObject(s.cb))
 	}
+}
 
-	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
-		res, err := r.reconcileEngineLocal(ctx, cb, st)
-		// Without a pod list or keys there is no trustworthy verdict: the
-		// previous one stands.
-		keepStatus = err != nil
-		return res, err
+// recordEngineMatch publishes the number of engine pods the selector
+// matches and records EngineSelectorUnmatched when zero matches are first
+// observed or the count drops to zero. "Already reported" is read from the
+// published status (a non-empty engineSelectorMessage), which every
+// reconcile writes, also one that stops early: a failed reconcile never
+// makes the first observation repeat.
+func (r *CacheBackendReconciler) recordEngineMatch(s *pass, obs observation) {
+	if !obs.matchedKnown {
+		return
 	}
+	s.st.MatchedEnginePods = obs.matched
+	s.st.EngineSelectorMessage = ""
+	if obs.matched > 0 {
+		return
+	}
+	s.st.EngineSelectorMessage = selectorMessage(s.cb)
+	if s.cb.Status.EngineSelectorMessage == "" {
+		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventEngineSelectorUnmatched, "Observe", "%s", s.st.EngineSelectorMessage)
+	}
+}
 
-	children := render.Render(cb)
-
-	var opts apply.Options
-	live, err := r.liveWorkload(ctx, cb)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	// A StatefulSet's claim templates cannot change: when the spec's storage
-	// no longer matches them, the StatefulSet is left untouched (not applied,
-	// not pruned) and the backend reports it; the rest is still applied.
-	drift := ""
-	if sts, ok := live.(*appsv1.StatefulSet); ok && children.StatefulSet != nil {
-		if drift = claimTemplateDrift(children.StatefulSet.Spec.VolumeClaimTemplates, sts.Spec.VolumeClaimTemplates); drift != "" {
-			children.StatefulSet = nil
-			opts.Hold = append(opts.Hold, "StatefulSet/"+cb.Name)
-		}
-	}
-	storageNote, err := r.reconcileClaims(ctx, cb, &children, st)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-
-	res, err := r.Applier.Apply(ctx, cb, children, opts)
+// execute hands the plan to the applier and records what it did.
+func (r *CacheBackendReconciler) execute(ctx context.Context, s *pass, p plan.Plan) (apply.Result, error) {
+	res, err := r.Applier.Execute(ctx, p)
 	if res.Changed() {
-		logger.Info("applied children", "changes", res.String())
-		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventChildrenApplied, "Apply", "%s", res.String())
+		log.FromContext(ctx).Info("applied children", "changes", res.String())
+		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventChildrenApplied, "Apply", "%s", res.String())
+	}
+	for _, w := range res.Marked {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: w.Claim.Namespace, Name: w.Claim.Name, UID: w.UID}}
+		r.Recorder.Eventf(s.cb, pvc, corev1.EventTypeWarning, w.Reason, "Reconcile", "%s", w.Message)
 	}
 	if err != nil {
-		r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.EventApplyFailed, "Apply", "%s", err.Error())
-		st.Endpoint = ""
-		r.setHealth(cb, st, health{Reason: v1alpha1.ReasonApplyFailed, Message: err.Error(), Degraded: true, Stalled: true})
-		return ctrl.Result{}, err
+		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventApplyFailed, "Apply", "%s", err.Error())
 	}
-	// Health and the server observer read the workload of the kind the spec
-	// asks for, after the apply: a workload of the other kind (being pruned)
-	// is never advertised. A held StatefulSet still serves, so its server
-	// pods are still observed.
-	live, err = r.liveWorkload(ctx, cb)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	canRoll := drift == "" && workloadAvailable(live)
-	deferred, err := r.observeServer(ctx, cb, live, st, canRoll)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
-	var requeue ctrl.Result
-	if cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever {
-		// Container restarts are pod status, which no watch here sees.
-		requeue.RequeueAfter = serverPoll
-	}
-	if deferred {
-		requeue.RequeueAfter = 2 * time.Second
-	}
-	if drift != "" {
-		msg := fmt.Sprintf("storage of StatefulSet %s cannot change (%s); restore spec.storage, or delete the StatefulSet (its claims are kept) to recreate it", cb.Name, drift)
-		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != ReasonImmutableStatefulSetStorage {
-			r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, ReasonImmutableStatefulSetStorage, "Apply", "%s", msg)
-		}
-		st.Endpoint = ""
-		r.setHealth(cb, st, health{Reason: ReasonImmutableStatefulSetStorage, Message: msg, Degraded: true, Stalled: true})
-		return requeue, nil
-	}
-
-	var h health
-	if children.StatefulSet != nil {
-		sts, _ := live.(*appsv1.StatefulSet)
-		h = statefulSetHealth(sts)
-	} else {
-		dep, _ := live.(*appsv1.Deployment)
-		h = deploymentHealth(dep)
-	}
-	if h.Ready && r.Prober != nil {
-		probed = true
-		perr, _ := r.Prober.Check(ctx, cb)
-		if perr != nil {
-			h.Ready, h.Reason, h.Degraded = false, ReasonFunctionalProbeFailed, true
-			h.Message = perr.Error()
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionFunctionalProbeOK, Status: metav1.ConditionFalse,
-				Reason: ReasonProbeFailed, Message: perr.Error(), ObservedGeneration: cb.Generation})
-			requeue.RequeueAfter = r.Prober.Interval
-		} else {
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: ConditionFunctionalProbeOK, Status: metav1.ConditionTrue,
-				Reason: ReasonProbeSucceeded, Message: "the cache server accepts connections on its port", ObservedGeneration: cb.Generation})
-		}
-	}
-	if storageNote != "" {
-		h.Message += "; " + storageNote
-	}
-	st.Endpoint = ""
-	if h.Available {
-		st.Endpoint = render.Endpoint(cb)
-		if st.FirstAvailableAt == nil {
-			st.FirstAvailableAt = r.firstAvailable(ctx, cb)
-		}
-	}
-	wasReady := meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
-	r.setHealth(cb, st, h)
-	if h.Ready && !wasReady {
-		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "cache server serving at %s", st.Endpoint)
-	}
-	return requeue, nil
+	return res, err
 }
 
-// endpointSettled reports whether engines rolled now will be wired: the
-// live status (read from the API server, not the cache) publishes the
-// endpoint and has been Ready for a few seconds, so that the webhook's
-// cache, which lags the API server, holds the endpoint too.
-func (r *CacheBackendReconciler) endpointSettled(ctx context.Context, cb *v1alpha1.CacheBackend) bool {
-	live := &v1alpha1.CacheBackend{}
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err != nil {
-		return false
+// evaluate decides the conditions with the pure policy chains.
+func (r *CacheBackendReconciler) evaluate(s *pass, obs observation, f evaluate.Facts) evaluate.Verdict {
+	if s.cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+		return evaluate.EngineLocal(s.cb, obs.enginePods, obs.keys, r.Inject)
 	}
-	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
-	return live.Status.Endpoint == render.Endpoint(cb) && ready != nil && ready.Status == metav1.ConditionTrue &&
-		r.Now().Sub(ready.LastTransitionTime.Time) >= endpointSettleTime
-}
-
-// endpointSettleTime is how long a backend must have been Ready before its
-// engines are rolled.
-const endpointSettleTime = 3 * time.Second
-
-// firstAvailable returns the time to record as status.firstAvailableAt:
-// the live object's when it already has one (the cache may lag a write that
-// recorded it), now otherwise. It runs once per backend.
-func (r *CacheBackendReconciler) firstAvailable(ctx context.Context, cb *v1alpha1.CacheBackend) *metav1.Time {
-	live := &v1alpha1.CacheBackend{}
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil && live.Status.FirstAvailableAt != nil {
-		return live.Status.FirstAvailableAt
-	}
-	now := r.Now()
-	return &now
-}
-
-// workloadAvailable reports whether the workload serves (the endpoint's rule).
-func workloadAvailable(w client.Object) bool {
-	switch w := w.(type) {
-	case *appsv1.Deployment:
-		return deploymentHealth(w).Available
-	case *appsv1.StatefulSet:
-		return statefulSetHealth(w).Available
-	}
-	return false
+	return evaluate.Server(f, render.IsStatefulSet(s.cb))
 }
 
 // serverPoll is how often an LMCache backend's server pods are looked at
 // for container restarts, which change pod status only.
 const serverPoll = 30 * time.Second
 
-// observeServer records the identity of the serving cache-server pods and,
-// when a pod seen before was replaced or restarted, rolls the wired engines
-// (unless spec.engineRestartPolicy is Never). The first observation never
-// rolls anything; while no pod serves, the last identity is kept so that
-// the replacement is recognised when it serves. Engines are rolled only
-// while the endpoint is published (in the status the webhook reads), so
-// that their new pods are wired; until then the change is deferred and the
-// returned flag asks for an early re-check.
-func (r *CacheBackendReconciler) observeServer(ctx context.Context, cb *v1alpha1.CacheBackend, workload client.Object, st *v1alpha1.CacheBackendStatus, canRoll bool) (bool, error) {
-	inst, err := r.serverInstance(ctx, cb, workload)
-	if err != nil || inst == "" {
-		return false, err
-	}
-	if cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever && serverChanged(cb.Status.ObservedServerInstance, inst) {
-		if !canRoll || !r.endpointSettled(ctx, cb) {
-			return true, nil
-		}
-		if err := r.rollEngines(ctx, cb, inst); err != nil {
-			return false, err
-		}
-	}
-	st.ObservedServerInstance = inst
-	return false, nil
-}
-
-// liveWorkload returns the cache-server workload of the kind cb asks for,
-// if it exists and cb controls it; nil otherwise.
-func (r *CacheBackendReconciler) liveWorkload(ctx context.Context, cb *v1alpha1.CacheBackend) (client.Object, error) {
-	var obj client.Object = &appsv1.Deployment{}
-	if render.IsStatefulSet(cb) {
-		obj = &appsv1.StatefulSet{}
-	}
-	switch err := r.Client.Get(ctx, client.ObjectKeyFromObject(cb), obj); {
-	case apierrors.IsNotFound(err):
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("reading the cache-server %s: %w", render.WorkloadKind(cb), err)
-	case !metav1.IsControlledBy(obj, cb):
-		return nil, nil
-	}
-	return obj, nil
-}
-
 // engineLocalPoll is how often a non-ready engine-local backend is checked.
 // Pod readiness is not watched (no cache of full pod objects), so it is
 // polled until the backend converges; then pod events drive reconciles.
 const engineLocalPoll = 5 * time.Second
 
-// reconcileEngineLocal publishes an SGLangHiCache backend's readiness from
-// its engine pods. Such a backend runs no server: it has no children and no
-// endpoint. When the pods cannot be listed or receipts cannot be verified,
-// the previous verdict stands and the error is returned.
-func (r *CacheBackendReconciler) reconcileEngineLocal(ctx context.Context, cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus) (ctrl.Result, error) {
-	st.Endpoint = ""
-	var pods corev1.PodList
-	if sel := cb.Spec.EngineSelector.MatchLabels; len(sel) > 0 {
-		if err := r.APIReader.List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
-			return ctrl.Result{}, fmt.Errorf("listing engine pods (previous verdict kept): %w", err)
+// endpointSettleTime is how long a backend must have been Ready before its
+// engines are rolled.
+const endpointSettleTime = 3 * time.Second
+
+// followServer records the identity of the serving cache-server pods and,
+// when a serving pod was replaced or restarted, rolls the wired engines
+// (unless spec.engineRestartPolicy is Never). Engines are rolled only while
+// the endpoint is published and settled (in the status the webhook reads),
+// so that their new pods are wired; until then the change is deferred and
+// an early re-check requested. It returns when to reconcile again.
+func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p plan.Plan, f evaluate.Facts, v evaluate.Verdict, srv serverObservation) (time.Duration, error) {
+	if p.EngineLocal {
+		if !v.Ready {
+			return engineLocalPoll, nil
+		}
+		return 0, nil
+	}
+	var requeue time.Duration
+	if s.cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever {
+		// Container restarts are pod status, which no watch here sees.
+		requeue = serverPoll
+	}
+	if f.ApplyErr != nil || srv.change.Instance == "" {
+		return requeue, nil
+	}
+	if s.cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever && srv.change.Changed {
+		canRoll := f.StorageHold == "" && evaluate.WorkloadVerdict(f.Workload).Available
+		if !canRoll || !srv.settled {
+			return 2 * time.Second, nil
+		}
+		rolled, err := r.Applier.RollEngines(ctx, r.APIReader, s.cb, srv.change.Instance)
+		if len(rolled) > 0 {
+			Cascades.WithLabelValues(s.cb.Namespace, s.cb.Name).Add(float64(len(rolled)))
+			log.FromContext(ctx).Info("rolled engines after a cache-server change", "deployments", rolled)
+			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Rollout",
+				"cache server replaced or restarted: rolled engine Deployment(s) %s so they reconnect", strings.Join(rolled, ", "))
+		}
+		if err != nil {
+			return 0, err
 		}
 	}
-	keys, err := r.Keys.Keys(ctx)
-	if err != nil {
-		return ctrl.Result{}, fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
-	}
-	h := engineLocalHealth(cb, pods.Items, keys, r.Inject)
-	wasReady := meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
-	r.setHealth(cb, st, h)
-	if h.Ready && !wasReady {
-		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "%s", h.Message)
-	}
-	if !h.Ready {
-		return ctrl.Result{RequeueAfter: engineLocalPoll}, nil
-	}
-	return ctrl.Result{}, nil
+	s.st.ObservedServerInstance = srv.change.Instance
+	return requeue, nil
 }
 
-// observeEngines counts the engine pods the selector matches, from the
-// metadata-only pod cache, and records EngineSelectorUnmatched when zero
-// matches are first observed or the count drops to zero.
-func (r *CacheBackendReconciler) observeEngines(ctx context.Context, cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus) error {
-	sel := cb.Spec.EngineSelector.MatchLabels
-	var n int32
-	if len(sel) > 0 {
-		pods := &metav1.PartialObjectMetadataList{}
-		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-		if err := r.Client.List(ctx, pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
-			return fmt.Errorf("listing engine pods: %w", err)
-		}
-		for i := range pods.Items {
-			if pods.Items[i].DeletionTimestamp.IsZero() {
-				n++
-			}
+// finalize publishes the verdict computed for the current generation:
+// observedGeneration, conditions, endpoint; and the events of a transition.
+func (r *CacheBackendReconciler) finalize(ctx context.Context, s *pass, p plan.Plan, f evaluate.Facts, v evaluate.Verdict, requeue time.Duration, stepErr error) (ctrl.Result, error) {
+	cb, st := s.cb, s.st
+	st.ObservedGeneration = cb.Generation
+	st.Capacity = p.Capacity
+	st.Endpoint = ""
+	if v.Available && !p.EngineLocal {
+		st.Endpoint = render.Endpoint(cb)
+		if st.FirstAvailableAt == nil {
+			st.FirstAvailableAt = f.FirstAvailableAt
 		}
 	}
-	firstObservation := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady) == nil
-	dropped := cb.Status.MatchedEnginePods > 0
-	st.MatchedEnginePods = n
-	st.EngineSelectorMessage = ""
-	if n > 0 {
-		return nil
+	switch {
+	case !s.probed:
+		// The probe's verdict holds only while the backend is probed.
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionFunctionalProbeOK)
+	case f.ProbeErr != nil:
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionFunctionalProbeOK, Status: metav1.ConditionFalse,
+			Reason: v1alpha1.ReasonProbeFailed, Message: f.ProbeErr.Error(), ObservedGeneration: cb.Generation})
+		requeue = r.Prober.Interval
+	default:
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionFunctionalProbeOK, Status: metav1.ConditionTrue,
+			Reason: v1alpha1.ReasonProbeSucceeded, Message: "the cache server accepts connections on its port", ObservedGeneration: cb.Generation})
 	}
-	st.EngineSelectorMessage = selectorMessage(cb)
-	if firstObservation || dropped {
-		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEngineSelectorUnmatched, "Observe", "%s", st.EngineSelectorMessage)
+	previous := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+	evaluate.SetConditions(st, cb.Generation, v)
+	if ctx.Err() != nil {
+		return ctrl.Result{}, ctx.Err() // shutting down: nothing trustworthy to publish
 	}
-	return nil
+	if err := r.patchStatus(ctx, cb, st); err != nil {
+		return ctrl.Result{}, errors.Join(stepErr, err)
+	}
+	if v.Reason == v1alpha1.ReasonImmutableStatefulSetStorage && (previous == nil || previous.Reason != v.Reason) {
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonImmutableStatefulSetStorage, "Apply", "%s", v.Message)
+	}
+	if v.Ready && (previous == nil || previous.Status != metav1.ConditionTrue) {
+		msg := v.Message
+		if !p.EngineLocal {
+			msg = "cache server serving at " + st.Endpoint
+		}
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "%s", msg)
+	}
+	return ctrl.Result{RequeueAfter: requeue}, stepErr
+}
+
+// stop publishes a reconcile that ended before it evaluated the backend:
+// Reconciling=True with reason, Ready kept only when it was computed for
+// this generation (Unknown otherwise), observedGeneration unchanged. What
+// was observed before the failure (the engine match) is published too.
+func (r *CacheBackendReconciler) stop(ctx context.Context, s *pass, reason string, err error) (ctrl.Result, error) {
+	if ctx.Err() != nil {
+		return ctrl.Result{}, err
+	}
+	evaluate.SetNotEvaluated(s.st, s.cb.Generation, reason, err.Error())
+	return ctrl.Result{}, errors.Join(err, r.patchStatus(ctx, s.cb, s.st))
 }
 
 func selectorMessage(cb *v1alpha1.CacheBackend) string {
@@ -444,44 +363,6 @@ func selectorMessage(cb *v1alpha1.CacheBackend) string {
 		parts[i] = k + "=" + sel[k]
 	}
 	return fmt.Sprintf("engineSelector %s matches no pod in namespace %s", strings.Join(parts, ","), cb.Namespace)
-}
-
-// setHealth writes the conditions that follow from h. Conditions keep their
-// lastTransitionTime while their status does not change.
-func (r *CacheBackendReconciler) setHealth(cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus, h health) {
-	st.Replicas, st.ReadyReplicas = h.Replicas, h.ReadyReplicas
-	set := func(t string, ok bool, reason, msg string) {
-		s := metav1.ConditionFalse
-		if ok {
-			s = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: cb.Generation,
-		})
-	}
-	set(v1alpha1.ConditionReady, h.Ready, h.Reason, h.Message)
-	if h.Progressing {
-		set(v1alpha1.ConditionProgressing, true, h.Reason, h.Message)
-		set(v1alpha1.ConditionReconciling, true, h.Reason, h.Message)
-	} else {
-		set(v1alpha1.ConditionProgressing, false, v1alpha1.ReasonStable, "no rollout in progress")
-		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionReconciling)
-	}
-	if h.Degraded {
-		set(v1alpha1.ConditionDegraded, true, h.Reason, h.Message)
-	} else {
-		set(v1alpha1.ConditionDegraded, false, v1alpha1.ReasonStable, "not degraded")
-	}
-	if h.Stalled {
-		set(v1alpha1.ConditionStalled, true, h.Reason, h.Message)
-	} else {
-		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionStalled)
-	}
-	if h.Degraded && !h.Stalled && !h.Progressing {
-		// Replicas are being replaced by the workload's controller: kstatus
-		// should read the backend as in progress, not current.
-		set(v1alpha1.ConditionReconciling, true, h.Reason, h.Message)
-	}
 }
 
 // patchStatus server-side applies the whole status with the status field

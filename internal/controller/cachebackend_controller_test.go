@@ -207,7 +207,7 @@ func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 	c, err := client.New(counter.wrap(cfg), client.Options{Scheme: scheme})
 	require.NoError(t, err)
 	r := &controller.CacheBackendReconciler{
-		Client: c, Applier: apply.New(c, c), APIReader: c, Prober: prober,
+		Client: c, Applier: apply.New(c), APIReader: c, Prober: prober,
 		Recorder: events.NewFakeRecorder(100), Now: metav1.Now,
 	}
 	for range 3 {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -157,8 +158,8 @@ func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
 }
 
 // TestDiffShowsWhatAReconcileWouldChange: diff against the live API server
-// reports no change for the applied spec, and the exact lines for a changed
-// one, without writing anything.
+// reports no change for the applied spec, and the exact fields for a
+// changed one, without writing anything.
 func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -168,12 +169,12 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 	eventually(t, 10*time.Second, func() error {
-		_, changed, err := cli.Diff(ctx, k8s, getBackend(t, key))
+		d, err := cli.Diff(ctx, k8s, getBackend(t, key))
 		if err != nil {
 			return err
 		}
-		if changed {
-			return fmt.Errorf("the applied spec still shows changes")
+		if d.HasChanges() {
+			return fmt.Errorf("the applied spec still shows changes:\n%s", d)
 		}
 		return nil
 	})
@@ -182,10 +183,103 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	edited.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v9"}}
 	edited.Spec.Autoscaling = nil
 	before := waitDeployment(t, key, nil).ResourceVersion
-	out, changed, err := cli.Diff(ctx, k8s, edited)
+	d, err := cli.Diff(ctx, k8s, edited)
 	require.NoError(t, err)
-	assert.True(t, changed)
-	assert.Contains(t, out, "+        image: example.com/lmcache:v9")
-	assert.Contains(t, out, fmt.Sprintf("HorizontalPodAutoscaler %s/cache would be deleted", ns))
+	assert.True(t, d.HasChanges())
+	out := d.String()
+	assert.Contains(t, out, fmt.Sprintf("Deployment/%s/cache would be changed", ns))
+	assert.Contains(t, out, `/spec/template/spec/containers/0/image: "example.com/lmcache:v9"`)
+	assert.Contains(t, out, fmt.Sprintf("HorizontalPodAutoscaler/%s/cache would be deleted", ns))
 	assert.Equal(t, before, waitDeployment(t, key, nil).ResourceVersion, "diff writes nothing")
+}
+
+// TestDiffReportsAHeldStatefulSet: when the spec's storage no longer
+// matches a StatefulSet's claim templates, the controller's plan holds the
+// StatefulSet, and diff, built on the same plan, reports the hold (not an
+// error from the API server's immutable-field rule) and no change for it.
+func TestDiffReportsAHeldStatefulSet(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := stsBackend(ns, "held", 1, true)
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	waitStatefulSet(t, key, nil)
+	eventually(t, 10*time.Second, func() error {
+		d, err := cli.Diff(ctx, k8s, getBackend(t, key))
+		if err != nil {
+			return err
+		}
+		if d.HasChanges() {
+			return fmt.Errorf("the applied spec still shows changes:\n%s", d)
+		}
+		return nil
+	})
+
+	edited := getBackend(t, key)
+	edited.Spec.Storage.PVC.Size = resource.MustParse("9Gi")
+	d, err := cli.Diff(ctx, k8s, edited)
+	require.NoError(t, err, "a storage change the controller holds is not an error")
+	holds := d.Preview.Holds()
+	require.Len(t, holds, 1, d.String())
+	assert.Equal(t, fmt.Sprintf("StatefulSet/%s/held", ns), holds[0].Subject)
+	assert.Contains(t, holds[0].Reason, v1alpha1.ReasonImmutableStatefulSetStorage)
+	assert.Contains(t, d.String(), "is held")
+	assert.False(t, d.HasChanges(), "a held StatefulSet is left alone: nothing else changes\n%s", d)
+
+	// The controller, given the same spec, holds the StatefulSet too.
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("9Gi") })
+	waitBackend(t, key, readyReason(v1alpha1.ReasonImmutableStatefulSetStorage, metav1.ConditionFalse))
+	d, err = cli.Diff(ctx, k8s, getBackend(t, key))
+	require.NoError(t, err)
+	assert.False(t, d.HasChanges(), "after the reconcile the plan and the cluster agree\n%s", d)
+	assert.Len(t, d.Preview.Holds(), 1)
+}
+
+// TestDiffIsEmptyAfterAReconcileOfEveryExample: for every CacheBackend of
+// every example, once the controller has reconciled it, diff shows no
+// change: the preview and the controller share one plan and one drift rule.
+func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
+	ctx := context.Background()
+	dirs, err := filepath.Glob("../../examples/*/kustomization.yaml")
+	require.NoError(t, err)
+	overlays, err := filepath.Glob("../../examples/*/overlays/*/kustomization.yaml")
+	require.NoError(t, err)
+	dirs = append(dirs, overlays...)
+	require.GreaterOrEqual(t, len(dirs), 5)
+	for _, k := range dirs {
+		dir := filepath.Dir(k)
+		t.Run(strings.TrimPrefix(dir, "../../examples/"), func(t *testing.T) {
+			ns := newNamespace(t)
+			objs, err := cli.ReadFile(dir, true)
+			require.NoError(t, err)
+			var backends []client.ObjectKey
+			for _, o := range objs {
+				if o.GetKind() != "CacheBackend" {
+					continue
+				}
+				o.SetNamespace(ns)
+				require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("examples")))
+				backends = append(backends, client.ObjectKey{Namespace: ns, Name: o.GetName()})
+			}
+			require.NotEmpty(t, backends)
+			for _, key := range backends {
+				waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+					if cb.Status.ObservedGeneration != cb.Generation {
+						return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
+					}
+					return nil
+				})
+				eventually(t, 10*time.Second, func() error {
+					d, err := cli.Diff(ctx, k8s, getBackend(t, key))
+					if err != nil {
+						return err
+					}
+					if d.HasChanges() {
+						return fmt.Errorf("%s shows changes after its reconcile:\n%s", key, d)
+					}
+					return nil
+				})
+			}
+		})
+	}
 }

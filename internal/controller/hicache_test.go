@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 )
@@ -78,7 +77,7 @@ func TestHiCacheReadiness(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, cb))
 	key := client.ObjectKeyFromObject(cb)
 
-	got := waitBackend(t, key, reasonIs(controller.ReasonAwaitingEnginePods))
+	got := waitBackend(t, key, reasonIs(v1alpha1.ReasonAwaitingEnginePods))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 	assert.Empty(t, got.Status.Endpoint)
 	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no workload")
@@ -89,15 +88,15 @@ func TestHiCacheReadiness(t *testing.T) {
 	assert.Equal(t, []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--enable-hierarchical-cache",
 		"--hicache-ratio", "2", "--hicache-write-policy", "write_through", "--page-size", "64"}, pod.Spec.Containers[0].Args)
 	assert.NotEmpty(t, pod.Annotations[receipt.AnnotationSignature], "the receipt is signed")
-	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsUnavailable))
+	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsUnavailable))
 
 	markPodReady(t, pod)
-	got = waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+	got = waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady))
 	assert.Equal(t, int32(1), got.Status.MatchedEnginePods)
 
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.HiCache.Ratio = ptr.To("3") })
-	got = waitBackend(t, key, reasonIs(controller.ReasonEnginePodsRolloutInProgress))
+	got = waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsRolloutInProgress))
 	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionDegraded), "a rollout never pages as Degraded")
 
 	require.NoError(t, k8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))
@@ -105,7 +104,7 @@ func TestHiCacheReadiness(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, replacement))
 	assert.Contains(t, replacement.Spec.Containers[0].Args, "3")
 	markPodReady(t, replacement)
-	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
 }
 
 // TestCopiedReceiptNeverCountsAsInjected: a pod created while the webhook is
@@ -121,7 +120,7 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 	genuine := sglangPod(ns, "genuine", nil)
 	require.NoError(t, k8s.Create(ctx, genuine))
 	markPodReady(t, genuine)
-	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
 
 	withWebhookUnreachable(t, func() {
 		copied := map[string]string{}
@@ -142,10 +141,10 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 			return nil
 		})
 		markPodReady(t, forged)
-		got := waitBackend(t, key, reasonIs(controller.ReasonEnginePodsNotInjected))
+		got := waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsNotInjected))
 		assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, forged.Name)
-		waitPodEvent(t, ns, forged.Name, "Warning/"+controller.EventReceiptMismatch)
-		assert.Zero(t, podEvents(t, ns, forged.Name)["Normal/"+controller.EventInjected])
+		waitPodEvent(t, ns, forged.Name, "Warning/"+v1alpha1.EventReceiptMismatch)
+		assert.Zero(t, podEvents(t, ns, forged.Name)["Normal/"+v1alpha1.EventInjected])
 	})
 }
 
@@ -162,7 +161,7 @@ func TestReceiptKeyRotation(t *testing.T) {
 	old := sglangPod(ns, "old", nil)
 	require.NoError(t, k8s.Create(ctx, old))
 	markPodReady(t, old)
-	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
 
 	secretKey := client.ObjectKey{Namespace: operatorNamespace, Name: receipt.DefaultSecretName}
 	secret := &corev1.Secret{}
@@ -194,7 +193,7 @@ func TestReceiptKeyRotation(t *testing.T) {
 	markPodReady(t, young)
 	// Both receipts verify during the grace period.
 	time.Sleep(2 * time.Second)
-	waitBackend(t, key, reasonIs(controller.ReasonEnginePodsReady))
+	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
 
 	require.NoError(t, k8s.Get(ctx, secretKey, secret))
 	delete(secret.Data, receipt.SecretKeyPrevious)
@@ -204,7 +203,7 @@ func TestReceiptKeyRotation(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, sglangPod(ns, "trigger", nil)))
 	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-		if c == nil || c.Reason != controller.ReasonEnginePodsNotInjected {
+		if c == nil || c.Reason != v1alpha1.ReasonEnginePodsNotInjected {
 			return fmt.Errorf("Ready is %+v", c)
 		}
 		return nil

@@ -15,16 +15,6 @@ import (
 	"github.com/inferencecache/operator/internal/render"
 )
 
-// The functional probe's condition.
-const (
-	ConditionFunctionalProbeOK = "FunctionalProbeOK"
-	ReasonProbeSucceeded       = "ProbeSucceeded"
-	ReasonProbeFailed          = "ProbeFailed"
-	// ReasonFunctionalProbeFailed is Ready's reason while the workload is
-	// ready but the server does not answer.
-	ReasonFunctionalProbeFailed = "FunctionalProbeFailed"
-)
-
 // ProbeResults counts functional probes by result.
 var ProbeResults = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "inferencecache_functional_probes_total",

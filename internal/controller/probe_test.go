@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/controller"
 )
 
 // TestFunctionalProbe: a closed port keeps Ready=False with a reason and
@@ -31,15 +30,15 @@ func TestFunctionalProbe(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
-	got := waitBackend(t, key, readyIs(metav1.ConditionFalse, controller.ReasonFunctionalProbeFailed))
-	probe := meta.FindStatusCondition(got.Status.Conditions, controller.ConditionFunctionalProbeOK)
+	got := waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonFunctionalProbeFailed))
+	probe := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK)
 	require.NotNil(t, probe)
 	assert.Equal(t, metav1.ConditionFalse, probe.Status)
 	assert.Contains(t, probe.Message, "connection refused")
 
 	closedTargets.Delete(addr)
 	got = waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
-	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, controller.ConditionFunctionalProbeOK))
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK))
 }
 
 // TestProbeSlotClearedOnEveryExit: each way out of the ready state clears
@@ -69,7 +68,7 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 				return fmt.Errorf("probe slot of %s still held", key)
 			}
 			cb := &v1alpha1.CacheBackend{}
-			if err := k8s.Get(ctx, key, cb); err == nil && meta.FindStatusCondition(cb.Status.Conditions, controller.ConditionFunctionalProbeOK) != nil {
+			if err := k8s.Get(ctx, key, cb); err == nil && meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK) != nil {
 				return fmt.Errorf("FunctionalProbeOK still published")
 			}
 			return nil
@@ -98,7 +97,7 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 		require.NoError(t, k8s.Create(ctx, cb))
 		key := ready(cb, true)
 		updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("30Gi") })
-		waitBackend(t, key, readyIs(metav1.ConditionFalse, controller.ReasonImmutableStatefulSetStorage))
+		waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
 		cleared(key)
 	})
 	t.Run("deleted", func(t *testing.T) {

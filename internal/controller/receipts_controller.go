@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -17,25 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/receipt"
-)
-
-// Receipt events are recorded on pods, once per pod.
-const (
-	// EventInjected: the pod's receipt matches the live CacheBackend.
-	EventInjected = "InjectedByCacheBackend"
-	// EventSkipped: the webhook left the matched pod unwired on purpose.
-	EventSkipped = "SkippedByOperator"
-	// EventReceiptMismatch: the pod carries a receipt that does not match a
-	// live CacheBackend (hand-written, copied, or of a deleted backend).
-	EventReceiptMismatch = "ReceiptMismatch"
-
-	// AnnotationReceiptObserved records on a pod which receipt event was
-	// recorded, so that it is recorded once, also across manager restarts.
-	AnnotationReceiptObserved = "inferencecache.io/receipt-observed"
-	// ReceiptsManager is the field manager of AnnotationReceiptObserved.
-	ReceiptsManager = "inferencecache-operator-receipts"
 )
 
 // ReceiptReconciler turns the webhook's receipts into events on the pods.
@@ -64,10 +46,10 @@ func (r *ReceiptReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 func needsReport(o client.Object) bool {
 	a := o.GetAnnotations()
-	if a[AnnotationReceiptObserved] != "" {
+	if a[v1alpha1.AnnotationReceiptObserved] != "" {
 		return false
 	}
-	return a[inject.AnnotationInjectedBy] != "" || a[inject.AnnotationSkipped] != ""
+	return a[v1alpha1.AnnotationInjectedBy] != "" || a[v1alpha1.AnnotationInjectSkipped] != ""
 }
 
 // Reconcile records one event for the pod and marks it reported.
@@ -102,61 +84,42 @@ func (r *ReceiptReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	return ctrl.Result{}, nil
 }
 
-// verdict checks the pod's receipt against the live CacheBackend it names.
+// verdict judges the pod's receipt against the live CacheBackend it names,
+// with receipt.Judge (the verdict engine-local readiness and the CLI share).
 func (r *ReceiptReconciler) verdict(ctx context.Context, pod *metav1.PartialObjectMetadata) (string, string, *v1alpha1.CacheBackend, string, error) {
 	a := pod.Annotations
-	if skipped := a[inject.AnnotationSkipped]; skipped != "" && a[inject.AnnotationInjectedBy] == "" {
-		return corev1.EventTypeNormal, EventSkipped, nil,
+	if skipped := a[v1alpha1.AnnotationInjectSkipped]; skipped != "" && a[v1alpha1.AnnotationInjectedBy] == "" {
+		return corev1.EventTypeNormal, v1alpha1.EventSkipped, nil,
 			fmt.Sprintf("pod left unwired by the inferencecache webhook: %s", skipped), nil
-	}
-	by := a[inject.AnnotationInjectedBy]
-	ns, name, ok := strings.Cut(by, "/")
-	if !ok || ns != pod.Namespace || name == "" {
-		return corev1.EventTypeWarning, EventReceiptMismatch, nil,
-			fmt.Sprintf("receipt %s=%q does not name a CacheBackend of this namespace", inject.AnnotationInjectedBy, by), nil
-	}
-	cb := &v1alpha1.CacheBackend{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cb); err != nil {
-		if apierrors.IsNotFound(err) {
-			return corev1.EventTypeWarning, EventReceiptMismatch, nil,
-				fmt.Sprintf("receipt names CacheBackend %s, which does not exist", by), nil
-		}
-		return "", "", nil, "", fmt.Errorf("reading CacheBackend %s: %w", by, err)
-	}
-	if uid := a[inject.AnnotationInjectedByUID]; uid != string(cb.UID) {
-		return corev1.EventTypeWarning, EventReceiptMismatch, cb,
-			fmt.Sprintf("receipt names CacheBackend %s with uid %q, but its uid is %q: the receipt was not written by the webhook for this backend", by, uid, cb.UID), nil
 	}
 	full := &corev1.Pod{}
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pod), full); err != nil {
 		return "", "", nil, "", fmt.Errorf("reading pod: %w", err)
 	}
+	var cb *v1alpha1.CacheBackend
+	if ns, name, ok := strings.Cut(a[v1alpha1.AnnotationInjectedBy], "/"); ok && ns == pod.Namespace && name != "" {
+		cb = &v1alpha1.CacheBackend{}
+		if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, cb); err != nil {
+			if !apierrors.IsNotFound(err) {
+				return "", "", nil, "", fmt.Errorf("reading CacheBackend %s/%s: %w", ns, name, err)
+			}
+			cb = nil
+		}
+	}
 	keys, err := r.Keys.Keys(ctx)
 	if err != nil {
 		return "", "", nil, "", err
 	}
-	if err := receipt.Verify(keys, full, inject.ClaimOf(full)); err != nil {
-		return corev1.EventTypeWarning, EventReceiptMismatch, cb,
-			fmt.Sprintf("receipt for CacheBackend %s not trusted: %v", by, err), nil
+	j := receipt.Judge(full, cb, keys)
+	if j.Verdict != receipt.Valid {
+		if j.Verdict == receipt.NoBackend || j.Verdict == receipt.Foreign || j.Verdict == receipt.Incomplete {
+			cb = nil
+		}
+		return corev1.EventTypeWarning, v1alpha1.EventReceiptMismatch, cb, j.Message, nil
 	}
-	return corev1.EventTypeNormal, EventInjected, cb,
-		fmt.Sprintf("wired to CacheBackend %s (generation %s)", by, a[inject.AnnotationInjectedGeneration]), nil
+	return corev1.EventTypeNormal, v1alpha1.EventInjected, cb, j.Message, nil
 }
 
 func (r *ReceiptReconciler) markReported(ctx context.Context, pod *metav1.PartialObjectMetadata, reason string) error {
-	return applyAnnotation(ctx, r.Client, "Pod", pod, AnnotationReceiptObserved, reason, ReceiptsManager)
-}
-
-// applyAnnotation server-side applies one annotation on a core/v1 object
-// with its own field manager, guarded by the object's UID so that a
-// recreated object of the same name is never marked.
-func applyAnnotation(ctx context.Context, c client.Client, kind string, obj metav1.Object, key, value, manager string) error {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("v1")
-	u.SetKind(kind)
-	u.SetNamespace(obj.GetNamespace())
-	u.SetName(obj.GetName())
-	u.SetUID(obj.GetUID())
-	u.SetAnnotations(map[string]string{key: value})
-	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership)
+	return apply.Annotate(ctx, r.Client, "Pod", pod.Namespace, pod.Name, pod.UID, v1alpha1.AnnotationReceiptObserved, reason, v1alpha1.FieldManagerReceipts)
 }

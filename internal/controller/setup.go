@@ -8,6 +8,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
@@ -37,7 +38,7 @@ type Options struct {
 // of the operator with mgr. The manager binary and the tests call it alike,
 // so tests run the operator exactly as shipped.
 func Setup(mgr ctrl.Manager, opts Options) error {
-	rec := mgr.GetEventRecorder("inferencecache-operator")
+	rec := mgr.GetEventRecorder(v1alpha1.ReportingController)
 	if opts.Namespace == "" {
 		opts.Namespace = "inferencecache-system"
 	}
@@ -47,7 +48,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	r := &CacheBackendReconciler{
 		Client:    mgr.GetClient(),
-		Applier:   apply.New(mgr.GetClient(), mgr.GetClient()),
+		Applier:   apply.New(mgr.GetClient()),
 		Recorder:  rec,
 		APIReader: mgr.GetAPIReader(),
 		Keys:      keys,

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/controller"
 )
 
 func stsBackend(ns, name string, replicas int32, storage bool) *v1alpha1.CacheBackend {
@@ -111,7 +110,7 @@ func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
 		// Touch the StatefulSet's status again to force another reconcile.
 		setStatefulSetStatus(t, key, 0, 1)
 		waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
-			if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c.Reason == controller.ReasonImmutableStatefulSetStorage {
+			if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c.Reason == v1alpha1.ReasonImmutableStatefulSetStorage {
 				return nil // fails below
 			} else if c.Status == metav1.ConditionTrue {
 				return fmt.Errorf("not reconciled yet")
@@ -119,7 +118,7 @@ func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
 			return nil
 		})
 		got = getBackend(t, key)
-		assert.NotEqual(t, controller.ReasonImmutableStatefulSetStorage, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Reason)
+		assert.NotEqual(t, v1alpha1.ReasonImmutableStatefulSetStorage, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Reason)
 	}
 }
 
@@ -142,7 +141,7 @@ func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
 		cb.Spec.Storage.PVC.Size = resource.MustParse("20Gi")
 		cb.Spec.Autoscaling.MaxReplicas = 5
 	})
-	got := waitBackend(t, key, readyReason(controller.ReasonImmutableStatefulSetStorage, metav1.ConditionFalse))
+	got := waitBackend(t, key, readyReason(v1alpha1.ReasonImmutableStatefulSetStorage, metav1.ConditionFalse))
 	assert.Empty(t, got.Status.Endpoint)
 	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "size 20Gi")
@@ -209,7 +208,7 @@ func TestKindSwitches(t *testing.T) {
 	assert.Empty(t, got.Status.Endpoint, "the available Deployment being replaced is not advertised")
 	waitStatefulSet(t, key, nil)
 	eventually(t, 15*time.Second, func() error { return gone(ctx, key, &appsv1.Deployment{}) })
-	waitEvent(t, ns, "cache", controller.EventSharedPVCRetained, 1)
+	waitEvent(t, ns, "cache", v1alpha1.EventSharedPVCRetained, 1)
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, &corev1.PersistentVolumeClaim{}), "the shared claim is kept")
 
 	// Per-replica claims as the StatefulSet controller would create them.
@@ -228,7 +227,7 @@ func TestKindSwitches(t *testing.T) {
 	})
 	waitDeployment(t, key, nil)
 	eventually(t, 15*time.Second, func() error { return gone(ctx, key, &appsv1.StatefulSet{}) })
-	waitEvent(t, ns, "cache", controller.EventOrphanedPVCRetained, 3)
+	waitEvent(t, ns, "cache", v1alpha1.EventOrphanedPVCRetained, 3)
 
 	// More reconciles record no further warnings.
 	markDeploymentAvailable(t, key)
@@ -236,8 +235,8 @@ func TestKindSwitches(t *testing.T) {
 	markDeploymentRolling(t, key)
 	waitBackend(t, key, readyReason(v1alpha1.ReasonRolloutInProgress, metav1.ConditionFalse))
 	time.Sleep(time.Second)
-	assert.Equal(t, 1, countEvents(t, ns, "cache", controller.EventSharedPVCRetained))
-	assert.Equal(t, 3, countEvents(t, ns, "cache", controller.EventOrphanedPVCRetained))
+	assert.Equal(t, 1, countEvents(t, ns, "cache", v1alpha1.EventSharedPVCRetained))
+	assert.Equal(t, 3, countEvents(t, ns, "cache", v1alpha1.EventOrphanedPVCRetained))
 	var claims corev1.PersistentVolumeClaimList
 	require.NoError(t, k8s.List(ctx, &claims, client.InNamespace(ns)))
 	assert.Len(t, claims.Items, 3, "no claim deleted")
@@ -289,7 +288,7 @@ func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 		return nil
 	})
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, `"fast" cannot be applied`)
-	waitEvent(t, ns, "cache", controller.EventStorageChangeRejected, 1)
+	waitEvent(t, ns, "cache", v1alpha1.EventStorageChangeRejected, 1)
 	pvc := &corev1.PersistentVolumeClaim{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, pvc))
 	assert.Equal(t, "standard", *pvc.Spec.StorageClassName)

@@ -103,13 +103,13 @@ func TestPodCreateIsWired(t *testing.T) {
 		}
 	}
 
-	waitPodEvent(t, ns, "engine", "Normal/"+controller.EventInjected)
+	waitPodEvent(t, ns, "engine", "Normal/"+v1alpha1.EventInjected)
 	eventually(t, 10*time.Second, func() error {
 		p := &corev1.Pod{}
 		if err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil {
 			return err
 		}
-		if p.Annotations[controller.AnnotationReceiptObserved] != controller.EventInjected {
+		if p.Annotations[v1alpha1.AnnotationReceiptObserved] != v1alpha1.EventInjected {
 			return fmt.Errorf("receipt not marked observed: %v", p.Annotations)
 		}
 		return nil
@@ -121,7 +121,7 @@ func TestPodCreateIsWired(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, fresh.Recorder.(*events.FakeRecorder).Events, "no second event after a restart")
 	time.Sleep(500 * time.Millisecond)
-	assert.Equal(t, 1, podEvents(t, ns, "engine")["Normal/"+controller.EventInjected], "one event per pod")
+	assert.Equal(t, 1, podEvents(t, ns, "engine")["Normal/"+v1alpha1.EventInjected], "one event per pod")
 }
 
 // TestRelabelledPodIsNotWired: the failure-modes row "labelled after
@@ -179,7 +179,7 @@ func TestSkippedPodGetsEvent(t *testing.T) {
 	assert.Equal(t, inject.SkippedByAnnotation, pod.Annotations[inject.AnnotationSkipped])
 	assert.Equal(t, "true", pod.Annotations[inject.AnnotationSkip])
 	assert.Empty(t, pod.Annotations[inject.AnnotationInjectedBy])
-	waitPodEvent(t, ns, "vanilla", "Normal/"+controller.EventSkipped)
+	waitPodEvent(t, ns, "vanilla", "Normal/"+v1alpha1.EventSkipped)
 }
 
 // TestWebhookUnreachable: with failurePolicy Ignore, pods are admitted while
@@ -212,8 +212,8 @@ func TestWebhookUnreachable(t *testing.T) {
 		})
 		require.NoError(t, k8s.Create(ctx, forged))
 		assert.False(t, isWired(forged))
-		waitPodEvent(t, ns, "forged", "Warning/"+controller.EventReceiptMismatch)
-		assert.Zero(t, podEvents(t, ns, "forged")["Normal/"+controller.EventInjected])
+		waitPodEvent(t, ns, "forged", "Warning/"+v1alpha1.EventReceiptMismatch)
+		assert.Zero(t, podEvents(t, ns, "forged")["Normal/"+v1alpha1.EventInjected])
 	})
 }
 

@@ -24,15 +24,15 @@ import (
 // Annotations on engine pods. They are API.
 const (
 	// AnnotationSkip opts a pod out of injection (see SkipRequested).
-	AnnotationSkip = "inferencecache.io/skip-inject"
+	AnnotationSkip = v1alpha1.AnnotationSkipInject
 	// AnnotationSkipped records why the webhook left a matched pod unwired.
-	AnnotationSkipped = "inferencecache.io/inject-skipped"
+	AnnotationSkipped = v1alpha1.AnnotationInjectSkipped
 	// AnnotationInjectedBy is the receipt's <namespace>/<name> of the CacheBackend.
-	AnnotationInjectedBy = "inferencecache.io/injected-by"
+	AnnotationInjectedBy = v1alpha1.AnnotationInjectedBy
 	// AnnotationInjectedByUID is the receipt's CacheBackend metadata.uid.
-	AnnotationInjectedByUID = "inferencecache.io/injected-by-uid"
+	AnnotationInjectedByUID = v1alpha1.AnnotationInjectedByUID
 	// AnnotationInjectedGeneration is the receipt's CacheBackend metadata.generation.
-	AnnotationInjectedGeneration = "inferencecache.io/injected-generation"
+	AnnotationInjectedGeneration = v1alpha1.AnnotationInjectedGeneration
 )
 
 // Values of AnnotationSkipped.
@@ -113,8 +113,10 @@ const (
 // SkipRequested reports whether an AnnotationSkip value opts a pod out:
 // any non-empty value except those Go's strconv.ParseBool reads as false
 // (0, f, F, false, FALSE, False) and no, off, disable, disabled in any case.
+// The rule is exact: the value is not trimmed, so " " and " false " are
+// non-empty values outside the falsey set and opt the pod out.
 func SkipRequested(value string) bool {
-	v := strings.TrimSpace(value)
+	v := value
 	if v == "" {
 		return false
 	}
@@ -216,7 +218,7 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 
 // ClaimOf reads the receipt claim on a pod.
 func ClaimOf(p *corev1.Pod) receipt.Claim {
-	return receipt.ClaimOf(p.Annotations, AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration)
+	return receipt.ClaimOf(p.Annotations)
 }
 
 func skip(d Decision, reason, msg string) Decision {

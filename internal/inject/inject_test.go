@@ -360,10 +360,14 @@ func unchangedSpec(t *testing.T, in, out *corev1.Pod) {
 	assert.True(t, equality.Semantic.DeepEqual(in.Spec, out.Spec), "pod spec unchanged")
 }
 
-// TestSkipRequested is the seed's full opt-out value table.
+// TestSkipRequested is the seed's full opt-out value table. The rule is
+// exact: values are not trimmed, so whitespace around a falsey word (or
+// whitespace alone) is a non-empty value outside the falsey set, which opts
+// the pod out.
 func TestSkipRequested(t *testing.T) {
-	keepIn := []string{"", "  ", "false", "FALSE", "False", "f", "F", "0", "no", "NO", "No", "off", "OFF", "Off", "disable", "DISABLE", "Disable", "disabled", "DISABLED", "Disabled"}
-	optOut := []string{"true", "TRUE", "True", "t", "T", "1", "yes", "on", "enabled", "skip", "anything", "2"}
+	keepIn := []string{"", "false", "FALSE", "False", "f", "F", "0", "no", "NO", "No", "off", "OFF", "Off", "disable", "DISABLE", "Disable", "disabled", "DISABLED", "Disabled"}
+	optOut := []string{"true", "TRUE", "True", "t", "T", "1", "yes", "on", "enabled", "skip", "anything", "2",
+		" ", "  ", "\t", " false ", "false ", " no", " 0", "off\n"}
 	for _, v := range keepIn {
 		assert.False(t, SkipRequested(v), "%q keeps the pod in", v)
 	}

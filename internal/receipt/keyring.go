@@ -82,12 +82,23 @@ func (k *KeyRing) load(ctx context.Context) ([]Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading receipt key secret %s/%s: %w", k.Namespace, k.Name, err)
 	}
+	return KeysFromSecret(s)
+}
+
+// MinKeyLength is the shortest secret, in bytes, accepted as a receipt key.
+const MinKeyLength = 16
+
+// KeysFromSecret parses the receipt key Secret: data["key"] (at least
+// MinKeyLength bytes) signs and verifies, data["previous"] (when it holds
+// at least MinKeyLength bytes) only verifies. It is the one parser of the
+// Secret, used by the operator and the CLI alike.
+func KeysFromSecret(s *corev1.Secret) ([]Key, error) {
 	cur := s.Data[SecretKeyCurrent]
-	if len(cur) < 16 {
-		return nil, fmt.Errorf("receipt key secret %s/%s: data[%q] must hold at least 16 bytes", k.Namespace, k.Name, SecretKeyCurrent)
+	if len(cur) < MinKeyLength {
+		return nil, fmt.Errorf("receipt key secret %s/%s: data[%q] must hold at least %d bytes", s.Namespace, s.Name, SecretKeyCurrent, MinKeyLength)
 	}
 	keys := []Key{NewKey(cur)}
-	if prev := s.Data[SecretKeyPrevious]; len(prev) >= 16 {
+	if prev := s.Data[SecretKeyPrevious]; len(prev) >= MinKeyLength {
 		keys = append(keys, NewKey(prev))
 	}
 	return keys, nil

@@ -18,14 +18,16 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
 // Annotations of a signed receipt. They are API.
 const (
 	// AnnotationDigest is sha256 of the pod's containers as admitted.
-	AnnotationDigest = "inferencecache.io/injected-config-digest"
+	AnnotationDigest = v1alpha1.AnnotationInjectedConfigDigest
 	// AnnotationSignature is <key-id>:<hex HMAC-SHA256>.
-	AnnotationSignature = "inferencecache.io/receipt-signature"
+	AnnotationSignature = v1alpha1.AnnotationReceiptSignature
 )
 
 // Key is one HMAC key with its public identifier.
@@ -91,10 +93,14 @@ var (
 	ErrIncompleteClaims = errors.New("the receipt is incomplete")
 )
 
-// ClaimOf reads the claim a pod's annotations make, with these annotation
-// keys for the three identity fields.
-func ClaimOf(a map[string]string, byKey, uidKey, genKey string) Claim {
-	return Claim{Backend: a[byKey], UID: a[uidKey], Generation: a[genKey], Digest: a[AnnotationDigest]}
+// ClaimOf reads the claim a pod's annotations make.
+func ClaimOf(a map[string]string) Claim {
+	return Claim{
+		Backend:    a[v1alpha1.AnnotationInjectedBy],
+		UID:        a[v1alpha1.AnnotationInjectedByUID],
+		Generation: a[v1alpha1.AnnotationInjectedGeneration],
+		Digest:     a[AnnotationDigest],
+	}
 }
 
 // Verify checks that pod's receipt claim c was signed by one of keys and

@@ -36,7 +36,7 @@ const (
 	labelInstance   = "app.kubernetes.io/instance"
 	labelManagedBy  = "app.kubernetes.io/managed-by"
 	nameLMCache     = "lmcache-server"
-	managedByValue  = "inferencecache-operator"
+	managedByValue  = v1alpha1.ReportingController
 	containerName   = "lmcache-server"
 	portName        = "lmcache"
 	dataMountPath   = "/data"
@@ -49,7 +49,7 @@ const (
 
 	// AnnotationRetentionWhenDeleted on a claim records whether it goes with
 	// its CacheBackend (Delete) or outlives it (Retain).
-	AnnotationRetentionWhenDeleted = "inferencecache.io/retention-when-deleted"
+	AnnotationRetentionWhenDeleted = v1alpha1.AnnotationRetentionWhenDeleted
 
 	// DefaultImage is the cache-server image when the spec names none.
 	DefaultImage = "lmcache/vllm-openai:latest"

@@ -283,8 +283,8 @@ func TestQuickstartBecomesReady(t *testing.T) {
 	assert.Equal(t, cb.Status.Endpoint, url)
 	eventually(t, 30*time.Second, func() error {
 		out := kubectlRun(t, "describe", "pod", "-n", ns, engine.Name)
-		if !strings.Contains(out, controller.EventInjected) {
-			return fmt.Errorf("kubectl describe pod shows no %s event yet", controller.EventInjected)
+		if !strings.Contains(out, v1alpha1.EventInjected) {
+			return fmt.Errorf("kubectl describe pod shows no %s event yet", v1alpha1.EventInjected)
 		}
 		return nil
 	})
@@ -366,7 +366,7 @@ func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err
 		}
-		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != controller.ReasonAwaitingEnginePods {
+		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != v1alpha1.ReasonAwaitingEnginePods {
 			return fmt.Errorf("Ready is %+v", c)
 		}
 		return nil
@@ -377,7 +377,7 @@ func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
 			return err
 		}
 		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != controller.ReasonEnginePodsReady {
+		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonEnginePodsReady {
 			return fmt.Errorf("Ready is %+v", c)
 		}
 		return nil
@@ -448,7 +448,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 		}
 		return nil
 	})
-	assert.NotEmpty(t, engine.Spec.Template.Annotations[controller.AnnotationServerInstance])
+	assert.NotEmpty(t, engine.Spec.Template.Annotations[v1alpha1.AnnotationServerInstance])
 	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
 	eventually(t, 30*time.Second, func() error {
 		var pods corev1.PodList
@@ -456,7 +456,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 			return err
 		}
 		for _, p := range pods.Items {
-			if p.DeletionTimestamp.IsZero() && p.Annotations[controller.AnnotationServerInstance] == "" {
+			if p.DeletionTimestamp.IsZero() && p.Annotations[v1alpha1.AnnotationServerInstance] == "" {
 				if _, ok := p.Labels["pod-template-hash"]; ok {
 					return fmt.Errorf("pod %s of the old template still there", p.Name)
 				}
@@ -493,7 +493,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	})
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
-	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", controller.EventEnginesRestarted))
+	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 }
 
 func countEvents(t *testing.T, ns, name, reason string) int {

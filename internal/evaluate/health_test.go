@@ -1,4 +1,4 @@
-package controller
+package evaluate
 
 import (
 	"testing"
@@ -48,7 +48,7 @@ func TestDeploymentHealth(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := deploymentHealth(tc.dep)
+			h := DeploymentHealth(tc.dep)
 			assert.Equal(t, tc.reason, h.Reason)
 			assert.Equal(t, tc.ready, h.Ready, "ready")
 			assert.Equal(t, tc.available, h.Available, "available")
@@ -59,21 +59,40 @@ func TestDeploymentHealth(t *testing.T) {
 	}
 }
 
-func TestServerChanged(t *testing.T) {
+// TestObserveServer: only a replacement (a recorded serving pod is gone) or
+// a container restart of a serving pod is a change. A replica that is
+// merely not Ready (one of a StatefulSet's replicas failing its probe) is
+// not, and keeps its recorded identity.
+func TestObserveServer(t *testing.T) {
+	ready := func(uid string, restarts int32) ServerPod {
+		return ServerPod{UID: uid, Restarts: restarts, Ready: true}
+	}
+	unready := func(uid string, restarts int32) ServerPod { return ServerPod{UID: uid, Restarts: restarts} }
 	cases := []struct {
-		prev, cur string
-		want      bool
+		name    string
+		prev    string
+		pods    []ServerPod
+		changed bool
+		next    string
 	}{
-		{"", "a:0", false},        // first observation
-		{"a:0", "a:0", false},     // nothing happened
-		{"a:0", "", false},        // no pod serves right now: wait for the replacement
-		{"a:0", "b:0", true},      // replaced
-		{"a:0", "a:1", true},      // container restarted
-		{"a:0", "a:0,b:0", false}, // scaled up
-		{"a:0,b:0", "a:0", true},  // scaled down: b's engines lost their connection
-		{"a:0,b:2", "a:0,b:2", false},
+		{"first observation", "", []ServerPod{ready("a", 0)}, false, "a:0"},
+		{"first observation, nothing serves yet", "", []ServerPod{unready("a", 0)}, false, ""},
+		{"nothing happened", "a:0", []ServerPod{ready("a", 0)}, false, "a:0"},
+		{"replaced", "a:0", []ServerPod{ready("b", 0)}, true, "b:0"},
+		{"replaced, the new pod not serving yet", "a:0", []ServerPod{unready("b", 0)}, true, ""},
+		{"container restarted", "a:0", []ServerPod{ready("a", 1)}, true, "a:1"},
+		{"container restarted, not Ready again yet", "a:0,b:0", []ServerPod{unready("a", 1), ready("b", 0)}, true, "b:0"},
+		{"scaled up", "a:0", []ServerPod{ready("a", 0), ready("b", 0)}, false, "a:0,b:0"},
+		{"scaled down: b's engines lost their connection", "a:0,b:0", []ServerPod{ready("a", 0)}, true, "a:0"},
+		{"one of two replicas not Ready: no change, identity kept", "a:0,b:0", []ServerPod{ready("a", 0), unready("b", 0)}, false, "a:0,b:0"},
+		{"the only replica not Ready: no change", "a:0", []ServerPod{unready("a", 0)}, false, "a:0"},
+		{"restart counts kept", "a:0,b:2", []ServerPod{ready("a", 0), ready("b", 2)}, false, "a:0,b:2"},
 	}
 	for _, tc := range cases {
-		assert.Equal(t, tc.want, serverChanged(tc.prev, tc.cur), "%q -> %q", tc.prev, tc.cur)
+		t.Run(tc.name, func(t *testing.T) {
+			c := ObserveServer(tc.prev, tc.pods)
+			assert.Equal(t, tc.changed, c.Changed, "changed")
+			assert.Equal(t, tc.next, c.Instance, "instance")
+		})
 	}
 }

@@ -1,4 +1,8 @@
-package controller
+// Package evaluate decides a CacheBackend's conditions from what a
+// reconcile gathered and did, with no client: pure functions, ordered in
+// policy chains whose order is the precedence of the reasons. It also holds
+// the other pure rules of a reconcile (the server-instance identity).
+package evaluate
 
 import (
 	"fmt"
@@ -9,9 +13,9 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
-// health is the verdict on a cache-server workload: the reason and message
-// of the Ready condition, and the flags the other conditions follow.
-type health struct {
+// Verdict is the outcome of an evaluation: the reason and message of the
+// Ready condition, and the flags the other conditions follow.
+type Verdict struct {
 	Ready       bool
 	Reason      string
 	Message     string
@@ -25,19 +29,19 @@ type health struct {
 	ReadyReplicas int32
 }
 
-// deploymentHealth judges a cache-server Deployment as observed in the
+// DeploymentHealth judges a cache-server Deployment as observed in the
 // cache; dep is nil when it does not exist (yet). want is the replica count
 // the operator applies, or nil when an HPA owns it.
-func deploymentHealth(dep *appsv1.Deployment) health {
+func DeploymentHealth(dep *appsv1.Deployment) Verdict {
 	if dep == nil {
-		return health{Reason: v1alpha1.ReasonRolloutInProgress, Message: "waiting for the cache-server Deployment to be created", Progressing: true}
+		return Verdict{Reason: v1alpha1.ReasonRolloutInProgress, Message: "waiting for the cache-server Deployment to be created", Progressing: true}
 	}
 	desired := int32(1)
 	if dep.Spec.Replicas != nil {
 		desired = *dep.Spec.Replicas
 	}
 	st := dep.Status
-	h := health{
+	h := Verdict{
 		Replicas:      desired,
 		ReadyReplicas: st.ReadyReplicas,
 		Available:     st.AvailableReplicas > 0 && condition(dep, appsv1.DeploymentAvailable) == corev1.ConditionTrue,
@@ -80,19 +84,19 @@ func condition(dep *appsv1.Deployment, t appsv1.DeploymentConditionType) corev1.
 	return corev1.ConditionUnknown
 }
 
-// statefulSetHealth judges a cache-server StatefulSet: Ready when the
+// StatefulSetHealth judges a cache-server StatefulSet: Ready when the
 // controller observed the current spec and every replica is updated and
 // ready.
-func statefulSetHealth(sts *appsv1.StatefulSet) health {
+func StatefulSetHealth(sts *appsv1.StatefulSet) Verdict {
 	if sts == nil {
-		return health{Reason: v1alpha1.ReasonRolloutInProgress, Message: "waiting for the cache-server StatefulSet to be created", Progressing: true}
+		return Verdict{Reason: v1alpha1.ReasonRolloutInProgress, Message: "waiting for the cache-server StatefulSet to be created", Progressing: true}
 	}
 	desired := int32(1)
 	if sts.Spec.Replicas != nil {
 		desired = *sts.Spec.Replicas
 	}
 	st := sts.Status
-	h := health{
+	h := Verdict{
 		Replicas:      desired,
 		ReadyReplicas: st.ReadyReplicas,
 		Available:     st.AvailableReplicas > 0 || st.ReadyReplicas > 0,

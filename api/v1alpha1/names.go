@@ -1,0 +1,55 @@
+package v1alpha1
+
+// Annotations the operator reads or writes. They are API: users, tools and
+// older operator versions match on them.
+const (
+	// AnnotationSkipInject opts an engine pod out of injection: any
+	// non-empty value except the falsey set (see the engine-binding doc).
+	AnnotationSkipInject = "inferencecache.io/skip-inject"
+	// AnnotationInjectSkipped records why the webhook left a matched pod unwired.
+	AnnotationInjectSkipped = "inferencecache.io/inject-skipped"
+	// AnnotationInjectedBy is the receipt's <namespace>/<name> of the CacheBackend.
+	AnnotationInjectedBy = "inferencecache.io/injected-by"
+	// AnnotationInjectedByUID is the receipt's CacheBackend metadata.uid.
+	AnnotationInjectedByUID = "inferencecache.io/injected-by-uid"
+	// AnnotationInjectedGeneration is the receipt's CacheBackend metadata.generation.
+	AnnotationInjectedGeneration = "inferencecache.io/injected-generation"
+	// AnnotationInjectedConfigDigest is sha256 of the pod's containers as admitted.
+	AnnotationInjectedConfigDigest = "inferencecache.io/injected-config-digest"
+	// AnnotationReceiptSignature is <key-id>:<hex HMAC-SHA256> of the receipt.
+	AnnotationReceiptSignature = "inferencecache.io/receipt-signature"
+	// AnnotationReceiptObserved records on a pod which receipt event was
+	// recorded, so that it is recorded once, also across manager restarts.
+	AnnotationReceiptObserved = "inferencecache.io/receipt-observed"
+	// AnnotationServerInstance is written on the pod template of engine
+	// Deployments the operator rolls: a hash of the cache-server instance
+	// they must reconnect to.
+	AnnotationServerInstance = "inferencecache.io/server-instance"
+	// AnnotationWarnedPrefix + an event reason marks a claim once warned
+	// for that reason.
+	AnnotationWarnedPrefix = "inferencecache.io/warned-"
+	// AnnotationRetentionWhenDeleted on a claim records whether it goes with
+	// its CacheBackend (Delete) or outlives it (Retain).
+	AnnotationRetentionWhenDeleted = "inferencecache.io/retention-when-deleted"
+)
+
+// Field managers. They are API: renaming one strands the fields it owns on
+// every existing object.
+const (
+	// FieldManagerChildren owns every field the operator applies to children.
+	FieldManagerChildren = "inferencecache-operator"
+	// FieldManagerStatus owns CacheBackend status.
+	FieldManagerStatus = "inferencecache-operator-status"
+	// FieldManagerReplicasHandoff holds a workload's replica count for the
+	// moment the operator stops applying it because an HPA takes over.
+	FieldManagerReplicasHandoff = "inferencecache-operator-replicas-handoff"
+	// FieldManagerPVCWarnings owns the claims' AnnotationWarnedPrefix marks.
+	FieldManagerPVCWarnings = "inferencecache-operator-pvc-warnings"
+	// FieldManagerRollout owns AnnotationServerInstance on engine Deployments.
+	FieldManagerRollout = "inferencecache-operator-rollout"
+	// FieldManagerReceipts owns AnnotationReceiptObserved on pods.
+	FieldManagerReceipts = "inferencecache-operator-receipts"
+)
+
+// ReportingController is the name events of the operator are reported by.
+const ReportingController = "inferencecache-operator"

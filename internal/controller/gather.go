@@ -1,0 +1,185 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/evaluate"
+	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/render"
+)
+
+// This file holds every read of the cluster a CacheBackend reconcile makes:
+// gather before the plan, observe after the apply. Everything between and
+// after them (plan, evaluate) is pure.
+
+// Cascades counts engine Deployments rolled after a cache-server change.
+var Cascades = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_restart_cascades_total",
+	Help: "Engine Deployments rolled because their cache server was replaced or restarted, by namespace and CacheBackend.",
+}, []string{"namespace", "cachebackend"})
+
+func init() { metrics.Registry.MustRegister(Cascades) }
+
+// observation is what a reconcile reads before it plans.
+type observation struct {
+	// matched counts the non-terminating pods the engine selector matches;
+	// matchedKnown is false when they could not be listed.
+	matched      int32
+	matchedKnown bool
+	// plan is the plan's input (server-backed backends).
+	plan plan.Input
+	// enginePods and keys are an engine-local backend's full engine pods,
+	// read from the API server, and the receipt keys.
+	enginePods []corev1.Pod
+	keys       []receipt.Key
+}
+
+// gather reads what the plan and the evaluation of cb need.
+func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheBackend) (observation, error) {
+	var obs observation
+	sel := cb.Spec.EngineSelector.MatchLabels
+	if len(sel) > 0 {
+		pods := &metav1.PartialObjectMetadataList{}
+		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := r.Client.List(ctx, pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
+			return obs, fmt.Errorf("listing engine pods: %w", err)
+		}
+		for i := range pods.Items {
+			if pods.Items[i].DeletionTimestamp.IsZero() {
+				obs.matched++
+			}
+		}
+	}
+	obs.matchedKnown = true
+	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+		// Without a pod list or keys there is no trustworthy verdict: the
+		// reconcile stops and the previous one stands.
+		if len(sel) > 0 {
+			var pods corev1.PodList
+			if err := r.APIReader.List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
+				return obs, fmt.Errorf("listing engine pods (previous verdict kept): %w", err)
+			}
+			obs.enginePods = pods.Items
+		}
+		keys, err := r.Keys.Keys(ctx)
+		if err != nil {
+			return obs, fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
+		}
+		obs.keys = keys
+	}
+	in, err := plan.Gather(ctx, r.Client, r.APIReader, cb)
+	obs.plan = in
+	return obs, err
+}
+
+// serverObservation is the cache-server pods as read after the apply.
+type serverObservation struct {
+	change  evaluate.ServerChange
+	settled bool
+}
+
+// observe reads, after the apply, what the evaluation needs: the workload
+// of the kind the spec asks for (a workload of the other kind, being
+// pruned, is never advertised), its serving pods, the live status when it
+// is needed, and the functional probe's result.
+func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass, p plan.Plan, applyErr error) (evaluate.Facts, serverObservation, error) {
+	f := evaluate.Facts{ApplyErr: applyErr, StorageNote: p.StorageNote}
+	var srv serverObservation
+	if p.EngineLocal || applyErr != nil {
+		return f, srv, nil
+	}
+	cb := s.cb
+	if h := p.StatefulSetHold(); h != nil {
+		f.StorageHold = h.Message
+	}
+	w, err := plan.Workload(ctx, r.Client, cb)
+	if err != nil {
+		return f, srv, err
+	}
+	f.Workload = w
+	pods, err := r.serverPods(ctx, cb, w)
+	if err != nil {
+		return f, srv, err
+	}
+	srv.change = evaluate.ObserveServer(cb.Status.ObservedServerInstance, pods)
+	wv := evaluate.WorkloadKindVerdict(w, render.IsStatefulSet(cb))
+	if (wv.Available && cb.Status.FirstAvailableAt == nil) || srv.change.Changed {
+		// The cache may lag a status write: read the live status.
+		live := &v1alpha1.CacheBackend{}
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil {
+			f.FirstAvailableAt = live.Status.FirstAvailableAt
+			srv.settled = r.endpointSettled(cb, live)
+		}
+		if f.FirstAvailableAt == nil {
+			now := r.Now()
+			f.FirstAvailableAt = &now
+		}
+	}
+	if wv.Ready && f.StorageHold == "" && r.Prober != nil {
+		s.probed = true
+		f.Probed = true
+		f.ProbeErr, _ = r.Prober.Check(ctx, cb)
+	}
+	return f, srv, nil
+}
+
+// endpointSettled reports whether engines rolled now will be wired: the
+// live status publishes the endpoint and has been Ready for a few seconds,
+// so that the webhook's cache, which lags the API server, holds it too.
+func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend) bool {
+	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
+	return live.Status.Endpoint == render.Endpoint(cb) && ready != nil && ready.Status == metav1.ConditionTrue &&
+		r.Now().Sub(ready.LastTransitionTime.Time) >= endpointSettleTime
+}
+
+// serverPods lists the pods workload owns (Deployment → ReplicaSet → Pod,
+// or StatefulSet → Pod) that are not terminating. Pods that merely carry
+// the labels are not trusted.
+func (r *CacheBackendReconciler) serverPods(ctx context.Context, cb *v1alpha1.CacheBackend, workload client.Object) ([]evaluate.ServerPod, error) {
+	if workload == nil {
+		return nil, nil
+	}
+	var pods corev1.PodList
+	if err := r.APIReader.List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
+		return nil, fmt.Errorf("listing cache-server pods: %w", err)
+	}
+	owners := map[string]bool{}
+	if _, ok := workload.(*appsv1.Deployment); ok {
+		var rss appsv1.ReplicaSetList
+		if err := r.APIReader.List(ctx, &rss, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
+			return nil, fmt.Errorf("listing cache-server ReplicaSets: %w", err)
+		}
+		for i := range rss.Items {
+			if metav1.IsControlledBy(&rss.Items[i], workload) {
+				owners[string(rss.Items[i].UID)] = true
+			}
+		}
+	} else {
+		owners[string(workload.GetUID())] = true
+	}
+	var out []evaluate.ServerPod
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		ref := metav1.GetControllerOf(p)
+		if ref == nil || !owners[string(ref.UID)] || !p.DeletionTimestamp.IsZero() {
+			continue
+		}
+		var restarts int32
+		for _, c := range p.Status.ContainerStatuses {
+			restarts += c.RestartCount
+		}
+		out = append(out, evaluate.ServerPod{UID: string(p.UID), Restarts: restarts, Ready: evaluate.PodReady(p)})
+	}
+	return out, nil
+}

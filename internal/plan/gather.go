@@ -1,0 +1,81 @@
+package plan
+
+import (
+	"context"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/render"
+)
+
+// Gather reads the Input of cb's plan: the workload and the prunable
+// children through c (the controller's cache), the claims through claims
+// (the API server: claims are not cached). It is the only place where a
+// plan's input is read, for the controller and the CLI alike.
+func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBackend) (Input, error) {
+	in := Input{Backend: cb}
+	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+		return in, nil // runs no server: nothing to apply or prune
+	}
+	w, err := Workload(ctx, c, cb)
+	if err != nil {
+		return in, err
+	}
+	in.Workload = w
+	var pvcs corev1.PersistentVolumeClaimList
+	if err := claims.List(ctx, &pvcs, client.InNamespace(cb.Namespace), client.MatchingLabels{render.LabelCacheBackend: cb.Name}); err != nil {
+		return in, fmt.Errorf("listing claims: %w", err)
+	}
+	in.Claims = pvcs.Items
+	for _, k := range []struct {
+		kind string
+		list client.ObjectList
+	}{
+		{"Deployment", &appsv1.DeploymentList{}},
+		{"StatefulSet", &appsv1.StatefulSetList{}},
+		{"Service", &corev1.ServiceList{}},
+		{"HorizontalPodAutoscaler", &autoscalingv2.HorizontalPodAutoscalerList{}},
+	} {
+		if err := c.List(ctx, k.list, client.InNamespace(cb.Namespace), client.MatchingLabels{render.LabelCacheBackend: cb.Name}); err != nil {
+			return in, fmt.Errorf("listing %s children: %w", k.kind, err)
+		}
+		items, err := meta.ExtractList(k.list)
+		if err != nil {
+			return in, fmt.Errorf("listing %s children: %w", k.kind, err)
+		}
+		for _, item := range items {
+			o, ok := item.(metav1.Object)
+			if !ok {
+				continue
+			}
+			in.Children = append(in.Children, Child{Kind: k.kind, Namespace: o.GetNamespace(), Name: o.GetName(), UID: o.GetUID(), Controller: metav1.GetControllerOf(o)})
+		}
+	}
+	return in, nil
+}
+
+// Workload returns the cache-server workload of the kind cb asks for, if it
+// exists and cb controls it; nil otherwise.
+func Workload(ctx context.Context, c client.Reader, cb *v1alpha1.CacheBackend) (client.Object, error) {
+	var obj client.Object = &appsv1.Deployment{}
+	if render.IsStatefulSet(cb) {
+		obj = &appsv1.StatefulSet{}
+	}
+	switch err := c.Get(ctx, client.ObjectKeyFromObject(cb), obj); {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("reading the cache-server %s: %w", render.WorkloadKind(cb), err)
+	case !metav1.IsControlledBy(obj, cb):
+		return nil, nil
+	}
+	return obj, nil
+}
