@@ -165,6 +165,15 @@ func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
 	assert.Empty(t, got.Status.Endpoint, "endpoint cleared while no replica is available")
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 
+	// The status holds times at one-second resolution: let the clock pass
+	// the first time by more than a second, so that a firstAvailableAt
+	// rewritten on the second availability would differ from the first.
+	eventually(t, 5*time.Second, func() error {
+		if now := metav1.Now(); now.Unix() <= first.Unix()+1 {
+			return fmt.Errorf("clock at %s, first available at %s", now, first)
+		}
+		return nil
+	})
 	markDeploymentAvailable(t, key)
 	got = waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, first.Unix(), got.Status.FirstAvailableAt.Unix(), "firstAvailableAt keeps the first time")
@@ -436,6 +445,9 @@ func TestEngineSelectorMatching(t *testing.T) {
 	assert.Contains(t, got.Status.EngineSelectorMessage, "app=engine-cache")
 	assert.Equal(t, int32(0), got.Status.MatchedEnginePods)
 	waitEvent(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 1)
+	// Reconciles that still match nothing report nothing new.
+	reconciled(t, key)
+	assert.Equal(t, 1, countEvents(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the first observation is reported once")
 
 	pod := func(name string, labels map[string]string) *corev1.Pod {
 		return &corev1.Pod{
@@ -468,6 +480,26 @@ func TestEngineSelectorMatching(t *testing.T) {
 	got = waitBackend(t, key, matched(0))
 	assert.NotEmpty(t, got.Status.EngineSelectorMessage)
 	waitEvent(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 2)
+	reconciled(t, key)
+	assert.Equal(t, 2, countEvents(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the drop to zero is reported once")
+}
+
+// reconciled changes the backend's spec (one more server argument) and waits
+// until a reconcile evaluated the new generation.
+func reconciled(t *testing.T, key client.ObjectKey) {
+	t.Helper()
+	cb := updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		if cb.Spec.RemoteStorage == nil {
+			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{}}
+		}
+		cb.Spec.RemoteStorage.LMCacheServer.ExtraArgs = append(cb.Spec.RemoteStorage.LMCacheServer.ExtraArgs, "--verbose")
+	})
+	waitBackend(t, key, func(got *v1alpha1.CacheBackend) error {
+		if got.Status.ObservedGeneration < cb.Generation {
+			return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
+		}
+		return nil
+	})
 }
 
 func waitEvent(t *testing.T, ns, name, reason string, atLeast int) {

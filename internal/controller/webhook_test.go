@@ -3,6 +3,8 @@ package controller_test
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -146,25 +149,82 @@ func TestRelabelledPodIsNotWired(t *testing.T) {
 	})
 }
 
-// TestPodsBeforeTheEndpointStayUnwired: lifecycle step 3's fail-open: a
-// backend without status.endpoint leaves pods unwired, with no annotation
-// and no event, yet counted as matched.
+// TestPodsBeforeTheEndpointStayUnwired: lifecycle step 1: the webhook
+// admits a pod that a backend without status.endpoint selects unwired
+// (fail-open, with the no-endpoint warning), with no annotation and no
+// event, yet counted as matched. A pod admitted before the webhook's cache
+// holds the backend is a no-match, which leaves a pod unwired too: the
+// admission warning tells the two apart, so the test waits for a pod the
+// webhook failed open for.
 func TestPodsBeforeTheEndpointStayUnwired(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
 	require.NoError(t, k8s.Create(ctx, cb))
-	pod := engine(ns, "early", map[string]string{"app": "engine-cache"}, nil)
-	require.NoError(t, k8s.Create(ctx, pod))
+	warnings := &warningRecorder{}
+	wcfg := rest.CopyConfig(cfg)
+	wcfg.WarningHandler = warnings
+	c, err := client.New(wcfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+
+	var pod *corev1.Pod
+	created := int32(0)
+	eventually(t, 15*time.Second, func() error {
+		p := engine(ns, fmt.Sprintf("early-%d", created), map[string]string{"app": "engine-cache"}, nil)
+		warnings.reset()
+		if err := c.Create(ctx, p); err != nil {
+			return err
+		}
+		created++
+		if !warnings.has("has no status.endpoint yet") {
+			return fmt.Errorf("pod %s admitted without the fail-open warning (no match yet?): %v", p.Name, warnings.all())
+		}
+		pod = p
+		return nil
+	})
 	assert.False(t, isWired(pod))
 	assert.Empty(t, pod.Annotations)
 	waitBackend(t, client.ObjectKeyFromObject(cb), func(cb *v1alpha1.CacheBackend) error {
-		if cb.Status.MatchedEnginePods != 1 {
-			return fmt.Errorf("matched %d", cb.Status.MatchedEnginePods)
+		if cb.Status.MatchedEnginePods != created {
+			return fmt.Errorf("matched %d, want %d", cb.Status.MatchedEnginePods, created)
 		}
 		return nil
 	})
-	assert.Empty(t, podEvents(t, ns, "early"))
+	assert.Empty(t, podEvents(t, ns, pod.Name))
+}
+
+// warningRecorder collects the API server's warnings (admission warnings
+// among them).
+type warningRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warningRecorder) HandleWarningHeader(_ int, _ string, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, text)
+}
+
+func (w *warningRecorder) reset() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = nil
+}
+
+func (w *warningRecorder) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.msgs...)
+}
+
+func (w *warningRecorder) has(s string) bool {
+	for _, m := range w.all() {
+		if strings.Contains(m, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestSkippedPodGetsEvent: the opt-out row: stamped skip-inject-annotation,

@@ -44,6 +44,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/manifests"
@@ -351,9 +352,15 @@ func TestDeletingBackendCollectsChildrenKeepsData(t *testing.T) {
 	assert.Nil(t, pvc.DeletionTimestamp)
 }
 
-// TestSGLangHiCacheExampleBecomesReady: the SGLang HiCache example, applied
-// with kubectl, reaches Ready=True / EnginePodsReady once its kwok-run engine
-// pods are admitted with the HiCache flags and Ready. No server is created.
+// TestSGLangHiCacheExampleBecomesReady is the HiCache smoke gate of the
+// readiness review: the initial Ready=False/AwaitingEnginePods with
+// Progressing=True and Degraded=False while no engine pod exists; no
+// Deployment, StatefulSet, Service, HPA or endpoint, before and after; real
+// admission injects the complete HiCache command line and the full receipt
+// (name, UID, generation, configuration digest, a signature that verifies
+// with the operator's key); the backend converges to Ready=True/
+// EnginePodsReady with Progressing=False, Degraded=False and the matched
+// pod count.
 func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
 	ctx := context.Background()
 	ns := namespace(t, "hicache")
@@ -362,34 +369,67 @@ func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/sglang-hicache/cachebackend.yaml")
 	key := client.ObjectKey{Namespace: ns, Name: "qwen-hicache"}
 	cb := &v1alpha1.CacheBackend{}
-	eventually(t, 30*time.Second, func() error {
-		if err := k8s.Get(ctx, key, cb); err != nil {
-			return err
+	conditions := func(ready metav1.ConditionStatus, reason string, progressing, degraded metav1.ConditionStatus) func() error {
+		return func() error {
+			if err := k8s.Get(ctx, key, cb); err != nil {
+				return err
+			}
+			if cb.Status.ObservedGeneration != cb.Generation {
+				return fmt.Errorf("generation %d not evaluated", cb.Generation)
+			}
+			for typ, want := range map[string]metav1.ConditionStatus{
+				v1alpha1.ConditionReady: ready, v1alpha1.ConditionProgressing: progressing, v1alpha1.ConditionDegraded: degraded,
+			} {
+				c := meta.FindStatusCondition(cb.Status.Conditions, typ)
+				if c == nil || c.Status != want {
+					return fmt.Errorf("%s is %+v, want %s", typ, c, want)
+				}
+			}
+			if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c.Reason != reason {
+				return fmt.Errorf("Ready reason %s, want %s", c.Reason, reason)
+			}
+			return nil
 		}
-		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Reason != v1alpha1.ReasonAwaitingEnginePods {
-			return fmt.Errorf("Ready is %+v", c)
+	}
+	noServer := func() {
+		t.Helper()
+		assert.Empty(t, cb.Status.Endpoint, "no endpoint")
+		for _, obj := range []client.Object{&appsv1.Deployment{}, &appsv1.StatefulSet{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
+			assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, obj)), "no %T", obj)
 		}
-		return nil
-	})
+		var svcs corev1.ServiceList
+		require.NoError(t, k8s.List(ctx, &svcs, client.InNamespace(ns)))
+		assert.Empty(t, svcs.Items, "no Service in the namespace")
+	}
+	eventually(t, 30*time.Second, conditions(metav1.ConditionFalse, v1alpha1.ReasonAwaitingEnginePods, metav1.ConditionTrue, metav1.ConditionFalse))
+	assert.Zero(t, cb.Status.MatchedEnginePods)
+	noServer()
+
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/sglang-hicache/engine.yaml")
-	eventually(t, 90*time.Second, func() error {
-		if err := k8s.Get(ctx, key, cb); err != nil {
-			return err
-		}
-		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-		if c == nil || c.Status != metav1.ConditionTrue || c.Reason != v1alpha1.ReasonEnginePodsReady {
-			return fmt.Errorf("Ready is %+v", c)
-		}
-		return nil
-	})
+	eventually(t, 90*time.Second, conditions(metav1.ConditionTrue, v1alpha1.ReasonEnginePodsReady, metav1.ConditionFalse, metav1.ConditionFalse))
 	assert.Equal(t, int32(2), cb.Status.MatchedEnginePods)
-	assert.Empty(t, cb.Status.Endpoint)
-	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no server workload")
+	noServer()
+
+	secret := &corev1.Secret{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: "inferencecache-system", Name: receipt.DefaultSecretName}, secret))
+	keys, err := receipt.KeysFromSecret(secret)
+	require.NoError(t, err)
 	var pods corev1.PodList
 	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-sglang"}))
+	require.Len(t, pods.Items, 2)
 	for _, p := range pods.Items {
-		assert.Contains(t, p.Spec.Containers[0].Args, "--enable-hierarchical-cache", p.Name)
-		assert.Equal(t, ns+"/qwen-hicache", p.Annotations[inject.AnnotationInjectedBy])
+		args := strings.Join(p.Spec.Containers[0].Args, " ")
+		for _, flag := range []string{"--enable-hierarchical-cache", "--hicache-ratio 2", "--hicache-write-policy write_through",
+			"--hicache-io-backend kernel", "--hicache-mem-layout page_first", "--page-size 64"} {
+			assert.Contains(t, args, flag, p.Name)
+		}
+		a := p.Annotations
+		assert.Equal(t, ns+"/qwen-hicache", a[v1alpha1.AnnotationInjectedBy], p.Name)
+		assert.Equal(t, string(cb.UID), a[v1alpha1.AnnotationInjectedByUID], p.Name)
+		assert.Equal(t, fmt.Sprint(cb.Generation), a[v1alpha1.AnnotationInjectedGeneration], p.Name)
+		assert.Equal(t, receipt.Digest(&p), a[v1alpha1.AnnotationInjectedConfigDigest], p.Name)
+		j := receipt.Judge(&p, cb, keys)
+		assert.Equal(t, receipt.Valid, j.Verdict, "%s: %s", p.Name, j.Message)
 	}
 	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-hicache", "--timeout=30s")
 }
@@ -491,6 +531,107 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 		}
 		return nil
 	})
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
+	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
+}
+
+// TestStatefulSetReplacementRollsEnginesOnce is the restart cascade of a
+// StatefulSet backend with two replicas: one replica going not Ready is
+// not a server replacement and rolls nothing; replacing a replica's pod
+// rolls the wired engine Deployment exactly once.
+func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "cascade-sts")
+	cb := &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-demo-cache"},
+		Spec: v1alpha1.CacheBackendSpec{
+			Runtime: v1alpha1.RuntimeVLLM, Type: v1alpha1.BackendTypeLMCache, DeploymentKind: v1alpha1.DeploymentKindStatefulSet,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen-demo"}},
+			RemoteStorage:  &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=90s")
+	instance := func() string {
+		require.NoError(t, k8s.Get(ctx, key, cb))
+		return cb.Status.ObservedServerInstance
+	}
+	eventually(t, 30*time.Second, func() error {
+		if n := len(strings.Split(instance(), ",")); n != 2 {
+			return fmt.Errorf("observedServerInstance %q, want two pods", cb.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	first := instance()
+
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/engine.yaml")
+	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
+	engineKey := client.ObjectKey{Namespace: ns, Name: "qwen-engine"}
+	engine := &appsv1.Deployment{}
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	require.Equal(t, int64(1), engine.Generation, "the first observation rolled nothing")
+
+	// Replica 1 goes not Ready (as a failing readiness probe makes it),
+	// without a restart: the backend sees one ready replica, and rolls
+	// nothing.
+	setReady := func(name string, ready corev1.ConditionStatus) {
+		t.Helper()
+		eventually(t, 10*time.Second, func() error {
+			pod := &corev1.Pod{}
+			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
+				return err
+			}
+			for i := range pod.Status.Conditions {
+				if c := &pod.Status.Conditions[i]; c.Type == corev1.PodReady || c.Type == corev1.ContainersReady {
+					c.Status = ready
+				}
+			}
+			for i := range pod.Status.ContainerStatuses {
+				pod.Status.ContainerStatuses[i].Ready = ready == corev1.ConditionTrue
+			}
+			return k8s.Status().Update(ctx, pod)
+		})
+	}
+	setReady("qwen-demo-cache-1", corev1.ConditionFalse)
+	eventually(t, 30*time.Second, func() error {
+		require.NoError(t, k8s.Get(ctx, key, cb))
+		if cb.Status.ReadyReplicas != 1 {
+			return fmt.Errorf("readyReplicas %d, want 1", cb.Status.ReadyReplicas)
+		}
+		return nil
+	})
+	assert.Equal(t, first, cb.Status.ObservedServerInstance, "a replica that is only not Ready keeps its identity")
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	assert.Equal(t, int64(1), engine.Generation, "a not-Ready replica rolls nothing")
+	assert.Zero(t, countEvents(t, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
+
+	setReady("qwen-demo-cache-1", corev1.ConditionTrue)
+	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=60s")
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	assert.Equal(t, int64(1), engine.Generation, "a replica back to Ready rolls nothing")
+
+	// Replacing replica 0's pod is a server change: the engines roll once.
+	old := &corev1.Pod{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache-0"}, old))
+	require.NoError(t, k8s.Delete(ctx, old))
+	eventually(t, 90*time.Second, func() error {
+		if err := k8s.Get(ctx, engineKey, engine); err != nil {
+			return err
+		}
+		if engine.Generation != 2 {
+			return fmt.Errorf("engine Deployment generation %d, want 2", engine.Generation)
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, func() error {
+		if inst := instance(); strings.Contains(inst, string(old.UID)) || len(strings.Split(inst, ",")) != 2 {
+			return fmt.Errorf("observedServerInstance %q still names the replaced pod or lacks one", inst)
+		}
+		return nil
+	})
+	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
 	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
