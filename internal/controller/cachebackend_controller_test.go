@@ -13,7 +13,6 @@ import (
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -28,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
 )
@@ -68,7 +68,7 @@ func updateBackend(t *testing.T, key client.ObjectKey, mutate func(*v1alpha1.Cac
 // waitFor reads key into obj until cond (nil: existence) holds.
 func waitFor[T client.Object](t *testing.T, key client.ObjectKey, obj T, cond func(T) error) T {
 	t.Helper()
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		if err := k8s.Get(context.Background(), key, obj); err != nil {
 			return err
 		}
@@ -90,15 +90,6 @@ func waitBackend(t *testing.T, key client.ObjectKey, cond func(*v1alpha1.CacheBa
 	return waitFor(t, key, &v1alpha1.CacheBackend{}, cond)
 }
 
-func readyIs(want metav1.ConditionStatus, reason string) func(*v1alpha1.CacheBackend) error {
-	return func(cb *v1alpha1.CacheBackend) error {
-		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-		if c == nil || c.Status != want || (reason != "" && c.Reason != reason) || cb.Status.ObservedGeneration != cb.Generation {
-			return fmt.Errorf("Ready is %+v at observedGeneration %d/%d, want %s %s", c, cb.Status.ObservedGeneration, cb.Generation, want, reason)
-		}
-		return nil
-	}
-}
 
 func managers(obj client.Object) []string {
 	var out []string
@@ -134,7 +125,7 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 	assert.Equal(t, corev1.ProtocolTCP, svc.Spec.Ports[0].Protocol)
 
 	// The status has its own field manager.
-	got := waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	assert.Contains(t, managers(got), controller.StatusManager+"/Apply")
 	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionProgressing, v1alpha1.ConditionDegraded} {
 		assert.NotNil(t, meta.FindStatusCondition(got.Status.Conditions, typ), "condition %s published from the first reconcile", typ)
@@ -154,28 +145,28 @@ func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
 	waitDeployment(t, key, nil)
 
 	markDeploymentAvailable(t, key)
-	got := waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc:65432", ns), got.Status.Endpoint)
 	require.NotNil(t, got.Status.FirstAvailableAt)
 	first := *got.Status.FirstAvailableAt
 	assert.Equal(t, int32(1), got.Status.ReadyReplicas)
 
 	markDeploymentRolling(t, key)
-	got = waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	assert.Empty(t, got.Status.Endpoint, "endpoint cleared while no replica is available")
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 
 	// The status holds times at one-second resolution: let the clock pass
 	// the first time by more than a second, so that a firstAvailableAt
 	// rewritten on the second availability would differ from the first.
-	eventually(t, 5*time.Second, func() error {
+	testutil.Eventually(t, 5*time.Second, func() error {
 		if now := metav1.Now(); now.Unix() <= first.Unix()+1 {
 			return fmt.Errorf("clock at %s, first available at %s", now, first)
 		}
 		return nil
 	})
 	markDeploymentAvailable(t, key)
-	got = waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, first.Unix(), got.Status.FirstAvailableAt.Unix(), "firstAvailableAt keeps the first time")
 	ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
 	assert.Equal(t, got.Generation, ready.ObservedGeneration)
@@ -194,7 +185,7 @@ func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
-	waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
 	children := []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}, &corev1.PersistentVolumeClaim{}}
 	keys := map[client.Object]client.ObjectKey{}
@@ -285,7 +276,7 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 	assert.Equal(t, []string{"0.0.0.0", "7000", "cpu", "--verbose"}, c.Args)
 	assert.Equal(t, int32(7000), c.Ports[0].ContainerPort)
 	assert.Equal(t, "2Gi", ptr.To(c.Resources.Requests[corev1.ResourceMemory]).String())
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		svc := &corev1.Service{}
 		if err := k8s.Get(ctx, key, svc); err != nil {
 			return err
@@ -330,7 +321,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 		cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 5, TargetCPUUtilizationPercentage: ptr.To[int32](70)}
 	})
 	hpa := &autoscalingv2.HorizontalPodAutoscaler{}
-	eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, key, hpa) })
+	testutil.Eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, key, hpa) })
 	assert.Equal(t, int32(5), hpa.Spec.MaxReplicas)
 	assert.Equal(t, "Deployment", hpa.Spec.ScaleTargetRef.Kind)
 	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
@@ -358,7 +349,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Autoscaling = nil
 	})
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		err := k8s.Get(ctx, key, &autoscalingv2.HorizontalPodAutoscaler{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -390,7 +381,7 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 	pvcKey := client.ObjectKey{Namespace: ns, Name: "cache-data"}
 
 	pvc := &corev1.PersistentVolumeClaim{}
-	eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, pvcKey, pvc) })
+	testutil.Eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, pvcKey, pvc) })
 	assert.Empty(t, pvc.OwnerReferences, "retained by default: no owner")
 	assert.Equal(t, "Retain", pvc.Annotations["inferencecache.io/retention-when-deleted"])
 	dep := waitDeployment(t, key, nil)
@@ -400,7 +391,7 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Storage.PVC.Retention = &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}
 	})
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		if err := k8s.Get(ctx, pvcKey, pvc); err != nil {
 			return err
 		}
@@ -444,10 +435,10 @@ func TestEngineSelectorMatching(t *testing.T) {
 	})
 	assert.Contains(t, got.Status.EngineSelectorMessage, "app=engine-cache")
 	assert.Equal(t, int32(0), got.Status.MatchedEnginePods)
-	waitEvent(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 1)
+	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 1)
 	// Reconciles that still match nothing report nothing new.
 	reconciled(t, key)
-	assert.Equal(t, 1, countEvents(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the first observation is reported once")
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the first observation is reported once")
 
 	pod := func(name string, labels map[string]string) *corev1.Pod {
 		return &corev1.Pod{
@@ -479,9 +470,9 @@ func TestEngineSelectorMatching(t *testing.T) {
 	require.NoError(t, k8s.Delete(ctx, pod("a", nil), client.GracePeriodSeconds(0)))
 	got = waitBackend(t, key, matched(0))
 	assert.NotEmpty(t, got.Status.EngineSelectorMessage)
-	waitEvent(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 2)
+	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 2)
 	reconciled(t, key)
-	assert.Equal(t, 2, countEvents(t, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the drop to zero is reported once")
+	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the drop to zero is reported once")
 }
 
 // reconciled changes the backend's spec (one more server argument) and waits
@@ -502,34 +493,7 @@ func reconciled(t *testing.T, key client.ObjectKey) {
 	})
 }
 
-func waitEvent(t *testing.T, ns, name, reason string, atLeast int) {
-	t.Helper()
-	eventually(t, 15*time.Second, func() error {
-		if n := countEvents(t, ns, name, reason); n < atLeast {
-			return fmt.Errorf("%d %s events on %s, want at least %d", n, reason, name, atLeast)
-		}
-		return nil
-	})
-}
 
-// countEvents counts the events with reason regarding the object name,
-// including repeats the recorder folded into one event.
-func countEvents(t *testing.T, ns, name, reason string) int {
-	t.Helper()
-	var list eventsv1.EventList
-	require.NoError(t, k8s.List(context.Background(), &list, client.InNamespace(ns)))
-	n := 0
-	for _, e := range list.Items {
-		if e.Regarding.Name == name && e.Reason == reason {
-			c := max(1, int(e.DeprecatedCount))
-			if e.Series != nil {
-				c = max(c, int(e.Series.Count))
-			}
-			n += c
-		}
-	}
-	return n
-}
 
 // TestKstatus: kstatus (what Flux and kubectl wait read) computes
 // InProgress while the cache server rolls out and Current once it is Ready.
@@ -550,11 +514,11 @@ func TestKstatus(t *testing.T) {
 		return res.Status
 	}
 	markDeploymentRolling(t, key)
-	waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	assert.Equal(t, status.InProgressStatus, kstatus())
 
 	markDeploymentAvailable(t, key)
-	waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, status.CurrentStatus, kstatus())
 }
 

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/cli"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
@@ -71,9 +72,13 @@ func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
 	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Port: 7100, ExtraArgs: []string{"--verbose"}}}
 	require.NoError(t, k8s.Create(ctx, cb))
 	key := client.ObjectKeyFromObject(cb)
-	waitDeployment(t, key, nil)
-	time.Sleep(500 * time.Millisecond)
-	live := getBackend(t, key) // with the API server's defaults and UID, as the controller sees it
+	// Once the generation is evaluated, every child was applied.
+	live := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		if cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
+		}
+		return nil
+	}) // with the API server's defaults and UID, as the controller sees it
 
 	var buf bytes.Buffer
 	require.NoError(t, cli.RenderYAML(&buf, live))
@@ -104,7 +109,7 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 
 	var unwired, forged string
 	withWebhookUnreachable(t, func() {
-		eventually(t, 15*time.Second, func() error {
+		testutil.Eventually(t, 15*time.Second, func() error {
 			p := engine(ns, fmt.Sprintf("unwired-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
 			if err := k8s.Create(ctx, p); err != nil {
 				return err
@@ -168,7 +173,7 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, cb))
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		d, err := cli.Diff(ctx, k8s, getBackend(t, key))
 		if err != nil {
 			return err
@@ -204,7 +209,7 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, cb))
 	key := client.ObjectKeyFromObject(cb)
 	waitStatefulSet(t, key, nil)
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		d, err := cli.Diff(ctx, k8s, getBackend(t, key))
 		if err != nil {
 			return err
@@ -228,7 +233,7 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 
 	// The controller, given the same spec, holds the StatefulSet too.
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("9Gi") })
-	waitBackend(t, key, readyReason(v1alpha1.ReasonImmutableStatefulSetStorage, metav1.ConditionFalse))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
 	d, err = cli.Diff(ctx, k8s, getBackend(t, key))
 	require.NoError(t, err)
 	assert.False(t, d.HasChanges(), "after the reconcile the plan and the cluster agree\n%s", d)
@@ -269,7 +274,7 @@ func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 					}
 					return nil
 				})
-				eventually(t, 10*time.Second, func() error {
+				testutil.Eventually(t, 10*time.Second, func() error {
 					d, err := cli.Diff(ctx, k8s, getBackend(t, key))
 					if err != nil {
 						return err

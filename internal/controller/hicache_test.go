@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 )
@@ -46,7 +47,7 @@ func sglangPod(ns, name string, annotations map[string]string) *corev1.Pod {
 // markPodReady writes the status a kubelet would write for a running, ready pod.
 func markPodReady(t *testing.T, p *corev1.Pod) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		cur := &corev1.Pod{}
 		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(p), cur); err != nil {
 			return err
@@ -57,15 +58,6 @@ func markPodReady(t *testing.T, p *corev1.Pod) {
 	})
 }
 
-func reasonIs(reason string) func(*v1alpha1.CacheBackend) error {
-	return func(cb *v1alpha1.CacheBackend) error {
-		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-		if c == nil || c.Reason != reason || cb.Status.ObservedGeneration != cb.Generation {
-			return fmt.Errorf("Ready is %+v (observed %d of %d), want reason %s", c, cb.Status.ObservedGeneration, cb.Generation, reason)
-		}
-		return nil
-	}
-}
 
 // TestHiCacheReadiness: an engine-local backend runs nothing, waits for
 // engine pods, becomes Ready once an admitted pod is Ready, and reports a
@@ -77,7 +69,7 @@ func TestHiCacheReadiness(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, cb))
 	key := client.ObjectKeyFromObject(cb)
 
-	got := waitBackend(t, key, reasonIs(v1alpha1.ReasonAwaitingEnginePods))
+	got := waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonAwaitingEnginePods))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 	assert.Empty(t, got.Status.Endpoint)
 	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no workload")
@@ -88,15 +80,15 @@ func TestHiCacheReadiness(t *testing.T) {
 	assert.Equal(t, []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--enable-hierarchical-cache",
 		"--hicache-ratio", "2", "--hicache-write-policy", "write_through", "--page-size", "64"}, pod.Spec.Containers[0].Args)
 	assert.NotEmpty(t, pod.Annotations[receipt.AnnotationSignature], "the receipt is signed")
-	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsUnavailable))
+	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsUnavailable))
 
 	markPodReady(t, pod)
-	got = waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
+	got = waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady))
 	assert.Equal(t, int32(1), got.Status.MatchedEnginePods)
 
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.HiCache.Ratio = ptr.To("3") })
-	got = waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsRolloutInProgress))
+	got = waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsRolloutInProgress))
 	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionDegraded), "a rollout never pages as Degraded")
 
 	require.NoError(t, k8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))
@@ -104,7 +96,7 @@ func TestHiCacheReadiness(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, replacement))
 	assert.Contains(t, replacement.Spec.Containers[0].Args, "3")
 	markPodReady(t, replacement)
-	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
+	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 }
 
 // TestCopiedReceiptNeverCountsAsInjected: a pod created while the webhook is
@@ -120,7 +112,7 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 	genuine := sglangPod(ns, "genuine", nil)
 	require.NoError(t, k8s.Create(ctx, genuine))
 	markPodReady(t, genuine)
-	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
+	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 
 	withWebhookUnreachable(t, func() {
 		copied := map[string]string{}
@@ -129,7 +121,7 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 			copied[k] = genuine.Annotations[k]
 		}
 		var forged *corev1.Pod
-		eventually(t, 15*time.Second, func() error {
+		testutil.Eventually(t, 15*time.Second, func() error {
 			forged = sglangPod(ns, fmt.Sprintf("forged-%d", time.Now().UnixNano()), copied)
 			if err := k8s.Create(ctx, forged); err != nil {
 				return err
@@ -141,7 +133,7 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 			return nil
 		})
 		markPodReady(t, forged)
-		got := waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsNotInjected))
+		got := waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsNotInjected))
 		assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, forged.Name)
 		waitPodEvent(t, ns, forged.Name, "Warning/"+v1alpha1.EventReceiptMismatch)
 		assert.Zero(t, podEvents(t, ns, forged.Name)["Normal/"+v1alpha1.EventInjected])
@@ -161,7 +153,7 @@ func TestReceiptKeyRotation(t *testing.T) {
 	old := sglangPod(ns, "old", nil)
 	require.NoError(t, k8s.Create(ctx, old))
 	markPodReady(t, old)
-	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
+	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 
 	secretKey := client.ObjectKey{Namespace: operatorNamespace, Name: receipt.DefaultSecretName}
 	secret := &corev1.Secret{}
@@ -179,7 +171,7 @@ func TestReceiptKeyRotation(t *testing.T) {
 	}()
 
 	var young *corev1.Pod
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		young = sglangPod(ns, fmt.Sprintf("young-%d", time.Now().UnixNano()), nil)
 		if err := k8s.Create(ctx, young); err != nil {
 			return err
@@ -191,15 +183,23 @@ func TestReceiptKeyRotation(t *testing.T) {
 		return nil
 	})
 	markPodReady(t, young)
-	// Both receipts verify during the grace period.
-	time.Sleep(2 * time.Second)
-	waitBackend(t, key, reasonIs(v1alpha1.ReasonEnginePodsReady))
+	// Both receipts verify during the grace period: both pods count as
+	// injected and Ready.
+	waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		if err := testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady)(cb); err != nil {
+			return err
+		}
+		if cb.Status.ReadyReplicas != 2 {
+			return fmt.Errorf("%d engine pods count as injected and Ready, want 2", cb.Status.ReadyReplicas)
+		}
+		return nil
+	})
 
 	require.NoError(t, k8s.Get(ctx, secretKey, secret))
 	delete(secret.Data, receipt.SecretKeyPrevious)
 	require.NoError(t, k8s.Update(ctx, secret))
-	// A Ready backend is not polled; a new engine pod wakes it.
-	time.Sleep(1500 * time.Millisecond)
+	// A Ready backend is not polled; a new engine pod wakes it (and, not
+	// Ready itself, keeps it polled until the key refresh is seen).
 	require.NoError(t, k8s.Create(ctx, sglangPod(ns, "trigger", nil)))
 	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)

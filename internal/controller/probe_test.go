@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 // TestFunctionalProbe: a closed port keeps Ready=False with a reason and
@@ -30,14 +31,14 @@ func TestFunctionalProbe(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
-	got := waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonFunctionalProbeFailed))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonFunctionalProbeFailed))
 	probe := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK)
 	require.NotNil(t, probe)
 	assert.Equal(t, metav1.ConditionFalse, probe.Status)
 	assert.Contains(t, probe.Message, "connection refused")
 
 	closedTargets.Delete(addr)
-	got = waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK))
 }
 
@@ -57,13 +58,13 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 			waitDeployment(t, key, nil)
 			markDeploymentAvailable(t, key)
 		}
-		waitBackend(t, key, readyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 		require.True(t, prober.HasSlot(key), "probed before Ready")
 		return key
 	}
 	cleared := func(key client.ObjectKey) {
 		t.Helper()
-		eventually(t, 10*time.Second, func() error {
+		testutil.Eventually(t, 10*time.Second, func() error {
 			if prober.HasSlot(key) {
 				return fmt.Errorf("probe slot of %s still held", key)
 			}
@@ -89,7 +90,7 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 		// A foreign StatefulSet holds the name the switched kind needs.
 		require.NoError(t, k8s.Create(ctx, foreignStatefulSet(ns, "applyfail")))
 		updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-		waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
+		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
 		cleared(key)
 	})
 	t.Run("immutable StatefulSet storage", func(t *testing.T) {
@@ -97,7 +98,7 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 		require.NoError(t, k8s.Create(ctx, cb))
 		key := ready(cb, true)
 		updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("30Gi") })
-		waitBackend(t, key, readyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
+		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
 		cleared(key)
 	})
 	t.Run("deleted", func(t *testing.T) {
@@ -105,7 +106,7 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 		require.NoError(t, k8s.Create(ctx, cb))
 		key := ready(cb, false)
 		require.NoError(t, k8s.Delete(ctx, cb))
-		eventually(t, 10*time.Second, func() error {
+		testutil.Eventually(t, 10*time.Second, func() error {
 			if prober.HasSlot(key) {
 				return fmt.Errorf("probe slot still held")
 			}

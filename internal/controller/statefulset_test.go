@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 func stsBackend(ns, name string, replicas int32, storage bool) *v1alpha1.CacheBackend {
@@ -40,7 +41,7 @@ func waitStatefulSet(t *testing.T, key client.ObjectKey, cond func(*appsv1.State
 // setStatefulSetStatus writes what the StatefulSet controller would.
 func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int32) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		s := &appsv1.StatefulSet{}
 		if err := k8s.Get(context.Background(), key, s); err != nil {
 			return err
@@ -57,9 +58,6 @@ func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int
 	})
 }
 
-func readyReason(reason string, status metav1.ConditionStatus) func(*v1alpha1.CacheBackend) error {
-	return readyIs(status, reason)
-}
 
 // TestStatefulSetReadinessFromReadyAndUpdatedReplicas: the StatefulSet kind
 // is Ready from its ready and updated replicas.
@@ -77,12 +75,12 @@ func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no Deployment for the StatefulSet kind")
 
 	setStatefulSetStatus(t, key, 0, 1)
-	waitBackend(t, key, readyReason(v1alpha1.ReasonRolloutInProgress, metav1.ConditionFalse))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	setStatefulSetStatus(t, key, 1, 2)
-	got := waitBackend(t, key, readyReason(v1alpha1.ReasonReplicasUnavailable, metav1.ConditionFalse))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonReplicasUnavailable))
 	assert.NotEmpty(t, got.Status.Endpoint, "one ready replica serves")
 	setStatefulSetStatus(t, key, 2, 2)
-	got = waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc:65432", ns), got.Status.Endpoint)
 	assert.Equal(t, int32(2), got.Status.ReadyReplicas)
 }
@@ -105,7 +103,7 @@ func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
 
 	for i := range 3 {
 		setStatefulSetStatus(t, key, 1, 1)
-		got := waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+		got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 		assert.NotEmpty(t, got.Status.Endpoint, "reconcile %d", i)
 		// Touch the StatefulSet's status again to force another reconcile.
 		setStatefulSetStatus(t, key, 0, 1)
@@ -135,20 +133,20 @@ func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitStatefulSet(t, key, nil)
 	setStatefulSetStatus(t, key, 1, 1)
-	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Storage.PVC.Size = resource.MustParse("20Gi")
 		cb.Spec.Autoscaling.MaxReplicas = 5
 	})
-	got := waitBackend(t, key, readyReason(v1alpha1.ReasonImmutableStatefulSetStorage, metav1.ConditionFalse))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
 	assert.Empty(t, got.Status.Endpoint)
 	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "size 20Gi")
 
 	sts := waitStatefulSet(t, key, nil)
 	assert.Equal(t, "10Gi", ptr.To(sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]).String(), "the live StatefulSet is untouched")
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		hpa := &autoscalingv2.HorizontalPodAutoscaler{}
 		if err := k8s.Get(ctx, key, hpa); err != nil {
 			return err
@@ -161,7 +159,7 @@ func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
 
 	// Restoring the spec's storage returns to normal.
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("10Gi") })
-	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 }
 
 // TestRetentionPolicyIsRepaired: a retention policy edited by hand on the
@@ -201,14 +199,14 @@ func TestKindSwitches(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
-	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-	got := waitBackend(t, key, readyReason(v1alpha1.ReasonRolloutInProgress, metav1.ConditionFalse))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	assert.Empty(t, got.Status.Endpoint, "the available Deployment being replaced is not advertised")
 	waitStatefulSet(t, key, nil)
-	eventually(t, 15*time.Second, func() error { return gone(ctx, key, &appsv1.Deployment{}) })
-	waitEvent(t, ns, "cache", v1alpha1.EventSharedPVCRetained, 1)
+	testutil.Eventually(t, 15*time.Second, func() error { return testutil.Gone(ctx, k8s, key, &appsv1.Deployment{}) })
+	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventSharedPVCRetained, 1)
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, &corev1.PersistentVolumeClaim{}), "the shared claim is kept")
 
 	// Per-replica claims as the StatefulSet controller would create them.
@@ -226,17 +224,17 @@ func TestKindSwitches(t *testing.T) {
 		cb.Spec.Storage = nil
 	})
 	waitDeployment(t, key, nil)
-	eventually(t, 15*time.Second, func() error { return gone(ctx, key, &appsv1.StatefulSet{}) })
-	waitEvent(t, ns, "cache", v1alpha1.EventOrphanedPVCRetained, 3)
+	testutil.Eventually(t, 15*time.Second, func() error { return testutil.Gone(ctx, k8s, key, &appsv1.StatefulSet{}) })
+	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventOrphanedPVCRetained, 3)
 
 	// More reconciles record no further warnings.
 	markDeploymentAvailable(t, key)
-	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	markDeploymentRolling(t, key)
-	waitBackend(t, key, readyReason(v1alpha1.ReasonRolloutInProgress, metav1.ConditionFalse))
-	time.Sleep(time.Second)
-	assert.Equal(t, 1, countEvents(t, ns, "cache", v1alpha1.EventSharedPVCRetained))
-	assert.Equal(t, 3, countEvents(t, ns, "cache", v1alpha1.EventOrphanedPVCRetained))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	reconciled(t, key)
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventSharedPVCRetained))
+	assert.Equal(t, 3, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventOrphanedPVCRetained))
 	var claims corev1.PersistentVolumeClaimList
 	require.NoError(t, k8s.List(ctx, &claims, client.InNamespace(ns)))
 	assert.Len(t, claims.Items, 3, "no claim deleted")
@@ -256,11 +254,11 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
-	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
 	require.NoError(t, k8s.Create(ctx, foreignStatefulSet(ns, "cache")))
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-	got := waitBackend(t, key, readyReason(v1alpha1.ReasonApplyFailed, metav1.ConditionFalse))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
 	assert.Empty(t, got.Status.Endpoint)
 	assert.True(t, strings.Contains(meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "StatefulSet"))
 }
@@ -277,7 +275,7 @@ func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 	key := client.ObjectKeyFromObject(cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
-	waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.StorageClassName = ptr.To("fast") })
 	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
@@ -288,7 +286,7 @@ func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 		return nil
 	})
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, `"fast" cannot be applied`)
-	waitEvent(t, ns, "cache", v1alpha1.EventStorageChangeRejected, 1)
+	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventStorageChangeRejected, 1)
 	pvc := &corev1.PersistentVolumeClaim{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, pvc))
 	assert.Equal(t, "standard", *pvc.Spec.StorageClassName)
@@ -328,16 +326,6 @@ func retryUpdate(ctx context.Context, key client.ObjectKey, mutate func(*v1alpha
 	return err
 }
 
-func gone(ctx context.Context, key client.ObjectKey, obj client.Object) error {
-	err := k8s.Get(ctx, key, obj)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return fmt.Errorf("%T %s still exists", obj, key)
-}
 
 // foreignStatefulSet is a StatefulSet of someone else, with a selector the
 // operator's cannot replace (selectors are immutable).

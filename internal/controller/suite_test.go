@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/manifests"
@@ -59,7 +59,7 @@ func TestMain(m *testing.M) {
 func run(m *testing.M) int {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(false), zap.Level(zapLevel())))
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(false), zap.Level(testutil.ZapLevel())))
 
 	dir, err := controlplane.Dir()
 	if err != nil {
@@ -159,12 +159,6 @@ func run(m *testing.M) int {
 	return code
 }
 
-func zapLevel() zapcore.Level {
-	if os.Getenv("TEST_VERBOSE_MANAGER") != "" {
-		return -1
-	}
-	return 2 // errors only: keep test output readable
-}
 
 // newNamespace creates a namespace of its own for one test.
 func newNamespace(t *testing.T) string {
@@ -177,22 +171,6 @@ func newNamespace(t *testing.T) string {
 	return name
 }
 
-// eventually polls cond until it returns nil or the timeout passes, and
-// fails with cond's last error.
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for {
-		if err = cond(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s: %v", timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // markDeploymentAvailable writes the status the Deployment controller would
 // write once every replica of the current generation is available.
@@ -223,7 +201,7 @@ func markDeploymentRolling(t *testing.T, key client.ObjectKey) {
 
 func setDeploymentStatus(t *testing.T, key client.ObjectKey, mutate func(*appsv1.Deployment, int32)) {
 	t.Helper()
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		d := &appsv1.Deployment{}
 		if err := k8s.Get(context.Background(), key, d); err != nil {
 			return err

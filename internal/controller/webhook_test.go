@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
 )
@@ -66,7 +67,7 @@ func podEvents(t *testing.T, ns, pod string) map[string]int {
 
 func waitPodEvent(t *testing.T, ns, pod, typeReason string) {
 	t.Helper()
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		if got := podEvents(t, ns, pod); got[typeReason] == 0 {
 			return fmt.Errorf("events of pod %s: %v, want %s", pod, got, typeReason)
 		}
@@ -107,7 +108,7 @@ func TestPodCreateIsWired(t *testing.T) {
 	}
 
 	waitPodEvent(t, ns, "engine", "Normal/"+v1alpha1.EventInjected)
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		p := &corev1.Pod{}
 		if err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil {
 			return err
@@ -123,8 +124,12 @@ func TestPodCreateIsWired(t *testing.T) {
 	_, err := fresh.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)})
 	require.NoError(t, err)
 	assert.Empty(t, fresh.Recorder.(*events.FakeRecorder).Events, "no second event after a restart")
-	time.Sleep(500 * time.Millisecond)
-	assert.Equal(t, 1, podEvents(t, ns, "engine")["Normal/"+v1alpha1.EventInjected], "one event per pod")
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if n := podEvents(t, ns, "engine")["Normal/"+v1alpha1.EventInjected]; n != 1 {
+			return fmt.Errorf("%d %s events, want one per pod", n, v1alpha1.EventInjected)
+		}
+		return nil
+	})
 }
 
 // TestRelabelledPodIsNotWired: the failure-modes row "labelled after
@@ -169,7 +174,7 @@ func TestPodsBeforeTheEndpointStayUnwired(t *testing.T) {
 
 	var pod *corev1.Pod
 	created := int32(0)
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		p := engine(ns, fmt.Sprintf("early-%d", created), map[string]string{"app": "engine-cache"}, nil)
 		warnings.reset()
 		if err := c.Create(ctx, p); err != nil {
@@ -255,7 +260,7 @@ func TestWebhookUnreachable(t *testing.T) {
 		// The webhook configuration change reaches the API server's admission
 		// chain asynchronously: wait until a pod is admitted without it.
 		var plain *corev1.Pod
-		eventually(t, 15*time.Second, func() error {
+		testutil.Eventually(t, 15*time.Second, func() error {
 			plain = engine(ns, fmt.Sprintf("plain-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
 			if err := k8s.Create(ctx, plain); err != nil {
 				return err
@@ -329,7 +334,7 @@ func TestDeletedBackendLeavesWiringInPlace(t *testing.T) {
 	require.True(t, isWired(wired))
 
 	require.NoError(t, k8s.Delete(ctx, cb))
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		err := k8s.Get(ctx, client.ObjectKeyFromObject(cb), &v1alpha1.CacheBackend{})
 		if err == nil {
 			return fmt.Errorf("CacheBackend still there")
@@ -339,7 +344,7 @@ func TestDeletedBackendLeavesWiringInPlace(t *testing.T) {
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(wired), wired))
 	assert.True(t, isWired(wired), "an admitted pod keeps its wiring")
 	// The webhook's cache may lag the deletion for a moment.
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		fresh := engine(ns, fmt.Sprintf("fresh-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
 		if err := k8s.Create(ctx, fresh); err != nil {
 			return err

@@ -22,11 +22,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -42,6 +40,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
@@ -62,7 +61,7 @@ func TestMain(m *testing.M) { os.Exit(run(m)) }
 func run(m *testing.M) int {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapLevel())))
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(testutil.ZapLevel())))
 	bin, err := controlplane.Dir()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "end-to-end tests need the local control plane:", err)
@@ -155,12 +154,6 @@ func run(m *testing.M) int {
 	return code
 }
 
-func zapLevel() zapcore.Level {
-	if os.Getenv("TEST_VERBOSE_MANAGER") != "" {
-		return -1
-	}
-	return 2
-}
 
 func namespace(t *testing.T, name string) string {
 	t.Helper()
@@ -177,31 +170,7 @@ func kubectlRun(t *testing.T, args ...string) string {
 	return string(out)
 }
 
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not met within %s: %v", timeout, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
 
-func gone(ctx context.Context, key client.ObjectKey, obj client.Object) error {
-	err := k8s.Get(ctx, key, obj)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return fmt.Errorf("%T %s still exists", obj, key)
-}
 
 // TestQuickstartBecomesReady: the quickstart, applied as a user would with
 // kubectl apply --server-side -k, gets a cache-server Deployment that
@@ -213,7 +182,7 @@ func TestQuickstartBecomesReady(t *testing.T) {
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-k", "../../examples/quickstart")
 	key := client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}
 
-	eventually(t, 60*time.Second, func() error {
+	testutil.Eventually(t, 60*time.Second, func() error {
 		d := &appsv1.Deployment{}
 		if err := k8s.Get(ctx, key, d); err != nil {
 			return err
@@ -235,7 +204,7 @@ func TestQuickstartBecomesReady(t *testing.T) {
 	assert.Contains(t, out, "condition met")
 
 	cb := &v1alpha1.CacheBackend{}
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err
 		}
@@ -258,7 +227,7 @@ func TestQuickstartBecomesReady(t *testing.T) {
 	kubectlRun(t, "rollout", "restart", "-n", ns, "deployment/qwen-engine")
 	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
 	var engine corev1.Pod
-	eventually(t, 60*time.Second, func() error {
+	testutil.Eventually(t, 60*time.Second, func() error {
 		var list corev1.PodList
 		if err := k8s.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-demo"}); err != nil {
 			return err
@@ -282,7 +251,7 @@ func TestQuickstartBecomesReady(t *testing.T) {
 		}
 	}
 	assert.Equal(t, cb.Status.Endpoint, url)
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		out := kubectlRun(t, "describe", "pod", "-n", ns, engine.Name)
 		if !strings.Contains(out, v1alpha1.EventInjected) {
 			return fmt.Errorf("kubectl describe pod shows no %s event yet", v1alpha1.EventInjected)
@@ -323,7 +292,7 @@ func TestDeletingBackendCollectsChildrenKeepsData(t *testing.T) {
 
 	for _, cb := range []*v1alpha1.CacheBackend{keep, drop} {
 		key := client.ObjectKeyFromObject(cb)
-		eventually(t, 30*time.Second, func() error {
+		testutil.Eventually(t, 30*time.Second, func() error {
 			for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
 				if err := k8s.Get(ctx, key, o); err != nil {
 					return err
@@ -335,17 +304,17 @@ func TestDeletingBackendCollectsChildrenKeepsData(t *testing.T) {
 	}
 	for _, cb := range []*v1alpha1.CacheBackend{keep, drop} {
 		key := client.ObjectKeyFromObject(cb)
-		eventually(t, 60*time.Second, func() error {
+		testutil.Eventually(t, 60*time.Second, func() error {
 			for _, o := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}} {
-				if err := gone(ctx, key, o); err != nil {
+				if err := testutil.Gone(ctx, k8s, key, o); err != nil {
 					return err
 				}
 			}
 			return nil
 		})
 	}
-	eventually(t, 60*time.Second, func() error {
-		return gone(ctx, client.ObjectKey{Namespace: ns, Name: "drop-data"}, &corev1.PersistentVolumeClaim{})
+	testutil.Eventually(t, 60*time.Second, func() error {
+		return testutil.Gone(ctx, k8s, client.ObjectKey{Namespace: ns, Name: "drop-data"}, &corev1.PersistentVolumeClaim{})
 	})
 	pvc := &corev1.PersistentVolumeClaim{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "keep-data"}, pvc), "retained claim survives its CacheBackend")
@@ -401,12 +370,12 @@ func TestSGLangHiCacheExampleBecomesReady(t *testing.T) {
 		require.NoError(t, k8s.List(ctx, &svcs, client.InNamespace(ns)))
 		assert.Empty(t, svcs.Items, "no Service in the namespace")
 	}
-	eventually(t, 30*time.Second, conditions(metav1.ConditionFalse, v1alpha1.ReasonAwaitingEnginePods, metav1.ConditionTrue, metav1.ConditionFalse))
+	testutil.Eventually(t, 30*time.Second, conditions(metav1.ConditionFalse, v1alpha1.ReasonAwaitingEnginePods, metav1.ConditionTrue, metav1.ConditionFalse))
 	assert.Zero(t, cb.Status.MatchedEnginePods)
 	noServer()
 
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/sglang-hicache/engine.yaml")
-	eventually(t, 90*time.Second, conditions(metav1.ConditionTrue, v1alpha1.ReasonEnginePodsReady, metav1.ConditionFalse, metav1.ConditionFalse))
+	testutil.Eventually(t, 90*time.Second, conditions(metav1.ConditionTrue, v1alpha1.ReasonEnginePodsReady, metav1.ConditionFalse, metav1.ConditionFalse))
 	assert.Equal(t, int32(2), cb.Status.MatchedEnginePods)
 	noServer()
 
@@ -446,7 +415,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=60s")
 	key := client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}
 	cb := &v1alpha1.CacheBackend{}
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err
 		}
@@ -469,7 +438,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	require.Len(t, server.Items, 1)
 	require.NoError(t, k8s.Delete(ctx, &server.Items[0]))
 
-	eventually(t, 60*time.Second, func() error {
+	testutil.Eventually(t, 60*time.Second, func() error {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err
 		}
@@ -479,7 +448,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 		return nil
 	})
 	assert.NotContains(t, cb.Status.ObservedServerInstance, strings.Split(first, ":")[0], "the replacement pod has a new UID")
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		if err := k8s.Get(ctx, engineKey, engine); err != nil {
 			return err
 		}
@@ -490,7 +459,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	})
 	assert.NotEmpty(t, engine.Spec.Template.Annotations[v1alpha1.AnnotationServerInstance])
 	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		var pods corev1.PodList
 		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-demo"}); err != nil {
 			return err
@@ -521,8 +490,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	require.NoError(t, k8s.Create(ctx, bystander))
-	time.Sleep(3 * time.Second)
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err
 		}
@@ -533,7 +501,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	})
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
-	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 }
 
 // TestStatefulSetReplacementRollsEnginesOnce is the restart cascade of a
@@ -558,7 +526,7 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 		require.NoError(t, k8s.Get(ctx, key, cb))
 		return cb.Status.ObservedServerInstance
 	}
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		if n := len(strings.Split(instance(), ",")); n != 2 {
 			return fmt.Errorf("observedServerInstance %q, want two pods", cb.Status.ObservedServerInstance)
 		}
@@ -578,7 +546,7 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 	// nothing.
 	setReady := func(name string, ready corev1.ConditionStatus) {
 		t.Helper()
-		eventually(t, 10*time.Second, func() error {
+		testutil.Eventually(t, 10*time.Second, func() error {
 			pod := &corev1.Pod{}
 			if err := k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pod); err != nil {
 				return err
@@ -595,7 +563,7 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 		})
 	}
 	setReady("qwen-demo-cache-1", corev1.ConditionFalse)
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		require.NoError(t, k8s.Get(ctx, key, cb))
 		if cb.Status.ReadyReplicas != 1 {
 			return fmt.Errorf("readyReplicas %d, want 1", cb.Status.ReadyReplicas)
@@ -605,7 +573,7 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 	assert.Equal(t, first, cb.Status.ObservedServerInstance, "a replica that is only not Ready keeps its identity")
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(1), engine.Generation, "a not-Ready replica rolls nothing")
-	assert.Zero(t, countEvents(t, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
+	assert.Zero(t, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 
 	setReady("qwen-demo-cache-1", corev1.ConditionTrue)
 	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=60s")
@@ -616,7 +584,7 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 	old := &corev1.Pod{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache-0"}, old))
 	require.NoError(t, k8s.Delete(ctx, old))
-	eventually(t, 90*time.Second, func() error {
+	testutil.Eventually(t, 90*time.Second, func() error {
 		if err := k8s.Get(ctx, engineKey, engine); err != nil {
 			return err
 		}
@@ -625,7 +593,7 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		if inst := instance(); strings.Contains(inst, string(old.UID)) || len(strings.Split(inst, ",")) != 2 {
 			return fmt.Errorf("observedServerInstance %q still names the replaced pod or lacks one", inst)
 		}
@@ -634,21 +602,9 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
-	assert.Equal(t, 1, countEvents(t, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 }
 
-func countEvents(t *testing.T, ns, name, reason string) int {
-	t.Helper()
-	var list eventsv1.EventList
-	require.NoError(t, k8s.List(context.Background(), &list, client.InNamespace(ns)))
-	n := 0
-	for _, e := range list.Items {
-		if e.Regarding.Name == name && e.Reason == reason {
-			n += max(1, int(e.DeprecatedCount))
-		}
-	}
-	return n
-}
 
 // TestStatefulSetWithStorageStaysReady: a StatefulSet backend with
 // per-replica claims, bound to PersistentVolumes the test creates, reaches
@@ -691,7 +647,7 @@ func TestStatefulSetWithStorageStaysReady(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 120*time.Second, ready)
+	testutil.Eventually(t, 120*time.Second, ready)
 	assert.Equal(t, "lm://persistent.persistent.svc:65432", cb.Status.Endpoint)
 	for i := range 2 {
 		pvc := &corev1.PersistentVolumeClaim{}
@@ -704,7 +660,7 @@ func TestStatefulSetWithStorageStaysReady(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("engine-%d", i), Labels: map[string]string{"app": "engine"}},
 			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 		}))
-		eventually(t, 15*time.Second, func() error {
+		testutil.Eventually(t, 15*time.Second, func() error {
 			if err := k8s.Get(ctx, key, cb); err != nil {
 				return err
 			}

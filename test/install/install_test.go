@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
@@ -94,7 +95,7 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	// The manager published its CA; point the configurations at it.
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-	eventually(t, 30*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		if err := k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc); err != nil {
 			return err
 		}
@@ -129,20 +130,6 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	}
 }
 
-func eventually(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not met within %s: %v", timeout, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
 
 // TestProductionOverlayAppliesTwice: the production overlay (cert-manager
 // Issuer and Certificate, CA injection) installs and upgrades cleanly with
