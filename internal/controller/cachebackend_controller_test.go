@@ -27,9 +27,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 func newBackend(ns, name string) *v1alpha1.CacheBackend {
@@ -89,7 +89,6 @@ func waitBackend(t *testing.T, key client.ObjectKey, cond func(*v1alpha1.CacheBa
 	t.Helper()
 	return waitFor(t, key, &v1alpha1.CacheBackend{}, cond)
 }
-
 
 func managers(obj client.Object) []string {
 	var out []string
@@ -492,8 +491,6 @@ func reconciled(t *testing.T, key client.ObjectKey) {
 		return nil
 	})
 }
-
-
 
 // TestKstatus: kstatus (what Flux and kubectl wait read) computes
 // InProgress while the cache server rolls out and Current once it is Ready.

@@ -18,9 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 func newHiCache(ns string) *v1alpha1.CacheBackend {
@@ -57,7 +57,6 @@ func markPodReady(t *testing.T, p *corev1.Pod) {
 		return k8s.Status().Update(context.Background(), cur)
 	})
 }
-
 
 // TestHiCacheReadiness: an engine-local backend runs nothing, waits for
 // engine pods, becomes Ready once an admitted pod is Ready, and reports a

@@ -58,7 +58,6 @@ func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int
 	})
 }
 
-
 // TestStatefulSetReadinessFromReadyAndUpdatedReplicas: the StatefulSet kind
 // is Ready from its ready and updated replicas.
 func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
@@ -325,7 +324,6 @@ func retryUpdate(ctx context.Context, key client.ObjectKey, mutate func(*v1alpha
 	}
 	return err
 }
-
 
 // foreignStatefulSet is a StatefulSet of someone else, with a selector the
 // operator's cannot replace (selectors are immutable).

@@ -30,10 +30,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/manifests"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 // The suite runs the shipped controllers (controller.Setup) in a manager
@@ -159,7 +159,6 @@ func run(m *testing.M) int {
 	return code
 }
 
-
 // newNamespace creates a namespace of its own for one test.
 func newNamespace(t *testing.T) string {
 	t.Helper()
@@ -170,7 +169,6 @@ func newNamespace(t *testing.T) string {
 	require.NoError(t, k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
 	return name
 }
-
 
 // markDeploymentAvailable writes the status the Deployment controller would
 // write once every replica of the current generation is available.

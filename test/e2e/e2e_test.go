@@ -40,13 +40,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/manifests"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 var (
@@ -154,7 +154,6 @@ func run(m *testing.M) int {
 	return code
 }
 
-
 func namespace(t *testing.T, name string) string {
 	t.Helper()
 	require.NoError(t, k8s.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}))
@@ -169,8 +168,6 @@ func kubectlRun(t *testing.T, args ...string) string {
 	require.NoError(t, err, "kubectl %s:\n%s", strings.Join(args, " "), out)
 	return string(out)
 }
-
-
 
 // TestQuickstartBecomesReady: the quickstart, applied as a user would with
 // kubectl apply --server-side -k, gets a cache-server Deployment that
@@ -604,7 +601,6 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
 	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 }
-
 
 // TestStatefulSetWithStorageStaysReady: a StatefulSet backend with
 // per-replica claims, bound to PersistentVolumes the test creates, reaches

@@ -31,10 +31,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
@@ -129,7 +129,6 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 		assert.Contains(t, p.Spec.Containers[0].Args, inject.KVTransferConfigFlag)
 	}
 }
-
 
 // TestProductionOverlayAppliesTwice: the production overlay (cert-manager
 // Issuer and Certificate, CA injection) installs and upgrades cleanly with
