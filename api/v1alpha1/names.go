@@ -49,6 +49,9 @@ const (
 	FieldManagerRollout = "inferencecache-operator-rollout"
 	// FieldManagerReceipts owns AnnotationReceiptObserved on pods.
 	FieldManagerReceipts = "inferencecache-operator-receipts"
+	// FieldManagerCABundle owns the webhook configurations' caBundle (dev
+	// overlay's self-provisioned certificate).
+	FieldManagerCABundle = "inferencecache-operator-cabundle"
 )
 
 // ReportingController is the name events of the operator are reported by.
