@@ -105,8 +105,7 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 
 	dep := waitDeployment(t, key, nil)
 	assert.Contains(t, managers(dep), apply.FieldManager+"/Apply")
@@ -136,11 +135,9 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 // workload becomes available, firstAvailableAt is recorded once, and the
 // endpoint is cleared when no replica is available.
 func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
-	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 
 	markDeploymentAvailable(t, key)
@@ -180,8 +177,7 @@ func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 	cb := newBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
 	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
@@ -223,8 +219,7 @@ func TestForeignLabelSurvivesReconciles(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 
 	foreign := &unstructured.Unstructured{}
@@ -255,8 +250,7 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 
 	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
@@ -296,8 +290,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
 	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 
 	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
@@ -375,8 +368,7 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	pvcKey := client.ObjectKey{Namespace: ns, Name: "cache-data"}
 
 	pvc := &corev1.PersistentVolumeClaim{}
@@ -423,8 +415,7 @@ func TestEngineSelectorMatching(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 
 	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.EngineSelectorMessage == "" {
@@ -498,8 +489,7 @@ func TestKstatus(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 
 	kstatus := func() status.Status {

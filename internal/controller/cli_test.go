@@ -70,8 +70,7 @@ func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("3Gi"), Retention: &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}}}
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 4, TargetMemoryUtilizationPercentage: ptr.To[int32](70)}
 	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Port: 7100, ExtraArgs: []string{"--verbose"}}}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	// Once the generation is evaluated, every child was applied.
 	live := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.ObservedGeneration != cb.Generation {
@@ -170,19 +169,9 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
-	testutil.Eventually(t, 10*time.Second, func() error {
-		d, err := cli.Diff(ctx, k8s, getBackend(t, key))
-		if err != nil {
-			return err
-		}
-		if d.HasChanges() {
-			return fmt.Errorf("the applied spec still shows changes:\n%s", d)
-		}
-		return nil
-	})
+	waitNoDiff(t, key)
 
 	edited := getBackend(t, key)
 	edited.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v9"}}
@@ -198,6 +187,22 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	assert.Equal(t, before, waitDeployment(t, key, nil).ResourceVersion, "diff writes nothing")
 }
 
+// waitNoDiff waits until diff of the live CacheBackend key shows no change:
+// the controller's reconcile and the preview agree.
+func waitNoDiff(t *testing.T, key client.ObjectKey) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		d, err := cli.Diff(context.Background(), k8s, getBackend(t, key))
+		if err != nil {
+			return err
+		}
+		if d.HasChanges() {
+			return fmt.Errorf("%s shows changes after its reconcile:\n%s", key, d)
+		}
+		return nil
+	})
+}
+
 // TestDiffReportsAHeldStatefulSet: when the spec's storage no longer
 // matches a StatefulSet's claim templates, the controller's plan holds the
 // StatefulSet, and diff, built on the same plan, reports the hold (not an
@@ -206,19 +211,9 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := stsBackend(ns, "held", 1, true)
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitStatefulSet(t, key, nil)
-	testutil.Eventually(t, 10*time.Second, func() error {
-		d, err := cli.Diff(ctx, k8s, getBackend(t, key))
-		if err != nil {
-			return err
-		}
-		if d.HasChanges() {
-			return fmt.Errorf("the applied spec still shows changes:\n%s", d)
-		}
-		return nil
-	})
+	waitNoDiff(t, key)
 
 	edited := getBackend(t, key)
 	edited.Spec.Storage.PVC.Size = resource.MustParse("9Gi")
@@ -274,16 +269,7 @@ func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 					}
 					return nil
 				})
-				testutil.Eventually(t, 10*time.Second, func() error {
-					d, err := cli.Diff(ctx, k8s, getBackend(t, key))
-					if err != nil {
-						return err
-					}
-					if d.HasChanges() {
-						return fmt.Errorf("%s shows changes after its reconcile:\n%s", key, d)
-					}
-					return nil
-				})
+				waitNoDiff(t, key)
 			}
 		})
 	}

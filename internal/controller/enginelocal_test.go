@@ -21,6 +21,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 // TestEngineLocalKeepsVerdictWhenPodsCannotBeListed: a failed pod list
@@ -30,17 +31,8 @@ import (
 // write is captured, whatever its verb (the controller applies status), so
 // a reconcile that replaced the verdict cannot pass.
 func TestEngineLocalKeepsVerdictWhenPodsCannotBeListed(t *testing.T) {
-	s := runtime.NewScheme()
-	require.NoError(t, v1alpha1.AddToScheme(s))
-	require.NoError(t, corev1.AddToScheme(s))
-	cb := &v1alpha1.CacheBackend{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "hicache", UID: "uid-hicache", Generation: 2},
-		Spec: v1alpha1.CacheBackendSpec{
-			Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache,
-			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
-			HiCache:        &v1alpha1.HiCache{Ratio: ptr.To("2"), WritePolicy: "write_through"},
-		},
-	}
+	s := testutil.Scheme()
+	cb := hiCache(2)
 	cb.Status.ObservedGeneration = 2
 	cb.Status.MatchedEnginePods = 1
 	meta.SetStatusCondition(&cb.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue,
@@ -72,18 +64,8 @@ func TestEngineLocalKeepsVerdictWhenPodsCannotBeListed(t *testing.T) {
 			return nil
 		},
 	})
-	failing := interceptor.NewClient(base, interceptor.Funcs{
-		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
-			if _, ok := l.(*corev1.PodList); ok {
-				return errors.New("apiserver unavailable")
-			}
-			return c.List(ctx, l, opts...)
-		},
-	})
-	r := &CacheBackendReconciler{
-		Client: c, APIReader: failing, Recorder: events.NewFakeRecorder(10), Now: metav1.Now,
-		Keys: &receipt.KeyRing{Client: base, Reader: base, Namespace: "inferencecache-system", Name: receipt.DefaultSecretName},
-	}
+	fails := true
+	r := fakeReconciler(base, c, &fails, events.NewFakeRecorder(10))
 	_, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cb)})
 	require.ErrorContains(t, err, "apiserver unavailable")
 	require.Len(t, written, 1, "the stop is published once")
@@ -99,4 +81,33 @@ func TestEngineLocalKeepsVerdictWhenPodsCannotBeListed(t *testing.T) {
 	require.NotNil(t, rec, "the stop is visible")
 	assert.Equal(t, metav1.ConditionTrue, rec.Status)
 	assert.Equal(t, v1alpha1.ReasonObservationFailed, rec.Reason)
+}
+
+// hiCache is an engine-local backend of generation gen.
+func hiCache(gen int64) *v1alpha1.CacheBackend {
+	return &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "hicache", UID: "uid-hicache", Generation: gen},
+		Spec: v1alpha1.CacheBackendSpec{
+			Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
+			HiCache:        &v1alpha1.HiCache{Ratio: ptr.To("2"), WritePolicy: "write_through"},
+		},
+	}
+}
+
+// fakeReconciler is a CacheBackendReconciler writing through c and reading
+// pods through base, whose pod lists fail while *podListFails.
+func fakeReconciler(base client.WithWatch, c client.Client, podListFails *bool, rec events.EventRecorder) *CacheBackendReconciler {
+	reader := interceptor.NewClient(base, interceptor.Funcs{
+		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
+			if _, ok := l.(*corev1.PodList); ok && *podListFails {
+				return errors.New("apiserver unavailable")
+			}
+			return c.List(ctx, l, opts...)
+		},
+	})
+	return &CacheBackendReconciler{
+		Client: c, APIReader: reader, Recorder: rec, Now: metav1.Now,
+		Keys: &receipt.KeyRing{Client: base, Reader: base, Namespace: "inferencecache-system", Name: receipt.DefaultSecretName},
+	}
 }

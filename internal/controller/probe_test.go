@@ -20,15 +20,13 @@ import (
 // TestFunctionalProbe: a closed port keeps Ready=False with a reason and
 // FunctionalProbeOK=False; once the server answers, both become True.
 func TestFunctionalProbe(t *testing.T) {
-	ctx := context.Background()
 	ns := newNamespace(t)
 	addr := fmt.Sprintf("cache.%s.svc:65432", ns)
 	closedTargets.Store(addr, true)
 	defer closedTargets.Delete(addr)
 
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
 	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonFunctionalProbeFailed))

@@ -64,8 +64,7 @@ func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := stsBackend(ns, "cache", 2, false)
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	sts := waitStatefulSet(t, key, nil)
 	assert.True(t, metav1.IsControlledBy(sts, cb))
 	assert.Equal(t, "cache", sts.Spec.ServiceName)
@@ -88,11 +87,9 @@ func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 // volumeClaimTemplate; the API server's defaults in it (volumeMode) never
 // count as a storage change over several reconciles.
 func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
-	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := stsBackend(ns, "cache", 1, true)
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	sts := waitStatefulSet(t, key, nil)
 	require.Len(t, sts.Spec.VolumeClaimTemplates, 1)
 	vct := sts.Spec.VolumeClaimTemplates[0]
@@ -128,8 +125,7 @@ func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
 	ns := newNamespace(t)
 	cb := stsBackend(ns, "cache", 1, true)
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitStatefulSet(t, key, nil)
 	setStatefulSetStatus(t, key, 1, 1)
 	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
@@ -167,8 +163,7 @@ func TestRetentionPolicyIsRepaired(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := stsBackend(ns, "cache", 1, true)
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	sts := waitStatefulSet(t, key, nil)
 	sts.Spec.PersistentVolumeClaimRetentionPolicy = &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{
 		WhenDeleted: appsv1.DeletePersistentVolumeClaimRetentionPolicyType,
@@ -194,8 +189,7 @@ func TestKindSwitches(t *testing.T) {
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
 	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
@@ -249,8 +243,7 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
 	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
@@ -270,8 +263,7 @@ func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 	ns := newNamespace(t)
 	cb := newBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("2Gi"), StorageClassName: ptr.To("standard")}}
-	require.NoError(t, k8s.Create(ctx, cb))
-	key := client.ObjectKeyFromObject(cb)
+	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
 	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))

@@ -3,25 +3,22 @@ package controller
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 // statusStore is a fake API server for status: the controller's status
@@ -52,34 +49,13 @@ func statusStore(t *testing.T, base client.WithWatch, writes *int) interceptor.F
 // not repeat the first-observation EngineSelectorUnmatched event; once the
 // list works, the evaluated generation is published.
 func TestStatusNeverClaimsMoreThanEvaluated(t *testing.T) {
-	s := runtime.NewScheme()
-	require.NoError(t, v1alpha1.AddToScheme(s))
-	require.NoError(t, corev1.AddToScheme(s))
-	cb := &v1alpha1.CacheBackend{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "hicache", UID: "uid-hicache", Generation: 3},
-		Spec: v1alpha1.CacheBackendSpec{
-			Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache,
-			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
-			HiCache:        &v1alpha1.HiCache{Ratio: ptr.To("2"), WritePolicy: "write_through"},
-		},
-	}
-	base := fake.NewClientBuilder().WithScheme(s).WithObjects(cb).WithStatusSubresource(cb).Build()
+	cb := hiCache(3)
+	base := fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(cb).WithStatusSubresource(cb).Build()
 	writes := 0
 	c := interceptor.NewClient(base, statusStore(t, base, &writes))
 	listFails := true
-	reader := interceptor.NewClient(base, interceptor.Funcs{
-		List: func(ctx context.Context, c client.WithWatch, l client.ObjectList, opts ...client.ListOption) error {
-			if _, ok := l.(*corev1.PodList); ok && listFails {
-				return errors.New("apiserver unavailable")
-			}
-			return c.List(ctx, l, opts...)
-		},
-	})
 	rec := events.NewFakeRecorder(20)
-	r := &CacheBackendReconciler{
-		Client: c, APIReader: reader, Recorder: rec, Now: metav1.Now,
-		Keys: &receipt.KeyRing{Client: base, Reader: base, Namespace: "inferencecache-system", Name: receipt.DefaultSecretName},
-	}
+	r := fakeReconciler(base, c, &listFails, rec)
 	key := client.ObjectKeyFromObject(cb)
 	get := func() *v1alpha1.CacheBackend {
 		got := &v1alpha1.CacheBackend{}

@@ -139,24 +139,13 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := mgr.Start(ctx); err != nil {
-			fmt.Fprintln(os.Stderr, "manager:", err)
-		}
-	}()
-	code := 1
-	if err := waitWebhook(ctx, env.WebhookInstallOptions); err != nil {
+	stop := testutil.RunManager(context.Background(), mgr)
+	defer stop()
+	if err := waitWebhook(context.Background(), env.WebhookInstallOptions); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-	} else {
-		code = m.Run()
+		return 1
 	}
-	cancel()
-	wg.Wait()
-	return code
+	return m.Run()
 }
 
 // newNamespace creates a namespace of its own for one test.

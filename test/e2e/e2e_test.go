@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -129,23 +128,14 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	mctx, mcancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := mgr.Start(mctx); err != nil {
-			fmt.Fprintln(os.Stderr, "manager:", err)
-		}
-	}()
+	stop := testutil.RunManager(ctx, mgr)
 	code := 1
 	if err := localcluster.WaitServing(ctx, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second); err != nil {
 		fmt.Fprintln(os.Stderr, "webhook server:", err)
 	} else {
 		code = m.Run()
 	}
-	mcancel()
-	wg.Wait()
+	stop()
 	if code == 0 {
 		_ = os.RemoveAll(work)
 	} else {

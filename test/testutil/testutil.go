@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
@@ -115,4 +117,30 @@ func ZapLevel() zapcore.Level {
 		return -1
 	}
 	return 2
+}
+
+// RunManager starts mgr in the background, as the suites' TestMain do, and
+// returns a function that stops it and waits until it returned.
+func RunManager(ctx context.Context, mgr manager.Manager) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "manager:", err)
+		}
+	}()
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// StartBackend creates cb and returns its key: the first lines of every
+// test that starts from a CacheBackend.
+func StartBackend(t testing.TB, c client.Client, cb *v1alpha1.CacheBackend) client.ObjectKey {
+	t.Helper()
+	require.NoError(t, c.Create(context.Background(), cb))
+	return client.ObjectKeyFromObject(cb)
 }
