@@ -135,20 +135,28 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 	}
 }
 
-// TestExamplesApplyWithServerSideDryRun: every example kustomization under
-// examples/ is accepted by the API server (schema, CEL and the validating
-// webhook), so a broken example fails the tests.
-func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
-	ctx := context.Background()
-	ns := newNamespace(t)
+// exampleDirs lists the example kustomizations (and their overlays).
+func exampleDirs(t *testing.T) []string {
+	t.Helper()
 	dirs, err := filepath.Glob("../../examples/*/kustomization.yaml")
 	require.NoError(t, err)
 	overlays, err := filepath.Glob("../../examples/*/overlays/*/kustomization.yaml")
 	require.NoError(t, err)
 	dirs = append(dirs, overlays...)
 	require.GreaterOrEqual(t, len(dirs), 5)
-	for _, k := range dirs {
-		dir := filepath.Dir(k)
+	for i := range dirs {
+		dirs[i] = filepath.Dir(dirs[i])
+	}
+	return dirs
+}
+
+// TestExamplesApplyWithServerSideDryRun: every example kustomization under
+// examples/ is accepted by the API server (schema, CEL and the validating
+// webhook), so a broken example fails the tests.
+func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	for _, dir := range exampleDirs(t) {
 		t.Run(strings.TrimPrefix(dir, "../../examples/"), func(t *testing.T) {
 			objs, err := cli.ReadFile(dir, true)
 			require.NoError(t, err)
@@ -240,14 +248,7 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 // change: the preview and the controller share one plan and one drift rule.
 func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 	ctx := context.Background()
-	dirs, err := filepath.Glob("../../examples/*/kustomization.yaml")
-	require.NoError(t, err)
-	overlays, err := filepath.Glob("../../examples/*/overlays/*/kustomization.yaml")
-	require.NoError(t, err)
-	dirs = append(dirs, overlays...)
-	require.GreaterOrEqual(t, len(dirs), 5)
-	for _, k := range dirs {
-		dir := filepath.Dir(k)
+	for _, dir := range exampleDirs(t) {
 		t.Run(strings.TrimPrefix(dir, "../../examples/"), func(t *testing.T) {
 			ns := newNamespace(t)
 			objs, err := cli.ReadFile(dir, true)

@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -32,7 +31,7 @@ import (
 // a reconcile that replaced the verdict cannot pass.
 func TestEngineLocalKeepsVerdictWhenPodsCannotBeListed(t *testing.T) {
 	s := testutil.Scheme()
-	cb := hiCache(2)
+	cb := testutil.HiCacheBackend(2)
 	cb.Status.ObservedGeneration = 2
 	cb.Status.MatchedEnginePods = 1
 	meta.SetStatusCondition(&cb.Status.Conditions, metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue,
@@ -81,18 +80,6 @@ func TestEngineLocalKeepsVerdictWhenPodsCannotBeListed(t *testing.T) {
 	require.NotNil(t, rec, "the stop is visible")
 	assert.Equal(t, metav1.ConditionTrue, rec.Status)
 	assert.Equal(t, v1alpha1.ReasonObservationFailed, rec.Reason)
-}
-
-// hiCache is an engine-local backend of generation gen.
-func hiCache(gen int64) *v1alpha1.CacheBackend {
-	return &v1alpha1.CacheBackend{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "hicache", UID: "uid-hicache", Generation: gen},
-		Spec: v1alpha1.CacheBackendSpec{
-			Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache,
-			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
-			HiCache:        &v1alpha1.HiCache{Ratio: ptr.To("2"), WritePolicy: "write_through"},
-		},
-	}
 }
 
 // fakeReconciler is a CacheBackendReconciler writing through c and reading

@@ -12,23 +12,12 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 var testKey = receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 
-func hiCacheBackend(gen int64) *v1alpha1.CacheBackend {
-	return &v1alpha1.CacheBackend{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "hicache", UID: "uid-hicache", Generation: gen},
-		Spec: v1alpha1.CacheBackendSpec{
-			Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache,
-			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
-			HiCache:        &v1alpha1.HiCache{Ratio: ptr.To("2"), WritePolicy: "write_through"},
-			Integration: v1alpha1.Integration{EngineOverrides: &v1alpha1.EngineOverrides{
-				Env: []corev1.EnvVar{{Name: "SGLANG_LOG_LEVEL", Value: "info"}},
-			}},
-		},
-	}
-}
+func hiCacheBackend(gen int64) *v1alpha1.CacheBackend { return testutil.HiCacheBackend(gen) }
 
 func rawPod(name string) *corev1.Pod {
 	return &corev1.Pod{

@@ -435,15 +435,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 		return nil
 	})
 	assert.NotContains(t, cb.Status.ObservedServerInstance, strings.Split(first, ":")[0], "the replacement pod has a new UID")
-	testutil.Eventually(t, 30*time.Second, func() error {
-		if err := k8s.Get(ctx, engineKey, engine); err != nil {
-			return err
-		}
-		if engine.Generation != 2 {
-			return fmt.Errorf("engine Deployment generation %d, want 2", engine.Generation)
-		}
-		return nil
-	})
+	waitGeneration(t, engineKey, engine, 2, 30*time.Second)
 	assert.NotEmpty(t, engine.Spec.Template.Annotations[v1alpha1.AnnotationServerInstance])
 	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
 	testutil.Eventually(t, 30*time.Second, func() error {
@@ -489,6 +481,20 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
 	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
+}
+
+// waitGeneration waits until the Deployment key has generation gen.
+func waitGeneration(t *testing.T, key client.ObjectKey, d *appsv1.Deployment, gen int64, timeout time.Duration) {
+	t.Helper()
+	testutil.Eventually(t, timeout, func() error {
+		if err := k8s.Get(context.Background(), key, d); err != nil {
+			return err
+		}
+		if d.Generation != gen {
+			return fmt.Errorf("Deployment %s generation %d, want %d", key, d.Generation, gen)
+		}
+		return nil
+	})
 }
 
 // TestStatefulSetReplacementRollsEnginesOnce is the restart cascade of a
@@ -571,15 +577,7 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 	old := &corev1.Pod{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache-0"}, old))
 	require.NoError(t, k8s.Delete(ctx, old))
-	testutil.Eventually(t, 90*time.Second, func() error {
-		if err := k8s.Get(ctx, engineKey, engine); err != nil {
-			return err
-		}
-		if engine.Generation != 2 {
-			return fmt.Errorf("engine Deployment generation %d, want 2", engine.Generation)
-		}
-		return nil
-	})
+	waitGeneration(t, engineKey, engine, 2, 90*time.Second)
 	testutil.Eventually(t, 30*time.Second, func() error {
 		if inst := instance(); strings.Contains(inst, string(old.UID)) || len(strings.Split(inst, ",")) != 2 {
 			return fmt.Errorf("observedServerInstance %q still names the replaced pod or lacks one", inst)

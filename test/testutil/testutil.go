@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -143,4 +144,21 @@ func StartBackend(t testing.TB, c client.Client, cb *v1alpha1.CacheBackend) clie
 	t.Helper()
 	require.NoError(t, c.Create(context.Background(), cb))
 	return client.ObjectKeyFromObject(cb)
+}
+
+// HiCacheBackend is an engine-local (SGLangHiCache) backend llm/hicache of
+// generation gen, selecting app=sglang pods: the unit tests' fixture.
+func HiCacheBackend(gen int64) *v1alpha1.CacheBackend {
+	ratio := "2"
+	return &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "hicache", UID: "uid-hicache", Generation: gen},
+		Spec: v1alpha1.CacheBackendSpec{
+			Runtime: v1alpha1.RuntimeSGLang, Type: v1alpha1.BackendTypeSGLangHiCache,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
+			HiCache:        &v1alpha1.HiCache{Ratio: &ratio, WritePolicy: "write_through"},
+			Integration: v1alpha1.Integration{EngineOverrides: &v1alpha1.EngineOverrides{
+				Env: []corev1.EnvVar{{Name: "SGLANG_LOG_LEVEL", Value: "info"}},
+			}},
+		},
+	}
 }
