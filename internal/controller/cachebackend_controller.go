@@ -131,12 +131,13 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 // before it evaluates says so (Reconciling=True with a reason) and leaves
 // observedGeneration alone.
 func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	s := &pass{}
+	defer r.forgetProbeUnlessProbed(req.NamespacedName, s)
 	cb, err := r.backend(ctx, req.NamespacedName)
 	if cb == nil {
 		return ctrl.Result{}, err
 	}
-	s := &pass{cb: cb, st: cb.Status.DeepCopy()}
-	defer r.forgetProbeUnlessProbed(s)
+	s.cb, s.st = cb, cb.Status.DeepCopy()
 
 	obs, err := r.gather(ctx, cb)
 	r.recordEngineMatch(s, obs)
@@ -182,11 +183,11 @@ func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectK
 }
 
 // forgetProbeUnlessProbed clears the backend's probe slot on every path that
-// did not reach the functional probe, so that a return to the ready state
-// probes afresh.
-func (r *CacheBackendReconciler) forgetProbeUnlessProbed(s *pass) {
+// did not reach the functional probe (deletion included), so that a return
+// to the ready state probes afresh.
+func (r *CacheBackendReconciler) forgetProbeUnlessProbed(key client.ObjectKey, s *pass) {
 	if r.Prober != nil && !s.probed {
-		r.Prober.Forget(client.ObjectKeyFromObject(s.cb))
+		r.Prober.Forget(key)
 	}
 }
 
