@@ -75,7 +75,7 @@ func TestEngineLocalKeepsVerdictWhenPodsCannotBeListed(t *testing.T) {
 	assert.Equal(t, before.Status, ready.Status, "the previous verdict is kept")
 	assert.Equal(t, before.Reason, ready.Reason)
 	assert.Equal(t, before.Message, ready.Message)
-	assert.Equal(t, before.LastTransitionTime.Rfc3339Copy(), ready.LastTransitionTime, "the transition time is kept (at the API's one-second resolution)")
+	assert.Equal(t, before.LastTransitionTime.Unix(), ready.LastTransitionTime.Unix(), "the transition time is kept (at the API's one-second resolution)")
 	rec := meta.FindStatusCondition(got.Conditions, v1alpha1.ConditionReconciling)
 	require.NotNil(t, rec, "the stop is visible")
 	assert.Equal(t, metav1.ConditionTrue, rec.Status)
