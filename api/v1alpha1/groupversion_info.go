@@ -15,7 +15,7 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "inferencecache.io", Version: "v1alpha1"}
 
 	// SchemeBuilder registers the types of this API with a runtime.Scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion} //nolint:staticcheck // kubebuilder's registration helper, which the generated deepcopy code and controller-gen expect
 
 	// AddToScheme adds the types of this API to a runtime.Scheme.
 	AddToScheme = SchemeBuilder.AddToScheme

@@ -215,7 +215,7 @@ func Engines(objs []*unstructured.Unstructured) ([]*appsv1.Deployment, error) {
 		}
 		d := &appsv1.Deployment{}
 		if err := yaml.UnmarshalStrict(raw, d); err != nil {
-			return nil, fmt.Errorf("Deployment %s: %w", o.GetName(), err)
+			return nil, fmt.Errorf("decoding Deployment %s: %w", o.GetName(), err)
 		}
 		if d.Namespace == "" {
 			d.Namespace = "default"

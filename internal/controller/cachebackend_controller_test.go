@@ -231,7 +231,7 @@ func TestForeignLabelSurvivesReconciles(t *testing.T) {
 	require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(foreign), client.FieldOwner("platform-team")))
 
 	// A spec change makes the operator apply the Deployment for real.
-	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v2"}}
 	})
 	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
@@ -253,7 +253,7 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 	key := testutil.StartBackend(t, k8s, cb)
 	waitDeployment(t, key, nil)
 
-	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{
 			Port: 7000, Replicas: ptr.To[int32](3), ExtraArgs: []string{"--verbose"},
 			Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}},
@@ -309,7 +309,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 		}
 	}()
 
-	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 5, TargetCPUUtilizationPercentage: ptr.To[int32](70)}
 	})
 	hpa := &autoscalingv2.HorizontalPodAutoscaler{}
@@ -327,7 +327,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	// The HPA scales the workload (as the HPA controller would, through the
 	// scale subresource); the operator must not take the count back.
 	require.NoError(t, scaleDeployment(ctx, key, 4))
-	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.RemoteStorage.LMCacheServer.Image = "example.com/lmcache:v3"
 	})
 	dep = waitDeployment(t, key, func(d *appsv1.Deployment) error {
@@ -338,7 +338,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	})
 	assert.Equal(t, int32(4), *dep.Spec.Replicas, "the HPA's count survives an apply")
 
-	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Autoscaling = nil
 	})
 	testutil.Eventually(t, 15*time.Second, func() error {
@@ -346,7 +346,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("HPA still there: %v", err)
+		return fmt.Errorf("HPA still there: %w", err)
 	})
 	waitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if *d.Spec.Replicas != 2 {
@@ -379,7 +379,7 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 	assert.Equal(t, appsv1.RecreateDeploymentStrategyType, dep.Spec.Strategy.Type, "ReadWriteOnce claim: one pod at a time")
 	assert.Equal(t, "cache-data", dep.Spec.Template.Spec.Volumes[0].PersistentVolumeClaim.ClaimName)
 
-	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Storage.PVC.Retention = &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}
 	})
 	testutil.Eventually(t, 15*time.Second, func() error {
@@ -392,7 +392,7 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 		return nil
 	})
 
-	cb = updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Storage = nil
 	})
 	waitDeployment(t, key, func(d *appsv1.Deployment) error {

@@ -233,7 +233,7 @@ func ownsReplicas(entries []metav1.ManagedFieldsEntry, manager string) bool {
 		var fields struct {
 			Spec map[string]json.RawMessage `json:"f:spec"`
 		}
-		if err := json.Unmarshal(e.FieldsV1.Raw, &fields); err != nil {
+		if err := json.Unmarshal(e.FieldsV1.GetRawBytes(), &fields); err != nil {
 			continue
 		}
 		if _, ok := fields.Spec["f:replicas"]; ok {

@@ -218,10 +218,10 @@ func TestPruneOwnership(t *testing.T) {
 func TestReplicaHandoff(t *testing.T) {
 	owns := func(manager string) metav1.ManagedFieldsEntry {
 		return metav1.ManagedFieldsEntry{Manager: manager, Operation: metav1.ManagedFieldsOperationApply,
-			FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:replicas":{}}}`)}}
+			FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:replicas":{}}}`)}
 	}
 	update := metav1.ManagedFieldsEntry{Manager: v1alpha1.FieldManagerChildren, Operation: metav1.ManagedFieldsOperationUpdate,
-		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:spec":{"f:replicas":{}}}`)}}
+		FieldsV1: metav1.NewFieldsV1(`{"f:spec":{"f:replicas":{}}}`)}
 	cases := []struct {
 		name    string
 		entries []metav1.ManagedFieldsEntry

@@ -97,7 +97,7 @@ func ReadyIs(status metav1.ConditionStatus, reason string) func(*v1alpha1.CacheB
 	return func(cb *v1alpha1.CacheBackend) error {
 		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
 		if c == nil || (status != "" && c.Status != status) || (reason != "" && c.Reason != reason) || cb.Status.ObservedGeneration != cb.Generation {
-			return fmt.Errorf("Ready is %+v at observedGeneration %d/%d, want %s %s", c, cb.Status.ObservedGeneration, cb.Generation, status, reason)
+			return fmt.Errorf("condition Ready is %+v at observedGeneration %d/%d, want %s %s", c, cb.Status.ObservedGeneration, cb.Generation, status, reason)
 		}
 		return nil
 	}
