@@ -534,6 +534,16 @@ func TestStatefulSetReplacementRollsEnginesOnce(t *testing.T) {
 	require.NoError(t, k8s.Get(ctx, engineKey, engine))
 	require.Equal(t, int64(1), engine.Generation, "the first observation rolled nothing")
 
+	// The backend has been Ready longer than the operator waits before it
+	// rolls engines: a server change seen now would roll them at once.
+	testutil.Eventually(t, 30*time.Second, func() error {
+		require.NoError(t, k8s.Get(ctx, key, cb))
+		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if c == nil || c.Status != metav1.ConditionTrue || time.Since(c.LastTransitionTime.Time) < 5*time.Second {
+			return fmt.Errorf("Ready is %+v, want True for 5s", c)
+		}
+		return nil
+	})
 	// Replica 1 goes not Ready (as a failing readiness probe makes it),
 	// without a restart: the backend sees one ready replica, and rolls
 	// nothing.
