@@ -12,13 +12,18 @@ INSTALL_CONTROLPLANE := bash test/tools/install.sh
 # real peers (libzmq, redis-server, promtool, protoc), only those missing.
 INSTALL_PACKAGES := bash test/tools/install-packages.sh
 
+# The version every binary prints with --version (internal/version), from
+# the nearest tag; "dev" outside a git checkout.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/inferencecache/operator/internal/version.Version=$(VERSION)
+
 .PHONY: all
 all: build
 
 .PHONY: build
 build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
-	go build -o bin/manager ./cmd/manager
-	go build -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+	go build -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
+	go build -ldflags "$(LDFLAGS)" -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
 
 .PHONY: generate
 generate: ## Generate deepcopy code.

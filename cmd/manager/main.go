@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -29,16 +30,17 @@ import (
 	"github.com/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/version"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 	metricsAddr := fs.String("metrics-bind-address", ":8080", "address the Prometheus metrics endpoint binds to; 0 disables it")
 	probeAddr := fs.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz endpoints bind to")
@@ -57,7 +59,12 @@ func run(args []string) error {
 	webhookService := fs.String("webhook-service", "inferencecache-webhook", "Service in front of the webhooks; names the self-signed certificate")
 	certHosts := fs.String("webhook-cert-hosts", "", "extra comma-separated DNS names or IPs for the self-signed certificate (e.g. 127.0.0.1 when the manager runs outside the cluster)")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *showVersion {
+		_, err := fmt.Fprintln(stdout, version.String("manager"))
 		return err
 	}
 
