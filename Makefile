@@ -57,6 +57,8 @@ packages: ## Install the Debian packages the tests use as real peers (only those
 test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
+	# Test modules of their own, whose dependencies stay out of go.mod.
+	cd test/promql && go test -count=1 ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
 
 .PHONY: test-unit

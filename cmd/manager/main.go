@@ -30,6 +30,7 @@ import (
 	"github.com/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/metrics"
 	"github.com/inferencecache/operator/internal/version"
 )
 
@@ -127,6 +128,12 @@ func run(args []string, stdout io.Writer) error {
 	}); err != nil {
 		return err
 	}
+	metricsLog := ctrl.Log.WithName("metrics")
+	if err := metrics.Register(mgr.GetCache(), func(err error) {
+		metricsLog.Error(err, "listing CacheBackends for the condition gauge")
+	}); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	if provisioner != nil {
 		if err := mgr.Add(provisioner); err != nil {
 			return err
@@ -138,7 +145,7 @@ func run(args []string, stdout io.Writer) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding readiness check: %w", err)
 	}
-	setupLog.Info("starting manager", "fieldManager", apply.FieldManager, "statusManager", controller.StatusManager)
+	setupLog.Info("starting manager", "version", version.Version, "fieldManager", apply.FieldManager, "statusManager", controller.StatusManager)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}
