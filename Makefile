@@ -16,6 +16,11 @@ INSTALL_PACKAGES := bash test/tools/install-packages.sh
 # the nearest tag; "dev" outside a git checkout.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/inferencecache/operator/internal/version.Version=$(VERSION)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# Where `make push` publishes the images and what dist/install.yaml pins
+# them under (by digest).
+REGISTRY ?= ghcr.io/inferencecache
+IMAGES_DIR := dist/images
 
 .PHONY: all
 all: build
@@ -24,6 +29,21 @@ all: build
 build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
 	go build -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
 	go build -ldflags "$(LDFLAGS)" -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+
+.PHONY: image
+image: ## Build OCI image layouts (linux/amd64, linux/arm64) of the manager and the runtime binaries into dist/images, without Docker.
+	go run ./hack/image -out $(IMAGES_DIR) -version $(VERSION) -revision $(REVISION)
+
+.PHONY: push
+push: image ## Push the image layouts to $(REGISTRY)/<image>:$(VERSION) (registry credentials from ~/.docker/config.json).
+	for d in $(IMAGES_DIR)/*/; do \
+		name=$$(basename "$$d"); \
+		go run github.com/google/go-containerregistry/cmd/crane@v0.22.1 push "$$d" "$(REGISTRY)/$$name:$(VERSION)"; \
+	done
+
+.PHONY: build-installer
+build-installer: image ## Write dist/install.yaml (production overlay) and dist/install-dev.yaml, the manager image pinned by digest under $(REGISTRY).
+	go run ./hack/installer -out dist -images $(IMAGES_DIR) -registry $(REGISTRY) -version $(VERSION)
 
 .PHONY: generate
 generate: ## Generate deepcopy code.
