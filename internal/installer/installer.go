@@ -83,7 +83,11 @@ func Build(o Options) ([]byte, error) {
 	if err := os.WriteFile(filepath.Join(tmp, "kustomization.yaml"), raw, 0o600); err != nil {
 		return nil, err
 	}
-	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), tmp)
+	// kubectl apply -f applies in file order: the Namespace and the CRD
+	// before what lives in them (kustomize's legacy order, as kubectl -k).
+	opts := krusty.MakeDefaultOptions()
+	opts.Reorder = krusty.ReorderOptionLegacy
+	rm, err := krusty.MakeKustomizer(opts).Run(filesys.MakeFsOnDisk(), tmp)
 	if err != nil {
 		return nil, fmt.Errorf("kustomize build %s: %w", o.Overlay, err)
 	}

@@ -79,3 +79,19 @@ func TestBuildWithoutLayout(t *testing.T) {
 	_, err := installer.Build(installer.Options{Overlay: "../../kustomize/overlays/dev", ImagesDir: t.TempDir(), Registry: "r", Version: "v"})
 	assert.ErrorContains(t, err, "run make image first")
 }
+
+// TestBuildOrder: kubectl apply -f goes top to bottom, so the Namespace and
+// the CRD come before every object that lives in them.
+func TestBuildOrder(t *testing.T) {
+	images := t.TempDir()
+	fakeLayout(t, images)
+	b, err := installer.Build(installer.Options{Overlay: "../../kustomize/overlays/production", ImagesDir: images, Registry: "r", Version: "v"})
+	require.NoError(t, err)
+	f := filepath.Join(t.TempDir(), "install.yaml")
+	require.NoError(t, os.WriteFile(f, b, 0o600))
+	objs, err := cli.ReadFile(f, false)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(objs), 2)
+	kinds := []string{objs[0].GetKind(), objs[1].GetKind()}
+	assert.ElementsMatch(t, []string{"Namespace", "CustomResourceDefinition"}, kinds)
+}
