@@ -19,13 +19,38 @@ GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 # (test/e2e, test/install) suites.
 UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /test/e2e -e /test/install)
 
+# The version every binary prints with --version (internal/version), from
+# the nearest tag; "dev" outside a git checkout.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/inferencecache/operator/internal/version.Version=$(VERSION)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# Where `make push` publishes the images and what dist/install.yaml pins
+# them under (by digest).
+REGISTRY ?= ghcr.io/inferencecache
+IMAGES_DIR := dist/images
+
 .PHONY: all
 all: build
 
 .PHONY: build
 build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
-	go build -o bin/manager ./cmd/manager
-	go build -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+	go build -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
+	go build -ldflags "$(LDFLAGS)" -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+
+.PHONY: image
+image: ## Build OCI image layouts (linux/amd64, linux/arm64) of the manager and the runtime binaries into dist/images, without Docker.
+	go run ./hack/image -out $(IMAGES_DIR) -version $(VERSION) -revision $(REVISION)
+
+.PHONY: push
+push: image ## Push the image layouts to $(REGISTRY)/<image>:$(VERSION) (registry credentials from ~/.docker/config.json).
+	for d in $(IMAGES_DIR)/*/; do \
+		name=$$(basename "$$d"); \
+		go run github.com/google/go-containerregistry/cmd/crane@v0.22.1 push "$$d" "$(REGISTRY)/$$name:$(VERSION)"; \
+	done
+
+.PHONY: build-installer
+build-installer: image ## Write dist/install.yaml (production overlay) and dist/install-dev.yaml, the manager image pinned by digest under $(REGISTRY).
+	go run ./hack/installer -out dist -images $(IMAGES_DIR) -registry $(REGISTRY) -version $(VERSION)
 
 .PHONY: generate
 generate: ## Generate deepcopy code.
@@ -70,6 +95,8 @@ packages: ## Install the Debian packages the tests use as real peers (only those
 test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
+	# Test modules of their own, whose dependencies stay out of go.mod.
+	cd test/promql && go test -count=1 ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
 
 .PHONY: test-unit

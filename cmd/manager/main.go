@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -29,16 +30,18 @@ import (
 	"github.com/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/metrics"
+	"github.com/inferencecache/operator/internal/version"
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 	metricsAddr := fs.String("metrics-bind-address", ":8080", "address the Prometheus metrics endpoint binds to; 0 disables it")
 	probeAddr := fs.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz endpoints bind to")
@@ -57,7 +60,12 @@ func run(args []string) error {
 	webhookService := fs.String("webhook-service", "inferencecache-webhook", "Service in front of the webhooks; names the self-signed certificate")
 	certHosts := fs.String("webhook-cert-hosts", "", "extra comma-separated DNS names or IPs for the self-signed certificate (e.g. 127.0.0.1 when the manager runs outside the cluster)")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *showVersion {
+		_, err := fmt.Fprintln(stdout, version.String("manager"))
 		return err
 	}
 
@@ -120,6 +128,12 @@ func run(args []string) error {
 	}); err != nil {
 		return err
 	}
+	metricsLog := ctrl.Log.WithName("metrics")
+	if err := metrics.Register(mgr.GetCache(), func(err error) {
+		metricsLog.Error(err, "listing CacheBackends for the condition gauge")
+	}); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	if provisioner != nil {
 		if err := mgr.Add(provisioner); err != nil {
 			return err
@@ -131,7 +145,7 @@ func run(args []string) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding readiness check: %w", err)
 	}
-	setupLog.Info("starting manager", "fieldManager", apply.FieldManager, "statusManager", controller.StatusManager)
+	setupLog.Info("starting manager", "version", version.Version, "fieldManager", apply.FieldManager, "statusManager", controller.StatusManager)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/version"
 )
 
 // Names and defaults that are part of the operator's contract: they appear
@@ -35,6 +36,9 @@ const (
 	labelName       = "app.kubernetes.io/name"
 	labelInstance   = "app.kubernetes.io/instance"
 	labelManagedBy  = "app.kubernetes.io/managed-by"
+	labelPartOf     = "app.kubernetes.io/part-of"
+	labelVersion    = "app.kubernetes.io/version"
+	partOfValue     = "inferencecache"
 	nameLMCache     = "lmcache-server"
 	managedByValue  = v1alpha1.ReportingController
 	containerName   = "lmcache-server"
@@ -83,6 +87,19 @@ func Labels(cb *v1alpha1.CacheBackend) map[string]string {
 	l[labelName] = nameLMCache
 	l[labelInstance] = cb.Name
 	l[labelManagedBy] = managedByValue
+	return l
+}
+
+// objectLabels are the labels of the children themselves: Labels plus the
+// project (part-of) and the operator version that last applied them
+// (app.kubernetes.io/version). The version is never put on pod templates
+// or claim templates, so that upgrading the operator restarts no cache
+// server (and so no engine) and never touches a StatefulSet's immutable
+// volumeClaimTemplates.
+func objectLabels(cb *v1alpha1.CacheBackend) map[string]string {
+	l := Labels(cb)
+	l[labelPartOf] = partOfValue
+	l[labelVersion] = version.Version
 	return l
 }
 
@@ -185,7 +202,7 @@ func deployment(cb *v1alpha1.CacheBackend) *appsv1ac.DeploymentApplyConfiguratio
 	}
 	spec.WithStrategy(strategy(cb))
 	return appsv1ac.Deployment(cb.Name, cb.Namespace).
-		WithLabels(Labels(cb)).
+		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(spec)
 }
@@ -278,7 +295,7 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 
 func service(cb *v1alpha1.CacheBackend) *corev1ac.ServiceApplyConfiguration {
 	return corev1ac.Service(ServiceName(cb), cb.Namespace).
-		WithLabels(Labels(cb)).
+		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(corev1ac.ServiceSpec().
 			WithType(corev1.ServiceTypeClusterIP).
@@ -316,7 +333,7 @@ func hpa(cb *v1alpha1.CacheBackend) *autoscalingv2ac.HorizontalPodAutoscalerAppl
 		metrics = append(metrics, metric(corev1.ResourceCPU, defaultHPACPU))
 	}
 	return autoscalingv2ac.HorizontalPodAutoscaler(cb.Name, cb.Namespace).
-		WithLabels(Labels(cb)).
+		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(autoscalingv2ac.HorizontalPodAutoscalerSpec().
 			WithScaleTargetRef(autoscalingv2ac.CrossVersionObjectReference().
@@ -347,7 +364,7 @@ func statefulSet(cb *v1alpha1.CacheBackend) *appsv1ac.StatefulSetApplyConfigurat
 		spec.WithVolumeClaimTemplates(t)
 	}
 	return appsv1ac.StatefulSet(cb.Name, cb.Namespace).
-		WithLabels(Labels(cb)).
+		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(spec)
 }
@@ -404,7 +421,7 @@ func pvc(cb *v1alpha1.CacheBackend) *corev1ac.PersistentVolumeClaimApplyConfigur
 	// retention change a visible difference to the applier, which compares
 	// labels, annotations and spec but not owner references.
 	claim := corev1ac.PersistentVolumeClaim(PVCName(cb), cb.Namespace).
-		WithLabels(Labels(cb)).
+		WithLabels(objectLabels(cb)).
 		WithAnnotations(map[string]string{AnnotationRetentionWhenDeleted: string(retention)}).
 		WithSpec(spec)
 	if DeleteDataWithBackend(cb) {

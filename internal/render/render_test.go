@@ -16,6 +16,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/version"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files from the current output")
@@ -164,4 +165,34 @@ func TestEndpoint(t *testing.T) {
 	cb := load(t, "testdata/full.yaml")
 	assert.Equal(t, "lm://big.llm.svc:7000", render.Endpoint(cb))
 	assert.Equal(t, "lm://cache.llm.svc:65432", render.Endpoint(load(t, "testdata/minimal.yaml")))
+}
+
+// TestVersionLabels: every child carries the operator's version and the
+// project it is part of, but no pod template or claim template does, so an
+// operator upgrade rolls no cache server and never edits a StatefulSet's
+// immutable volumeClaimTemplates.
+func TestVersionLabels(t *testing.T) {
+	defer func(v string) { version.Version = v }(version.Version)
+	version.Version = "v9.8.7"
+	full := render.Render(load(t, "testdata/full.yaml"))
+	sts := render.Render(load(t, "testdata/statefulset.yaml"))
+	objects := map[string]map[string]string{
+		"Deployment":              full.Deployment.Labels,
+		"Service":                 full.Service.Labels,
+		"HorizontalPodAutoscaler": full.HPA.Labels,
+		"PersistentVolumeClaim":   full.PVC.Labels,
+		"StatefulSet":             sts.StatefulSet.Labels,
+	}
+	for kind, l := range objects {
+		assert.Equal(t, "v9.8.7", l["app.kubernetes.io/version"], kind)
+		assert.Equal(t, "inferencecache", l["app.kubernetes.io/part-of"], kind)
+	}
+	templates := map[string]map[string]string{
+		"Deployment pod template":  full.Deployment.Spec.Template.Labels,
+		"StatefulSet pod template": sts.StatefulSet.Spec.Template.Labels,
+		"volumeClaimTemplate":      sts.StatefulSet.Spec.VolumeClaimTemplates[0].Labels,
+	}
+	for what, l := range templates {
+		assert.NotContains(t, l, "app.kubernetes.io/version", what)
+	}
 }

@@ -49,6 +49,17 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	assert.NotContains(t, strings.ToLower(second), "error")
 	kubectl("wait", "--for=condition=Established", "crd/cachebackends.inferencecache.io", "--timeout=30s")
 
+	k8s, _ := runManager(ctx, t, work, cluster, "")
+	quickstartReady(t, ctx, k8s, kubectl)
+}
+
+// runManager starts the manager binary as the bundle's ServiceAccount,
+// with its own webhook certificate, waits for its webhook server and
+// points the bundle's webhook configurations at it (the API server cannot
+// reach a Service here). A version, when set, is linked in as make build
+// does. It returns a client of the test and the manager's metrics URL.
+func runManager(ctx context.Context, t *testing.T, work string, cluster *localcluster.Cluster, version string) (client.Client, string) {
+	t.Helper()
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
 	utilruntime.Must(v1alpha1.AddToScheme(s))
@@ -57,7 +68,11 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 
 	// The manager binary, as the bundle's ServiceAccount.
 	managerBin := filepath.Join(work, "manager")
-	build := exec.Command("go", "build", "-o", managerBin, "../../cmd/manager")
+	args := []string{"build", "-o", managerBin}
+	if version != "" {
+		args = append(args, "-ldflags", "-X github.com/inferencecache/operator/internal/version.Version="+version)
+	}
+	build := exec.Command("go", append(args, "../../cmd/manager")...)
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	kc, err := os.ReadFile(cluster.Kubeconfig)
@@ -69,27 +84,29 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	require.NoError(t, err)
 	health, err := localcluster.FreePort()
 	require.NoError(t, err)
+	metricsPort, err := localcluster.FreePort()
+	require.NoError(t, err)
 	logf, err := os.Create(filepath.Join(work, "manager.log"))
 	require.NoError(t, err)
-	defer logf.Close()
+	t.Cleanup(func() { logf.Close() })
 	mgr := exec.CommandContext(ctx, managerBin,
 		"--namespace=inferencecache-system", "--leader-elect", "--leader-election-namespace=inferencecache-system",
 		"--self-signed-webhook-cert", "--webhook-cert-hosts=127.0.0.1",
 		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir="+filepath.Join(work, "certs"),
-		"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
 		"--functional-probe=false",
 	)
 	mgr.Env = append(os.Environ(), "KUBECONFIG="+saKubeconfig)
 	mgr.Stdout, mgr.Stderr = logf, logf
 	require.NoError(t, mgr.Start())
-	defer func() {
+	t.Cleanup(func() {
 		_ = mgr.Process.Signal(os.Interrupt)
 		_ = mgr.Wait()
 		if t.Failed() {
 			log, _ := os.ReadFile(filepath.Join(work, "manager.log"))
 			t.Logf("manager log:\n%s", log)
 		}
-	}()
+	})
 	require.NoError(t, localcluster.WaitServing(ctx, fmt.Sprintf("127.0.0.1:%d", port), 60*time.Second), "the manager's webhook server")
 
 	// The manager published its CA; point the configurations at it.
@@ -112,6 +129,13 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	vwc.Webhooks[0].ClientConfig.URL, vwc.Webhooks[0].ClientConfig.Service = url("/validate-inferencecache-io-v1alpha1-cachebackend"), nil
 	require.NoError(t, k8s.Update(ctx, vwc))
 
+	return k8s, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+}
+
+// quickstartReady applies the quickstart: the CacheBackend becomes Ready
+// and the engine's pods are wired by the webhook.
+func quickstartReady(t *testing.T, ctx context.Context, k8s client.Client, kubectl func(...string) string) {
+	t.Helper()
 	kubectl("apply", "--server-side", "-f", "../../examples/quickstart/cachebackend.yaml")
 	kubectl("wait", "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=90s")
 	cb := &v1alpha1.CacheBackend{}

@@ -7,8 +7,14 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# Renovate (renovate.json, regex manager) bumps these from the comments
+# above each; KUBE_VERSION moves with test/tools/kube/go.mod and
+# ETCD_VERSION with test/tools/etcd/go.mod (one grouped pull request).
+# renovate: datasource=go depName=k8s.io/kubernetes
 KUBE_VERSION=v1.37.2
+# renovate: datasource=go depName=go.etcd.io/etcd/server/v3
 ETCD_VERSION=v3.6.16
+# renovate: datasource=go depName=sigs.k8s.io/kwok
 KWOK_VERSION=v0.8.0
 cache=${INFERENCECACHE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inferencecache-operator}
 dir=${CONTROLPLANE_DIR:-$cache/controlplane-kube${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}}

@@ -1,0 +1,109 @@
+// Package hygiene checks the project files that no build reads: the
+// licence, and that the Renovate configuration really finds every pinned
+// version it is meant to update.
+package hygiene
+
+import (
+	"encoding/json"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type renovateConfig struct {
+	EnabledManagers []string `json:"enabledManagers"`
+	CustomManagers  []struct {
+		CustomType          string   `json:"customType"`
+		ManagerFilePatterns []string `json:"managerFilePatterns"`
+		MatchStrings        []string `json:"matchStrings"`
+	} `json:"customManagers"`
+}
+
+// TestRenovateFindsThePinnedControlPlane runs the regex manager's patterns
+// (ECMAScript named groups are valid Go syntax) over test/tools/install.sh:
+// each *_VERSION the script builds from must be found, with its datasource,
+// module and current value.
+func TestRenovateFindsThePinnedControlPlane(t *testing.T) {
+	raw, err := os.ReadFile("../../renovate.json")
+	require.NoError(t, err)
+	var cfg renovateConfig
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	assert.Contains(t, cfg.EnabledManagers, "gomod", "every go.mod is updated by the gomod manager")
+	assert.Contains(t, cfg.EnabledManagers, "custom.regex")
+
+	script, err := os.ReadFile("../tools/install.sh")
+	require.NoError(t, err)
+	pinned := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z]+)_VERSION=(\S+)$`).FindAllStringSubmatch(string(script), -1) {
+		pinned[m[1]] = m[2]
+	}
+	require.Len(t, pinned, 3, "KUBE, ETCD and KWOK versions in install.sh")
+
+	found := map[string]string{} // depName -> currentValue
+	for _, m := range cfg.CustomManagers {
+		require.Equal(t, "regex", m.CustomType)
+		matchesScript := false
+		for _, p := range m.ManagerFilePatterns {
+			if regexp.MustCompile(strings.Trim(p, "/")).MatchString("test/tools/install.sh") {
+				matchesScript = true
+			}
+		}
+		if !matchesScript {
+			continue
+		}
+		for _, s := range m.MatchStrings {
+			re := regexp.MustCompile(s)
+			for _, sub := range re.FindAllStringSubmatch(string(script), -1) {
+				g := map[string]string{}
+				for i, name := range re.SubexpNames() {
+					g[name] = sub[i]
+				}
+				assert.Equal(t, "go", g["datasource"], "%s is looked up on the Go module proxy", g["depName"])
+				found[g["depName"]] = g["currentValue"]
+			}
+		}
+	}
+	assert.Equal(t, map[string]string{
+		"k8s.io/kubernetes":         pinned["KUBE"],
+		"go.etcd.io/etcd/server/v3": pinned["ETCD"],
+		"sigs.k8s.io/kwok":          pinned["KWOK"],
+	}, found)
+}
+
+// TestEveryGoModIsAModuleRenovateSees: the gomod manager's default pattern
+// matches every go.mod of the repository (so a new test module is covered
+// without a config change).
+func TestEveryGoModIsAModuleRenovateSees(t *testing.T) {
+	gomod := regexp.MustCompile(`(^|/)go\.mod$`)
+	var n int
+	require.NoError(t, filepath.WalkDir("../..", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "dist" || d.Name() == "bin") {
+			return filepath.SkipDir
+		}
+		if d.Name() == "go.mod" {
+			rel, _ := filepath.Rel("../..", p)
+			assert.Regexp(t, gomod, filepath.ToSlash(rel))
+			n++
+		}
+		return nil
+	}))
+	assert.GreaterOrEqual(t, n, 3)
+}
+
+func TestLicenseIsApache2(t *testing.T) {
+	raw, err := os.ReadFile("../../LICENSE")
+	require.NoError(t, err)
+	s := string(raw)
+	assert.Contains(t, s, "Apache License")
+	assert.Contains(t, s, "Version 2.0, January 2004")
+	assert.Contains(t, s, "END OF TERMS AND CONDITIONS")
+}
