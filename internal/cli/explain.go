@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,12 +26,38 @@ const (
 	ExplainForged   = "forged-receipt"
 )
 
+// States of an Explanation's receipt.
+const (
+	// ReceiptVerified: the receipt names the live CacheBackend and its
+	// signature verifies with the operator's key.
+	ReceiptVerified = "verified"
+	// ReceiptFailed: the receipt names no live CacheBackend, another UID,
+	// or its signature does not verify (outcome ExplainForged).
+	ReceiptFailed = "failed"
+	// ReceiptUnchecked: the receipt names the live CacheBackend, but the
+	// key Secret could not be read to check its signature.
+	ReceiptUnchecked = "unchecked"
+	// ReceiptNone: the pod carries no receipt.
+	ReceiptNone = "none"
+)
+
+// Generations of an injected pod's receipt against its CacheBackend.
+const (
+	GenerationCurrent = "current"
+	GenerationStale   = "stale"
+)
+
 // Explanation says what happened to a pod at admission, and why.
 type Explanation struct {
 	Outcome string
 	// Backend is the CacheBackend the pod's receipt or labels point at.
 	Backend string
-	Lines   []string
+	// Receipt is one of the Receipt* states.
+	Receipt string
+	// Generation is GenerationCurrent or GenerationStale when the receipt
+	// names the live CacheBackend, empty otherwise.
+	Generation string
+	Lines      []string
 }
 
 // Print writes the explanation for a person.
@@ -78,8 +105,14 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		byName[backends[i].Namespace+"/"+backends[i].Name] = &backends[i]
 	}
 	if by := a[inject.AnnotationInjectedBy]; by != "" {
-		e := Explanation{Backend: by}
+		e := Explanation{Backend: by, Receipt: ReceiptFailed}
 		cb := byName[by]
+		if cb != nil && a[inject.AnnotationInjectedByUID] == string(cb.UID) {
+			e.Generation = GenerationStale
+			if a[inject.AnnotationInjectedGeneration] == strconv.FormatInt(cb.Generation, 10) {
+				e.Generation = GenerationCurrent
+			}
+		}
 		switch {
 		case cb == nil:
 			e.Outcome = ExplainForged
@@ -88,14 +121,14 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 			e.Outcome = ExplainForged
 			e.Lines = append(e.Lines, fmt.Sprintf("receipt uid %q is not the CacheBackend's %q: not written by the webhook for this backend", a[inject.AnnotationInjectedByUID], cb.UID))
 		case keys == nil:
-			e.Outcome = ExplainInjected
+			e.Outcome, e.Receipt = ExplainInjected, ReceiptUnchecked
 			e.Lines = append(e.Lines, fmt.Sprintf("receipt names the live CacheBackend (generation %s); signature not checked: %v", a[inject.AnnotationInjectedGeneration], keysErr))
 		default:
 			if err := receipt.Verify(keys, pod, inject.ClaimOf(pod)); err != nil {
 				e.Outcome = ExplainForged
 				e.Lines = append(e.Lines, "receipt not trusted: "+err.Error())
 			} else {
-				e.Outcome = ExplainInjected
+				e.Outcome, e.Receipt = ExplainInjected, ReceiptVerified
 				e.Lines = append(e.Lines, fmt.Sprintf("receipt verifies: wired by the webhook with generation %s of the CacheBackend (now %d)", a[inject.AnnotationInjectedGeneration], cb.Generation))
 			}
 		}
@@ -107,7 +140,7 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		name = matched.Namespace + "/" + matched.Name
 	}
 	if skipped := a[inject.AnnotationSkipped]; skipped != "" {
-		e := Explanation{Outcome: ExplainSkipped, Backend: name}
+		e := Explanation{Outcome: ExplainSkipped, Backend: name, Receipt: ReceiptNone}
 		switch skipped {
 		case inject.SkippedByAnnotation:
 			e.Lines = append(e.Lines, fmt.Sprintf("the pod opts out with %s=%q", inject.AnnotationSkip, a[inject.AnnotationSkip]))
@@ -121,7 +154,7 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		return e
 	}
 	if matched != nil {
-		e := Explanation{Outcome: ExplainFailOpen, Backend: name}
+		e := Explanation{Outcome: ExplainFailOpen, Backend: name, Receipt: ReceiptNone}
 		e.Lines = append(e.Lines,
 			"the pod's labels match this CacheBackend, but the pod carries no receipt: it was admitted unwired",
 			"causes: the backend had no status.endpoint at admission, the webhook was unreachable, the pod was created before the operator knew the backend, or it was labelled after creation")
@@ -131,7 +164,7 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		e.Lines = append(e.Lines, "fix: recreate the pod (kubectl rollout restart on its workload) once the backend is Ready")
 		return e
 	}
-	e := Explanation{Outcome: ExplainNoMatch}
+	e := Explanation{Outcome: ExplainNoMatch, Receipt: ReceiptNone}
 	e.Lines = append(e.Lines, fmt.Sprintf("no CacheBackend's engineSelector matches the pod's labels %s", labelString(pod.Labels)))
 	for _, cb := range backends {
 		e.Lines = append(e.Lines, fmt.Sprintf("CacheBackend %s selects %s", cb.Name, labelString(cb.Spec.EngineSelector.MatchLabels)))
