@@ -148,14 +148,36 @@ func checkVersion(serverVersion func() (*version.Info, error)) CheckResult {
 		r.Detail = fmt.Sprintf("cannot reach the API server: %v", err)
 		return r
 	}
-	minor, err := strconv.Atoi(strings.TrimRight(v.Minor, "+"))
-	if err != nil || v.Major != "1" {
-		r.Detail = fmt.Sprintf("cannot read version %s.%s", v.Major, v.Minor)
+	major, minor, ok := KubernetesMinor(v)
+	if !ok {
+		// A server built without version stamps (as from source) says
+		// v0.0.0: not a reason to fail an install.
+		r.OK, r.Warning = true, true
+		r.Detail = fmt.Sprintf("%s: version not stamped; needs >= 1.%d", v.GitVersion, MinKubernetesMinor)
 		return r
 	}
-	r.OK = minor >= MinKubernetesMinor
-	r.Detail = fmt.Sprintf("%s (needs >= 1.%d)", v.GitVersion, MinKubernetesMinor)
+	r.OK = major == 1 && minor >= MinKubernetesMinor
+	r.Detail = fmt.Sprintf("%d.%d (%s), needs >= 1.%d", major, minor, v.GitVersion, MinKubernetesMinor)
 	return r
+}
+
+// KubernetesMinor reads a server's major and minor version: the binary
+// version, else the version it emulates, else its git version.
+func KubernetesMinor(v *version.Info) (major, minor int, ok bool) {
+	parse := func(ma, mi string) bool {
+		var err1, err2 error
+		major, err1 = strconv.Atoi(ma)
+		minor, err2 = strconv.Atoi(strings.TrimRight(mi, "+"))
+		return err1 == nil && err2 == nil && major > 0
+	}
+	if parse(v.Major, v.Minor) || parse(v.EmulationMajor, v.EmulationMinor) {
+		return major, minor, true
+	}
+	parts := strings.SplitN(strings.TrimPrefix(v.GitVersion, "v"), ".", 3)
+	if len(parts) >= 2 && parse(parts[0], parts[1]) {
+		return major, minor, true
+	}
+	return 0, 0, false
 }
 
 // checkPermissions asks the API server whether the caller may create the

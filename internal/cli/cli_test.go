@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/version"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
@@ -174,4 +175,24 @@ func TestPrintChecks(t *testing.T) {
 	assert.Equal(t, "✔  a  fine\n!  b  note\n✗  c  broken\n", buf.String())
 	assert.True(t, Failed(results))
 	assert.False(t, Failed(results[:2]), "a warning is not a failure")
+}
+
+func TestKubernetesMinor(t *testing.T) {
+	cases := map[string]struct {
+		info         version.Info
+		major, minor int
+		ok           bool
+	}{
+		"binary version":   {version.Info{Major: "1", Minor: "37", GitVersion: "v1.37.2"}, 1, 37, true},
+		"provider suffix":  {version.Info{Major: "1", Minor: "31+", GitVersion: "v1.31.4-eks-1"}, 1, 31, true},
+		"emulated only":    {version.Info{EmulationMajor: "1", EmulationMinor: "37", GitVersion: "v0.0.0-master"}, 1, 37, true},
+		"git version only": {version.Info{GitVersion: "v1.30.1"}, 1, 30, true},
+		"not stamped":      {version.Info{GitVersion: "v0.0.0-master+$Format:%H$"}, 0, 0, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			major, minor, ok := KubernetesMinor(&tc.info)
+			assert.Equal(t, []any{tc.major, tc.minor, tc.ok}, []any{major, minor, ok})
+		})
+	}
 }
