@@ -441,4 +441,11 @@ func TestCLIHonoursContextAndNamespace(t *testing.T) {
 	code, out, _ := runCLI(t, kc, "explain", "pod", "engine-b", "--context", "team-b")
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "Outcome:      no-match")
+
+	// Shell completion of pod names reads the context's namespace.
+	var buf bytes.Buffer
+	code = cmd.Main([]string{"__complete", "--kubeconfig", kc, "--context", "team-a", "explain", "pod", ""},
+		genericiooptions.IOStreams{In: strings.NewReader(""), Out: &buf, ErrOut: &bytes.Buffer{}})
+	assert.Equal(t, 0, code)
+	assert.Equal(t, "engine-a\n:4\n", buf.String())
 }
