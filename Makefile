@@ -52,6 +52,28 @@ push: image ## Push the image layouts to $(REGISTRY)/<image>:$(VERSION) (registr
 build-installer: image ## Write dist/install.yaml (production overlay) and dist/install-dev.yaml, the manager image pinned by digest under $(REGISTRY).
 	go run ./hack/installer -out dist -images $(IMAGES_DIR) -registry $(REGISTRY) -version $(VERSION)
 
+# The CLI's release archives and krew manifest (dist/ is git-ignored).
+CLI_VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+CLI_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64
+CLI_LDFLAGS := -s -w -X github.com/inferencecache/operator/internal/version.Version=$(CLI_VERSION)
+
+.PHONY: cli-archives
+cli-archives: ## Build the kubectl-cachebackend release archives into dist/ (one .tar.gz per platform).
+	@mkdir -p dist
+	for p in $(CLI_PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; ext=; [ "$$os" = windows ] && ext=.exe; \
+		tmp=$$(mktemp -d); \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(CLI_LDFLAGS)" -o "$$tmp/kubectl-cachebackend$$ext" ./cmd/kubectl-cachebackend; \
+		[ -f LICENSE ] && cp LICENSE "$$tmp/"; \
+		tar -C "$$tmp" --owner=0 --group=0 --numeric-owner -czf "dist/kubectl-cachebackend_$(CLI_VERSION)_$${os}_$${arch}.tar.gz" .; \
+		rm -rf "$$tmp"; \
+	done
+
+.PHONY: krew-manifest
+krew-manifest: cli-archives ## Write dist/krew/cachebackend.yaml: the krew plugin manifest for the archives, with their sha256.
+	go run ./hack/krew-manifest -version $(CLI_VERSION) -dist dist -out dist/krew/cachebackend.yaml
+	@echo "wrote dist/krew/cachebackend.yaml"
+
 .PHONY: generate
 generate: ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...

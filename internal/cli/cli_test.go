@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/version"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
@@ -93,25 +95,104 @@ func TestExplainOutcomes(t *testing.T) {
 	injected := inject.Decide(pod(map[string]string{"app": "qwen"}, nil), []v1alpha1.CacheBackend{cb}, inject.Options{Key: &key}).Pod
 	tampered := injected.DeepCopy()
 	tampered.Spec.Containers[0].Args = nil
+	// A pod wired by generation 1 of a backend now at generation 2.
+	newer := cb.DeepCopy()
+	newer.Generation = 2
 	cases := map[string]struct {
-		pod     *corev1.Pod
-		outcome string
-		line    string
+		pod        *corev1.Pod
+		backend    v1alpha1.CacheBackend
+		keys       []receipt.Key
+		outcome    string
+		receipt    string
+		generation string
+		line       string
 	}{
-		"injected":   {injected, ExplainInjected, "receipt verifies"},
-		"skipped":    {pod(map[string]string{"app": "qwen"}, map[string]string{inject.AnnotationSkip: "true", inject.AnnotationSkipped: inject.SkippedByAnnotation}), ExplainSkipped, "opts out"},
-		"fail-open":  {pod(map[string]string{"app": "qwen"}, nil), ExplainFailOpen, "admitted unwired"},
-		"no match":   {pod(map[string]string{"app": "other"}, nil), ExplainNoMatch, "CacheBackend cache selects {app=qwen}"},
-		"forged uid": {pod(map[string]string{"app": "qwen"}, map[string]string{inject.AnnotationInjectedBy: "llm/cache", inject.AnnotationInjectedByUID: "copied"}), ExplainForged, "not written by the webhook"},
-		"tampered":   {tampered, ExplainForged, "differ from the configuration"},
+		"injected":   {injected, cb, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent, "receipt verifies"},
+		"stale":      {injected, *newer, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationStale, "generation 1 of the CacheBackend (now 2)"},
+		"unchecked":  {injected, cb, nil, ExplainInjected, ReceiptUnchecked, GenerationCurrent, "signature not checked"},
+		"skipped":    {pod(map[string]string{"app": "qwen"}, map[string]string{inject.AnnotationSkip: "true", inject.AnnotationSkipped: inject.SkippedByAnnotation}), cb, []receipt.Key{key}, ExplainSkipped, ReceiptNone, "", "opts out"},
+		"fail-open":  {pod(map[string]string{"app": "qwen"}, nil), cb, []receipt.Key{key}, ExplainFailOpen, ReceiptNone, "", "admitted unwired"},
+		"no match":   {pod(map[string]string{"app": "other"}, nil), cb, []receipt.Key{key}, ExplainNoMatch, ReceiptNone, "", "CacheBackend cache selects {app=qwen}"},
+		"forged uid": {pod(map[string]string{"app": "qwen"}, map[string]string{inject.AnnotationInjectedBy: "llm/cache", inject.AnnotationInjectedByUID: "copied"}), cb, []receipt.Key{key}, ExplainForged, ReceiptFailed, "", "not written by the webhook"},
+		"tampered":   {tampered, cb, []receipt.Key{key}, ExplainForged, ReceiptFailed, GenerationCurrent, "differ from the configuration"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			e := explain(tc.pod, []v1alpha1.CacheBackend{cb}, []receipt.Key{key}, nil)
+			e := explain(tc.pod, []v1alpha1.CacheBackend{tc.backend}, tc.keys, errors.New("forbidden"))
 			assert.Equal(t, tc.outcome, e.Outcome)
+			assert.Equal(t, tc.receipt, e.Receipt, "receipt")
+			assert.Equal(t, tc.generation, e.Generation, "generation")
 			var buf bytes.Buffer
 			e.Print(&buf)
 			assert.Contains(t, buf.String(), tc.line)
+		})
+	}
+}
+
+func TestIsEnginePod(t *testing.T) {
+	cbs := []v1alpha1.CacheBackend{{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache"},
+		Spec: v1alpha1.CacheBackendSpec{EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen"}}}}}
+	pod := func(labels, ann map[string]string, image string, args ...string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "p", Labels: labels, Annotations: ann},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: image, Args: args}}}}
+	}
+	cases := map[string]struct {
+		pod  *corev1.Pod
+		want bool
+	}{
+		"selected":            {pod(map[string]string{"app": "qwen"}, nil, "busybox"), true},
+		"receipt":             {pod(nil, map[string]string{inject.AnnotationInjectedBy: "llm/gone"}, "busybox"), true},
+		"opt-out":             {pod(nil, map[string]string{inject.AnnotationSkip: "true"}, "busybox"), true},
+		"vllm image":          {pod(nil, nil, "vllm/vllm-openai:v0.9"), true},
+		"sglang command":      {pod(nil, nil, "python", "-m", "SGLang.launch_server"), true},
+		"unrelated":           {pod(map[string]string{"app": "web"}, nil, "nginx"), false},
+		"operator's own pods": {pod(map[string]string{"inferencecache.io/cachebackend": "cache", "app": "qwen"}, nil, "lmcache/vllm-openai"), false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			assert.Equal(t, tc.want, IsEnginePod(tc.pod, cbs))
+		})
+	}
+}
+
+func TestImageTag(t *testing.T) {
+	for ref, want := range map[string]string{
+		"inferencecache/operator:v0.1.0":                     "v0.1.0",
+		"registry.local:5000/inferencecache/operator:v1.2.3": "v1.2.3",
+		"registry.local:5000/inferencecache/operator":        Unknown,
+		"inferencecache/operator":                            Unknown,
+		"inferencecache/operator:v0.2.0@sha256:abc":          "v0.2.0",
+		"inferencecache/operator@sha256:abc":                 "sha256:abc",
+	} {
+		assert.Equal(t, want, ImageTag(ref), ref)
+	}
+}
+
+func TestPrintChecks(t *testing.T) {
+	results := []CheckResult{{Name: "a", OK: true, Detail: "fine"}, {Name: "b", OK: true, Warning: true, Detail: "note"}, {Name: "c", Detail: "broken"}}
+	var buf bytes.Buffer
+	require.NoError(t, PrintChecks(&buf, results))
+	assert.Equal(t, "✔  a  fine\n!  b  note\n✗  c  broken\n", buf.String())
+	assert.True(t, Failed(results))
+	assert.False(t, Failed(results[:2]), "a warning is not a failure")
+}
+
+func TestKubernetesMinor(t *testing.T) {
+	cases := map[string]struct {
+		info         version.Info
+		major, minor int
+		ok           bool
+	}{
+		"binary version":   {version.Info{Major: "1", Minor: "37", GitVersion: "v1.37.2"}, 1, 37, true},
+		"provider suffix":  {version.Info{Major: "1", Minor: "31+", GitVersion: "v1.31.4-eks-1"}, 1, 31, true},
+		"emulated only":    {version.Info{EmulationMajor: "1", EmulationMinor: "37", GitVersion: "v0.0.0-master"}, 1, 37, true},
+		"git version only": {version.Info{GitVersion: "v1.30.1"}, 1, 30, true},
+		"not stamped":      {version.Info{GitVersion: "v0.0.0-master+$Format:%H$"}, 0, 0, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			major, minor, ok := KubernetesMinor(&tc.info)
+			assert.Equal(t, []any{tc.major, tc.minor, tc.ok}, []any{major, minor, ok})
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,12 +26,38 @@ const (
 	ExplainForged   = "forged-receipt"
 )
 
+// States of an Explanation's receipt.
+const (
+	// ReceiptVerified: the receipt names the live CacheBackend and its
+	// signature verifies with the operator's key.
+	ReceiptVerified = "verified"
+	// ReceiptFailed: the receipt names no live CacheBackend, another UID,
+	// or its signature does not verify (outcome ExplainForged).
+	ReceiptFailed = "failed"
+	// ReceiptUnchecked: the receipt names the live CacheBackend, but the
+	// key Secret could not be read to check its signature.
+	ReceiptUnchecked = "unchecked"
+	// ReceiptNone: the pod carries no receipt.
+	ReceiptNone = "none"
+)
+
+// Generations of an injected pod's receipt against its CacheBackend.
+const (
+	GenerationCurrent = "current"
+	GenerationStale   = "stale"
+)
+
 // Explanation says what happened to a pod at admission, and why.
 type Explanation struct {
 	Outcome string
 	// Backend is the CacheBackend the pod's receipt or labels point at.
 	Backend string
-	Lines   []string
+	// Receipt is one of the Receipt* states.
+	Receipt string
+	// Generation is GenerationCurrent or GenerationStale when the receipt
+	// names the live CacheBackend, empty otherwise.
+	Generation string
+	Lines      []string
 }
 
 // Print writes the explanation for a person.
@@ -80,14 +107,20 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 				cb = &backends[i]
 			}
 		}
-		e := Explanation{Backend: c.Backend}
+		e := Explanation{Backend: c.Backend, Receipt: ReceiptFailed}
+		if cb != nil && c.UID == string(cb.UID) {
+			e.Generation = GenerationStale
+			if c.Generation == strconv.FormatInt(cb.Generation, 10) {
+				e.Generation = GenerationCurrent
+			}
+		}
 		j := receipt.Judge(pod, cb, keys)
 		switch j.Verdict {
 		case receipt.Valid:
-			e.Outcome = ExplainInjected
+			e.Outcome, e.Receipt = ExplainInjected, ReceiptVerified
 			e.Lines = append(e.Lines, fmt.Sprintf("receipt verifies: wired by the webhook with generation %s of the CacheBackend (now %d)", c.Generation, cb.Generation))
 		case receipt.Unverified:
-			e.Outcome = ExplainInjected
+			e.Outcome, e.Receipt = ExplainInjected, ReceiptUnchecked
 			e.Lines = append(e.Lines, fmt.Sprintf("%s: %v", j.Message, keysErr))
 		default:
 			e.Outcome = ExplainForged
@@ -101,7 +134,7 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		name = matched.Namespace + "/" + matched.Name
 	}
 	if skipped := a[v1alpha1.AnnotationInjectSkipped]; skipped != "" {
-		e := Explanation{Outcome: ExplainSkipped, Backend: name}
+		e := Explanation{Outcome: ExplainSkipped, Backend: name, Receipt: ReceiptNone}
 		switch skipped {
 		case inject.SkippedByAnnotation:
 			e.Lines = append(e.Lines, fmt.Sprintf("the pod opts out with %s=%q", v1alpha1.AnnotationSkipInject, a[v1alpha1.AnnotationSkipInject]))
@@ -115,7 +148,7 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		return e
 	}
 	if matched != nil {
-		e := Explanation{Outcome: ExplainFailOpen, Backend: name}
+		e := Explanation{Outcome: ExplainFailOpen, Backend: name, Receipt: ReceiptNone}
 		e.Lines = append(e.Lines,
 			"the pod's labels match this CacheBackend, but the pod carries no receipt: it was admitted unwired",
 			"causes: the backend had no status.endpoint at admission, the webhook was unreachable, the pod was created before the operator knew the backend, or it was labelled after creation")
@@ -125,7 +158,7 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		e.Lines = append(e.Lines, "fix: recreate the pod (kubectl rollout restart on its workload) once the backend is Ready")
 		return e
 	}
-	e := Explanation{Outcome: ExplainNoMatch}
+	e := Explanation{Outcome: ExplainNoMatch, Receipt: ReceiptNone}
 	e.Lines = append(e.Lines, fmt.Sprintf("no CacheBackend's engineSelector matches the pod's labels %s", labelString(pod.Labels)))
 	for _, cb := range backends {
 		e.Lines = append(e.Lines, fmt.Sprintf("CacheBackend %s selects %s", cb.Name, labelString(cb.Spec.EngineSelector.MatchLabels)))

@@ -1,0 +1,110 @@
+package cmd
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/inferencecache/operator/internal/version"
+)
+
+// run runs the CLI in process with no kubeconfig (so nothing can reach a
+// cluster) and returns its exit code and outputs.
+func run(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("HOME", t.TempDir())
+	var out, errOut bytes.Buffer
+	code := Main(args, genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	return code, out.String(), errOut.String()
+}
+
+const quickstart = "../../../examples/quickstart"
+
+// TestOfflineCommands: what needs no cluster, with its exit status.
+func TestOfflineCommands(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("apiVersion: inferencecache.io/v1alpha1\nkind: CacheBackend\nmetadata: {name: a}\nspec: {type: Redis}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]struct {
+		args     []string
+		code     int
+		out, err string
+		notInOut string
+	}{
+		"version flag":         {args: []string{"--version"}, out: version.String(Program) + "\n"},
+		"client version":       {args: []string{"version", "--client"}, out: "client: " + version.String(Program) + "\n"},
+		"render":               {args: []string{"render", "-f", quickstart + "/cachebackend.yaml"}, out: "namespace: default"},
+		"render long flags":    {args: []string{"render", "--kustomize", quickstart}, out: "kind: Deployment"},
+		"render into -n":       {args: []string{"render", "-n", "team", "-f", quickstart + "/cachebackend.yaml"}, out: "namespace: team", notInOut: "namespace: default"},
+		"render engine":        {args: []string{"render", "-f", quickstart + "/cachebackend.yaml", "--engine", quickstart + "/engine.yaml"}, out: "injected by CacheBackend qwen-demo-cache"},
+		"render invalid":       {args: []string{"render", "-f", bad}, code: 1, err: `spec.type: Unsupported value "Redis"`},
+		"render needs a file":  {args: []string{"render"}, code: 1, err: "[filename kustomize] is required"},
+		"render -f and -k":     {args: []string{"render", "-f", "a", "-k", "b"}, code: 1, err: "none of the others can be"},
+		"diff usage is > 1":    {args: []string{"diff"}, code: 2, err: "is required"},
+		"diff unknown flag":    {args: []string{"diff", "-f", "x", "--bogus"}, code: 2, err: "unknown flag"},
+		"diff missing file":    {args: []string{"diff", "-f", "/nonexistent.yaml"}, code: 2, err: "no such file"},
+		"diff without cluster": {args: []string{"diff", "-f", quickstart + "/cachebackend.yaml"}, code: 2, err: "error:"},
+		"audit bad output":     {args: []string{"audit", "-o", "xml"}, code: 1, err: "-o must be json or yaml"},
+		"check bad flag value": {args: []string{"check", "--cert-manager", "maybe"}, code: 1, err: "--cert-manager must be"},
+		"unknown command":      {args: []string{"frobnicate"}, code: 1, err: "unknown command"},
+		"bash completion":      {args: []string{"completion", "bash"}, out: "bash completion V2 for kubectl-cachebackend"},
+		"zsh completion":       {args: []string{"completion", "zsh"}, out: "#compdef kubectl-cachebackend"},
+		"fish completion":      {args: []string{"completion", "fish"}, out: "complete -c kubectl-cachebackend"},
+		"help names kubectl":   {args: []string{"audit", "--help"}, out: "kubectl cachebackend audit [-A]"},
+		"explain needs a name": {args: []string{"explain", "pod"}, code: 1, err: "accepts 1 arg(s)"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			code, out, errOut := run(t, tc.args...)
+			assert.Equal(t, tc.code, code, "exit status; stderr: %s", errOut)
+			assert.Contains(t, out, tc.out)
+			assert.Contains(t, errOut, tc.err)
+			if tc.notInOut != "" {
+				assert.NotContains(t, out, tc.notInOut)
+			}
+		})
+	}
+}
+
+// TestSetNamespace: objects without a namespace get the resolved one; with
+// -n given, an object of another namespace is an error, as in kubectl apply.
+func TestSetNamespace(t *testing.T) {
+	obj := func(ns string) *unstructured.Unstructured {
+		u := &unstructured.Unstructured{}
+		u.SetKind("CacheBackend")
+		u.SetName("a")
+		u.SetNamespace(ns)
+		return u
+	}
+	cases := map[string]struct {
+		objNS, ns string
+		explicit  bool
+		want, err string
+	}{
+		"none takes the context's": {"", "ctx", false, "ctx", ""},
+		"none takes -n":            {"", "team", true, "team", ""},
+		"own beats the context's":  {"own", "ctx", false, "own", ""},
+		"own equal to -n":          {"team", "team", true, "team", ""},
+		"own differs from -n":      {"own", "team", true, "", "does not match the namespace given with -n (team)"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			o := obj(tc.objNS)
+			err := setNamespace([]*unstructured.Unstructured{o}, tc.ns, tc.explicit)
+			if tc.err != "" {
+				assert.ErrorContains(t, err, tc.err)
+				return
+			}
+			assert.NoError(t, err)
+			assert.Equal(t, tc.want, o.GetNamespace())
+		})
+	}
+}

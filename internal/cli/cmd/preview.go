@@ -1,0 +1,202 @@
+package cmd
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/cli"
+)
+
+// sourceFlags are -f/--filename and -k/--kustomize, as kubectl names them.
+type sourceFlags struct {
+	file, dir string
+}
+
+func (s *sourceFlags) add(c *cobra.Command) {
+	c.Flags().StringVarP(&s.file, "filename", "f", "", "file with CacheBackends")
+	c.Flags().StringVarP(&s.dir, "kustomize", "k", "", "kustomization directory with CacheBackends (built in process)")
+	c.MarkFlagsMutuallyExclusive("filename", "kustomize")
+	c.MarkFlagsOneRequired("filename", "kustomize")
+	_ = c.MarkFlagFilename("filename", "yaml", "yml", "json")
+	_ = c.MarkFlagDirname("kustomize")
+}
+
+// objects reads the file or kustomization. Objects without a namespace get
+// ns; with -n given (explicit), an object in another namespace is an error,
+// as with kubectl apply.
+func (s *sourceFlags) objects(ns string, explicit bool) ([]*unstructured.Unstructured, error) {
+	path, kustomize := s.file, false
+	if s.dir != "" {
+		path, kustomize = s.dir, true
+	}
+	objs, err := cli.ReadFile(path, kustomize)
+	if err != nil {
+		return nil, err
+	}
+	return objs, setNamespace(objs, ns, explicit)
+}
+
+func setNamespace(objs []*unstructured.Unstructured, ns string, explicit bool) error {
+	for _, o := range objs {
+		switch {
+		case o.GetNamespace() == "":
+			o.SetNamespace(ns)
+		case explicit && o.GetNamespace() != ns:
+			return fmt.Errorf("the namespace of %s %s (%s) does not match the namespace given with -n (%s)", o.GetKind(), o.GetName(), o.GetNamespace(), ns)
+		}
+	}
+	return nil
+}
+
+// backends reads the CacheBackends of the file or kustomization, in
+// namespace ns unless they name theirs.
+func (s *sourceFlags) backends(ns string, explicit bool) ([]*v1alpha1.CacheBackend, error) {
+	objs, err := s.objects(ns, explicit)
+	if err != nil {
+		return nil, err
+	}
+	return cli.Backends(objs)
+}
+
+func newRender(o *options) *cobra.Command {
+	var src sourceFlags
+	var engine string
+	c := &cobra.Command{
+		Use:   "render (-f FILE | -k DIR) [--engine FILE]",
+		Short: "Print the child objects the controller applies for CacheBackends, offline",
+		Long: `Print the child objects the controller applies for the CacheBackends of a
+file or kustomization, in the order it applies them. With --engine, print
+instead each engine Deployment's pod template as the webhook wires it.
+Nothing is read from a cluster.`,
+		Example: `  kubectl cachebackend render -f examples/quickstart/cachebackend.yaml
+  kubectl cachebackend render -k examples/quickstart
+  kubectl cachebackend render -f examples/quickstart/cachebackend.yaml --engine examples/quickstart/engine.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			// Offline: a kubeconfig only lends its namespace, if it can.
+			ns, explicit, err := o.namespace()
+			if err != nil {
+				ns, explicit = "default", false
+			}
+			backends, err := src.backends(ns, explicit)
+			if err != nil {
+				return err
+			}
+			if engine == "" {
+				for _, cb := range backends {
+					if err := cli.RenderYAML(o.streams.Out, cb); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			eobjs, err := cli.ReadFile(engine, false)
+			if err != nil {
+				return err
+			}
+			if err := setNamespace(eobjs, ns, explicit); err != nil {
+				return err
+			}
+			return renderEngines(o.streams.Out, backends, eobjs)
+		},
+	}
+	src.add(c)
+	c.Flags().StringVar(&engine, "engine", "", "file with an engine Deployment: print its pod template as the webhook wires it")
+	_ = c.MarkFlagFilename("engine", "yaml", "yml", "json")
+	return c
+}
+
+func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*unstructured.Unstructured) error {
+	engines, err := cli.Engines(eobjs)
+	if err != nil {
+		return err
+	}
+	for _, d := range engines {
+		var wired any = d
+		decided := false
+		for _, cb := range backends {
+			if cb.Namespace != d.Namespace {
+				continue
+			}
+			w, dec := cli.WireEngine(cb, d)
+			if dec.Backend == nil {
+				continue
+			}
+			fmt.Fprintf(out, "# %s/%s: %s by CacheBackend %s", d.Namespace, d.Name, dec.Outcome, dec.Backend.Name)
+			if dec.Message != "" {
+				fmt.Fprintf(out, " (%s)", dec.Message)
+			}
+			fmt.Fprintln(out)
+			wired, decided = w, true
+			break
+		}
+		if !decided {
+			fmt.Fprintf(out, "# %s/%s: no CacheBackend selects its pod labels; its pods would not be wired\n", d.Namespace, d.Name)
+		}
+		b, err := yaml.Marshal(wired)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "---\n%s", b)
+	}
+	return nil
+}
+
+func newDiff(o *options) *cobra.Command {
+	var src sourceFlags
+	c := &cobra.Command{
+		Use:   "diff (-f FILE | -k DIR)",
+		Short: "Show what a reconcile of CacheBackends would change in the cluster",
+		Long: `Show what a reconcile of the CacheBackends of a file or kustomization would
+change in the cluster: each child is applied with a server-side dry run
+under the operator's field manager and compared with the live object.
+Nothing is written.
+
+Exit status: 0 no changes, 1 changes, 2 (or more) an error.`,
+		Example: `  kubectl cachebackend diff -f examples/quickstart/cachebackend.yaml
+  kubectl cachebackend diff -k examples/environments/overlays/prod --context prod`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			changed, err := runDiff(c, o, &src)
+			if err != nil {
+				return &exitError{code: ExitDiffError, err: err}
+			}
+			if changed {
+				return &exitError{code: ExitDiffChanges}
+			}
+			return nil
+		},
+	}
+	src.add(c)
+	return c
+}
+
+func runDiff(c *cobra.Command, o *options, src *sourceFlags) (bool, error) {
+	ns, explicit, err := o.namespace()
+	if err != nil {
+		return false, err
+	}
+	backends, err := src.backends(ns, explicit)
+	if err != nil {
+		return false, err
+	}
+	k, err := o.client()
+	if err != nil {
+		return false, err
+	}
+	changed := false
+	for _, cb := range backends {
+		d, err := cli.Diff(c.Context(), k, cb)
+		if err != nil {
+			return false, err
+		}
+		changed = changed || d.HasChanges()
+		fmt.Fprintf(o.streams.Out, "# CacheBackend %s/%s\n%s", cb.Namespace, cb.Name, d.String())
+	}
+	return changed, nil
+}
