@@ -53,6 +53,8 @@ test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
+	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
+	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane.

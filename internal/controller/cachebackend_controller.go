@@ -59,17 +59,7 @@ type CacheBackendReconciler struct {
 	Now func() metav1.Time
 }
 
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch;update
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list
-// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// RBAC markers: rbac.go.
 
 // SetupWithManager registers the reconciler. Engine pods are watched as
 // metadata only, and only label, creation, deletion and termination changes
@@ -263,7 +253,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	}
 	st.Endpoint = ""
 	if h.Available {
-		st.Endpoint = render.Endpoint(cb)
+		st.Endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
 		if st.FirstAvailableAt == nil {
 			st.FirstAvailableAt = r.firstAvailable(ctx, cb)
 		}
@@ -286,7 +276,7 @@ func (r *CacheBackendReconciler) endpointSettled(ctx context.Context, cb *v1alph
 		return false
 	}
 	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
-	return live.Status.Endpoint == render.Endpoint(cb) && ready != nil && ready.Status == metav1.ConditionTrue &&
+	return live.Status.Endpoint == render.Endpoint(cb, r.Inject.ClusterDomain) && ready != nil && ready.Status == metav1.ConditionTrue &&
 		r.Now().Sub(ready.LastTransitionTime.Time) >= endpointSettleTime
 }
 

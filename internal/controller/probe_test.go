@@ -22,7 +22,7 @@ import (
 func TestFunctionalProbe(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	addr := fmt.Sprintf("cache.%s.svc:65432", ns)
+	addr := fmt.Sprintf("cache.%s.svc.cluster.local:65432", ns)
 	closedTargets.Store(addr, true)
 	defer closedTargets.Delete(addr)
 

@@ -84,7 +84,7 @@ func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 	assert.NotEmpty(t, got.Status.Endpoint, "one ready replica serves")
 	setStatefulSetStatus(t, key, 2, 2)
 	got = waitBackend(t, key, readyReason(v1alpha1.ReasonBackendReady, metav1.ConditionTrue))
-	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc:65432", ns), got.Status.Endpoint)
+	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc.cluster.local:65432", ns), got.Status.Endpoint)
 	assert.Equal(t, int32(2), got.Status.ReadyReplicas)
 }
 
