@@ -168,7 +168,9 @@ func TestWebhookUnderAMemoryLimit(t *testing.T) {
 	}
 	peak := peakRSS(t, mgr.Process.Pid)
 	t.Logf("manager peak RSS: %d MiB before the pods, %d MiB after", before>>20, peak>>20)
-	assert.Less(t, peak, int64(160<<20), "peak RSS within 160 MiB under GOMEMLIMIT=64MiB")
+	// Budget: 32 MiB of growth for 32 MiB of requests. Without the guard
+	// (the limits raised by flag) the same run grew by 56 MiB (73 to 129).
+	assert.Less(t, peak-before, int64(32<<20), "peak RSS grows by less than 32 MiB under GOMEMLIMIT=64MiB")
 	logs, _ := os.ReadFile(logf.Name())
 	assert.Contains(t, string(logs), "pod admitted unwired without decoding it", "a log line per tripped guard")
 }
