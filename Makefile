@@ -120,6 +120,8 @@ test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd
 	# Test modules of their own, whose dependencies stay out of go.mod.
 	cd test/promql && go test -count=1 ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
+	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
+	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane (every package but internal/controller, test/e2e and test/install).

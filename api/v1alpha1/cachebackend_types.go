@@ -184,18 +184,28 @@ type Integration struct {
 	EngineOverrides *EngineOverrides `json:"engineOverrides,omitempty"`
 }
 
-// EngineOverrides adds arguments and environment to the wired engine container.
+// EngineOverrides adds arguments and environment to the wired engine
+// container. Every string is bounded, and so is their total: the webhook
+// copies them into every matched pod, and every informer caches them.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.args) ? self.args.map(a, size(a)).sum() : 0) + (has(self.env) ? self.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) <= 65536",message="engineOverrides may hold at most 64 KiB of arguments, names and values in total"
 type EngineOverrides struct {
 	// Args are appended to the engine container's arguments.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
 	// +optional
 	Args []string `json:"args,omitempty"`
 
 	// Env sets environment variables on the engine container, by name.
+	// Names the guard denies (LD_PRELOAD, BASH_ENV, NODE_OPTIONS, ...) are
+	// rejected, and a value from a Secret reaches only pods that opt in
+	// (see docs/security.md).
 	// +listType=map
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(e, size(e.name) <= 256 && (!has(e.value) || size(e.value) <= 16384))",message="an env name may have at most 256 characters and a value at most 16384"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !has(e.valueFrom) || ((!has(e.valueFrom.secretKeyRef) || (size(e.valueFrom.secretKeyRef.key) <= 253 && (!has(e.valueFrom.secretKeyRef.name) || size(e.valueFrom.secretKeyRef.name) <= 253))) && (!has(e.valueFrom.configMapKeyRef) || (size(e.valueFrom.configMapKeyRef.key) <= 253 && (!has(e.valueFrom.configMapKeyRef.name) || size(e.valueFrom.configMapKeyRef.name) <= 253))) && (!has(e.valueFrom.fieldRef) || (size(e.valueFrom.fieldRef.fieldPath) <= 256 && (!has(e.valueFrom.fieldRef.apiVersion) || size(e.valueFrom.fieldRef.apiVersion) <= 64))) && (!has(e.valueFrom.resourceFieldRef) || (size(e.valueFrom.resourceFieldRef.resource) <= 64 && (!has(e.valueFrom.resourceFieldRef.containerName) || size(e.valueFrom.resourceFieldRef.containerName) <= 63))) && (!has(e.valueFrom.fileKeyRef) || (size(e.valueFrom.fileKeyRef.key) <= 253 && size(e.valueFrom.fileKeyRef.path) <= 1024 && size(e.valueFrom.fileKeyRef.volumeName) <= 63))))",message="valueFrom names, keys and paths are bounded (253 characters; paths 1024)"
 	// +optional
 	Env []corev1.EnvVar `json:"env,omitempty"`
 }
@@ -204,6 +214,7 @@ type EngineOverrides struct {
 type EngineSelector struct {
 	// MatchLabels must all be present, with equal values, on an engine pod.
 	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && size(self[k]) <= 63)",message="label keys have at most 317 characters (prefix and name) and values at most 63"
 	// +optional
 	MatchLabels map[string]string `json:"matchLabels,omitempty"`
 }
@@ -293,6 +304,7 @@ type LMCacheServer struct {
 	Port int32 `json:"port,omitempty"`
 
 	// Resources of the server container.
+	// +kubebuilder:validation:XValidation:rule="!has(self.claims) || self.claims.all(c, size(c.name) <= 63 && (!has(c.request) || size(c.request) <= 63))",message="resource claim names have at most 63 characters"
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 
@@ -305,6 +317,7 @@ type LMCacheServer struct {
 	// ExtraArgs are appended to `lmcache_server <host> <port>`.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=4096
 	// +optional
 	ExtraArgs []string `json:"extraArgs,omitempty"`
 }
@@ -468,7 +481,7 @@ type CacheBackendStatus struct {
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
 	// Endpoint is the address engines use as LMCache's remote URL,
-	// lm://<service>.<namespace>.svc:<port>. Set only while the cache
+	// lm://<service>.<namespace>.svc.<cluster-domain>:<port>. Set only while the cache
 	// server is available.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`

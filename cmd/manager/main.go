@@ -9,7 +9,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +26,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -31,6 +36,7 @@ import (
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/metrics"
+	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/version"
 )
 
@@ -43,7 +49,12 @@ func main() {
 
 func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
-	metricsAddr := fs.String("metrics-bind-address", ":8080", "address the Prometheus metrics endpoint binds to; 0 disables it")
+	metricsAddr := fs.String("metrics-bind-address", ":8443", "address the Prometheus metrics endpoint binds to; 0 disables it")
+	metricsSecure := fs.Bool("metrics-secure", true, "serve metrics over HTTPS, only to clients the API server authenticates (TokenReview) and authorizes for GET /metrics (SubjectAccessReview); false serves plain HTTP to anyone who can reach the port")
+	clusterDomain := fs.String("cluster-domain", render.DefaultClusterDomain, "the cluster's DNS domain: engines are given, and the functional probe dials, <name>.<namespace>.svc.<domain>")
+	maxRequest := fs.Int64("webhook-max-request-bytes", inject.DefaultMaxRequestBytes, "a larger pod admission request is admitted unwired without being decoded (fail open; metric inferencecache_webhook_guard_trips_total)")
+	maxConcurrent := fs.Int("webhook-max-concurrency", inject.DefaultMaxConcurrent, "pod admissions decoded at once; the others wait until their deadline, then fail open")
+	memRatio := fs.Float64("memory-limit-ratio", 0.9, "when GOMEMLIMIT is a plain byte count (the container's memory limit, as the install bundle sets it through the downward API), use this fraction of it as the Go runtime's soft memory limit")
 	probeAddr := fs.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz endpoints bind to")
 	leaderElect := fs.Bool("leader-elect", false, "elect a leader so that only one replica reconciles at a time")
 	leaderNS := fs.String("leader-election-namespace", "", "namespace of the leader-election Lease (defaults to the pod's namespace)")
@@ -75,6 +86,11 @@ func run(args []string, stdout io.Writer) error {
 	}
 	ctrl.SetLogger(zapr.NewLogger(logger))
 	setupLog := ctrl.Log.WithName("setup")
+	if limit, applied := applyMemoryLimit(os.Getenv("GOMEMLIMIT"), *memRatio); applied {
+		setupLog.Info("Go soft memory limit set from the container limit", "GOMEMLIMIT", os.Getenv("GOMEMLIMIT"), "ratio", *memRatio, "bytes", limit)
+	} else {
+		setupLog.Info("Go soft memory limit", "bytes", limit)
+	}
 
 	scheme := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
@@ -95,6 +111,7 @@ func run(args []string, stdout io.Writer) error {
 		}
 		provisioner = &certs.Provisioner{
 			Client: direct, Namespace: *namespace, SecretName: *certSecret, Hosts: hosts, CertDir: *webhookCertDir,
+			ServeAddr:  net.JoinHostPort("127.0.0.1", strconv.Itoa(*webhookPort)),
 			Mutating:   map[string][]string{"inferencecache-pod-injector": {"inject.inferencecache.io"}},
 			Validating: map[string][]string{"inferencecache-cachebackend-validator": {"validate.cachebackend.inferencecache.io"}},
 		}
@@ -104,7 +121,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: *metricsAddr},
+		Metrics:                 metricsOptions(*metricsAddr, *metricsSecure),
 		WebhookServer:           webhook.NewServer(webhook.Options{Host: *webhookHost, Port: *webhookPort, CertDir: *webhookCertDir}),
 		HealthProbeBindAddress:  *probeAddr,
 		LeaderElection:          *leaderElect,
@@ -119,11 +136,13 @@ func run(args []string, stdout io.Writer) error {
 	var prober *controller.Prober
 	if *probe {
 		prober = controller.NewProber(*probeInterval)
+		prober.ClusterDomain = *clusterDomain
 	}
 	if err := controller.Setup(mgr, controller.Options{
-		Probe:     prober,
-		Webhooks:  *webhooks,
-		Inject:    inject.Options{KVEventSubscriberImage: *subscriberImage},
+		Probe:    prober,
+		Webhooks: *webhooks,
+		Inject: inject.Options{KVEventSubscriberImage: *subscriberImage, ClusterDomain: *clusterDomain,
+			Limits: inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
 		Namespace: *namespace,
 	}); err != nil {
 		return err
@@ -142,7 +161,22 @@ func run(args []string, stdout io.Writer) error {
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return fmt.Errorf("adding health check: %w", err)
 	}
-	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+	ready := healthz.Ping
+	if *webhooks {
+		// Ready only once the webhook server serves, and, with the
+		// self-provisioned certificate, serves the current one.
+		started := mgr.GetWebhookServer().StartedChecker()
+		ready = func(r *http.Request) error {
+			if err := started(r); err != nil {
+				return err
+			}
+			if provisioner != nil {
+				return provisioner.Ready(r)
+			}
+			return nil
+		}
+	}
+	if err := mgr.AddReadyzCheck("webhook", ready); err != nil {
 		return fmt.Errorf("adding readiness check: %w", err)
 	}
 	setupLog.Info("starting manager", "version", version.Version, "fieldManager", apply.FieldManager, "statusManager", controller.StatusManager)
@@ -150,6 +184,33 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil
+}
+
+// metricsOptions serves /metrics over HTTPS behind the API server's
+// authentication and authorization (a bearer token checked by TokenReview,
+// GET /metrics checked by SubjectAccessReview: the metrics-reader
+// ClusterRole grants it), or over plain HTTP when secure is false.
+func metricsOptions(addr string, secure bool) metricsserver.Options {
+	if !secure {
+		return metricsserver.Options{BindAddress: addr}
+	}
+	return metricsserver.Options{BindAddress: addr, SecureServing: true, FilterProvider: filters.WithAuthenticationAndAuthorization}
+}
+
+// applyMemoryLimit honours the container's memory limit. The install
+// bundle sets GOMEMLIMIT from limits.memory through the downward API, a
+// plain byte count; the Go runtime reads it at start, and this lowers it to
+// ratio of the limit, leaving room for memory the runtime does not count.
+// A GOMEMLIMIT with a unit (400MiB) was set by a person and is kept. It
+// returns the soft limit in force and whether it changed it.
+func applyMemoryLimit(env string, ratio float64) (int64, bool) {
+	n, err := strconv.ParseInt(strings.TrimSpace(env), 10, 64)
+	if err != nil || n <= 0 || ratio <= 0 || ratio >= 1 {
+		return debug.SetMemoryLimit(-1), false
+	}
+	limit := int64(float64(n) * ratio)
+	debug.SetMemoryLimit(limit)
+	return limit, true
 }
 
 func newLogger(development bool) (*zap.Logger, error) {

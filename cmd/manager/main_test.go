@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"runtime/debug"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -19,4 +20,17 @@ func TestVersionFlag(t *testing.T) {
 	require.NoError(t, run([]string{"--version"}, &out))
 	assert.Equal(t, version.String("manager")+"\n", out.String())
 	assert.Contains(t, out.String(), "manager v1.2.3-test ")
+}
+
+func TestApplyMemoryLimit(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
+	limit, applied := applyMemoryLimit("268435456", 0.9) // 256Mi, from the downward API
+	assert.True(t, applied)
+	assert.EqualValues(t, 241591910, limit)
+	assert.EqualValues(t, 241591910, debug.SetMemoryLimit(-1), "the runtime honours it")
+
+	_, applied = applyMemoryLimit("400MiB", 0.9)
+	assert.False(t, applied, "a limit with a unit was set by a person and is kept")
+	_, applied = applyMemoryLimit("", 0.9)
+	assert.False(t, applied)
 }

@@ -185,7 +185,7 @@ func RenderYAML(w io.Writer, cb *v1alpha1.CacheBackend) error {
 func WireEngine(cb *v1alpha1.CacheBackend, engine *appsv1.Deployment) (*appsv1.Deployment, inject.Decision) {
 	b := cb.DeepCopy()
 	if b.Spec.Type == v1alpha1.BackendTypeLMCache {
-		b.Status.Endpoint = render.Endpoint(b)
+		b.Status.Endpoint = render.Endpoint(b, "")
 	}
 	pod := &corev1.Pod{ObjectMeta: *engine.Spec.Template.ObjectMeta.DeepCopy(), Spec: *engine.Spec.Template.Spec.DeepCopy()}
 	pod.Namespace = engine.Namespace

@@ -76,7 +76,7 @@ func TestRenderQuickstart(t *testing.T) {
 	wired, d := WireEngine(cbs[0], engines[0])
 	assert.Equal(t, inject.Injected, d.Outcome)
 	assert.Contains(t, wired.Spec.Template.Spec.Containers[0].Args, inject.KVTransferConfigFlag)
-	assert.Equal(t, "lm://qwen-demo-cache.default.svc:65432", wired.Spec.Template.Spec.Containers[0].Env[0].Value)
+	assert.Equal(t, "lm://qwen-demo-cache.default.svc.cluster.local:65432", wired.Spec.Template.Spec.Containers[0].Env[0].Value)
 	assert.Empty(t, wired.Spec.Template.Annotations[inject.AnnotationInjectedBy], "receipts belong to pods, not templates")
 }
 
@@ -86,7 +86,7 @@ func TestExplainOutcomes(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", UID: types.UID("uid-1"), Generation: 1},
 		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Runtime: v1alpha1.RuntimeVLLM,
 			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen"}}},
-		Status: v1alpha1.CacheBackendStatus{Endpoint: "lm://cache.llm.svc:65432"},
+		Status: v1alpha1.CacheBackendStatus{Endpoint: "lm://cache.llm.svc.cluster.local:65432"},
 	}
 	pod := func(labels, ann map[string]string) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "p", Labels: labels, Annotations: ann},

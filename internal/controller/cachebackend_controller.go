@@ -63,17 +63,7 @@ type CacheBackendReconciler struct {
 	Now func() metav1.Time
 }
 
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
-// +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch;update
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list
-// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// RBAC markers: rbac.go.
 
 // SetupWithManager registers the reconciler. Engine pods are watched as
 // metadata only, and only label, creation, deletion and termination changes
@@ -299,7 +289,7 @@ func (r *CacheBackendReconciler) finalize(ctx context.Context, s *pass, p plan.P
 	st.Capacity = p.Capacity
 	st.Endpoint = ""
 	if v.Available && !p.EngineLocal {
-		st.Endpoint = render.Endpoint(cb)
+		st.Endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
 		if st.FirstAvailableAt == nil {
 			st.FirstAvailableAt = f.FirstAvailableAt
 		}

@@ -142,7 +142,7 @@ func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
 
 	markDeploymentAvailable(t, key)
 	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
-	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc:65432", ns), got.Status.Endpoint)
+	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc.cluster.local:65432", ns), got.Status.Endpoint)
 	require.NotNil(t, got.Status.FirstAvailableAt)
 	first := *got.Status.FirstAvailableAt
 	assert.Equal(t, int32(1), got.Status.ReadyReplicas)

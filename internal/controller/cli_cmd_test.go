@@ -33,6 +33,7 @@ import (
 	"github.com/inferencecache/operator/internal/cli/cmd"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/test/controlplane"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 // The kubectl plugin run in process (cmd.Main, what the binary runs) with a
@@ -205,7 +206,7 @@ func installCertManagerKinds(t *testing.T) {
 		require.NoError(t, k8s.Create(ctx, o))
 		t.Cleanup(func() { _ = k8s.Delete(ctx, o) })
 	}
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		for _, o := range objs {
 			got := &unstructured.Unstructured{}
 			got.SetGroupVersionKind(o.GroupVersionKind())
@@ -262,7 +263,7 @@ func TestCLIAuditClassifiesEveryOutcome(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, engine(ns, "stale", sel, nil)))
 	// A new generation: pods wired before it are stale.
 	updateBackend(t, client.ObjectKeyFromObject(cb), func(cb *v1alpha1.CacheBackend) { cb.Spec.Integration.Role = v1alpha1.RoleReadOnly })
-	eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 15*time.Second, func() error {
 		p := engine(ns, "", sel, nil)
 		p.GenerateName = "current-"
 		if err := k8s.Create(ctx, p); err != nil {
@@ -282,7 +283,7 @@ func TestCLIAuditClassifiesEveryOutcome(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, web))
 	require.NoError(t, k8s.Create(ctx, engine(other, "elsewhere", map[string]string{"app": "other"}, nil)))
 	withWebhookUnreachable(t, func() {
-		eventually(t, 15*time.Second, func() error {
+		testutil.Eventually(t, 15*time.Second, func() error {
 			p := engine(ns, "", sel, nil)
 			p.GenerateName = "unwired-"
 			if err := k8s.Create(ctx, p); err != nil {
@@ -380,7 +381,7 @@ func TestCLIDiffExitCodes(t *testing.T) {
 		return path
 	}
 	same := file(getBackend(t, key))
-	eventually(t, 10*time.Second, func() error {
+	testutil.Eventually(t, 10*time.Second, func() error {
 		if code, out, errOut := runCLI(t, kc, "diff", "-f", same); code != 0 {
 			return fmt.Errorf("exit %d: %s%s", code, out, errOut)
 		}

@@ -139,7 +139,7 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass, p plan.Pl
 // so that the webhook's cache, which lags the API server, holds it too.
 func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend) bool {
 	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
-	return live.Status.Endpoint == render.Endpoint(cb) && ready != nil && ready.Status == metav1.ConditionTrue &&
+	return live.Status.Endpoint == render.Endpoint(cb, r.Inject.ClusterDomain) && ready != nil && ready.Status == metav1.ConditionTrue &&
 		r.Now().Sub(ready.LastTransitionTime.Time) >= endpointSettleTime
 }
 

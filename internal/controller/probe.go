@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -35,6 +36,9 @@ type Prober struct {
 	Interval time.Duration
 	// Timeout of one probe.
 	Timeout time.Duration
+	// ClusterDomain is the DNS domain of the probed Service's fully
+	// qualified name (render.Host); empty is cluster.local.
+	ClusterDomain string
 
 	mu    sync.Mutex
 	slots map[types.NamespacedName]probeSlot
@@ -63,7 +67,7 @@ func (p *Prober) Check(ctx context.Context, cb *v1alpha1.CacheBackend) (error, b
 	}
 	p.mu.Unlock()
 
-	addr := fmt.Sprintf("%s.%s.svc:%d", render.ServiceName(cb), cb.Namespace, render.Port(cb))
+	addr := net.JoinHostPort(render.Host(cb, p.ClusterDomain), strconv.Itoa(int(render.Port(cb))))
 	dctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
 	conn, err := p.Dial(dctx, "tcp", addr)

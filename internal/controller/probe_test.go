@@ -21,7 +21,7 @@ import (
 // FunctionalProbeOK=False; once the server answers, both become True.
 func TestFunctionalProbe(t *testing.T) {
 	ns := newNamespace(t)
-	addr := fmt.Sprintf("cache.%s.svc:65432", ns)
+	addr := fmt.Sprintf("cache.%s.svc.cluster.local:65432", ns)
 	closedTargets.Store(addr, true)
 	defer closedTargets.Delete(addr)
 

@@ -33,8 +33,6 @@ type ReceiptReconciler struct {
 	Keys      *receipt.KeyRing
 }
 
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
-
 // SetupWithManager watches pod metadata only, and only pods with a receipt
 // or a skip stamp that has not been reported yet.
 func (r *ReceiptReconciler) SetupWithManager(mgr ctrl.Manager) error {

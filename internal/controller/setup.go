@@ -32,8 +32,6 @@ type Options struct {
 	KeyRefresh time.Duration
 }
 
-// +kubebuilder:rbac:groups="",namespace=inferencecache-system,resources=secrets,verbs=get;create
-
 // Setup registers every reconciler (and, with opts.Webhooks, the webhooks)
 // of the operator with mgr. The manager binary and the tests call it alike,
 // so tests run the operator exactly as shipped.
@@ -64,7 +62,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	if opts.Webhooks {
 		srv := mgr.GetWebhookServer()
-		srv.Register(inject.MutatePath, &webhook.Admission{Handler: &inject.Handler{Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}})
+		srv.Register(inject.MutatePath, inject.Guard(&webhook.Admission{Handler: &inject.Handler{Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}}, opts.Inject.Limits))
 		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
 	}
 	return nil

@@ -79,7 +79,7 @@ func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 	assert.NotEmpty(t, got.Status.Endpoint, "one ready replica serves")
 	setStatefulSetStatus(t, key, 2, 2)
 	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
-	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc:65432", ns), got.Status.Endpoint)
+	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc.cluster.local:65432", ns), got.Status.Endpoint)
 	assert.Equal(t, int32(2), got.Status.ReadyReplicas)
 }
 

@@ -3,12 +3,13 @@ package inject
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -54,13 +55,26 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 	if req.Operation != admissionv1.Create || req.Kind.Kind != "Pod" {
 		return admission.Allowed("")
 	}
+	if req.Namespace == "" {
+		// The API server always names a pod's namespace. Without one, the
+		// list below would read the CacheBackends of every namespace and
+		// wire the pod to another namespace's cache: refuse the request.
+		return admission.Errored(http.StatusBadRequest, errors.New("pod admission request without a namespace"))
+	}
+	dryRun := req.DryRun != nil && *req.DryRun
 	var backends v1alpha1.CacheBackendList
 	if err := h.Reader.List(ctx, &backends, client.InNamespace(req.Namespace)); err != nil {
 		logger.Error(err, "listing CacheBackends; admitting the pod unchanged")
 		return failOpen("listing CacheBackends: " + err.Error())
 	}
 	opts := h.Options
-	if h.Keys != nil {
+	if h.Keys != nil && dryRun {
+		// A dry run has no side effects: sign with the key held, if any,
+		// and never create the key Secret.
+		if k, ok := h.Keys.Held(); ok {
+			opts.Key = &k
+		}
+	} else if h.Keys != nil {
 		k, err := h.Keys.Signing(ctx)
 		if err != nil {
 			// Wire the pod anyway: an unsigned receipt only means the
@@ -70,14 +84,20 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 			opts.Key = &k
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		// The API server gave up on this call (its timeout): do no more work.
+		return failOpen("the admission request was cancelled: " + err.Error())
+	}
 	d, patch, err := Admit(req.Object.Raw, backends.Items, opts)
 	if err != nil {
 		logger.Error(err, "computing the injection; admitting the pod unchanged")
 		return failOpen(err.Error())
 	}
-	Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
+	if !dryRun {
+		Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
+	}
 	if d.Outcome != NoMatch {
-		logger.Info("admission decision", "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "message", d.Message)
+		logger.Info("admission decision", "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", dryRun, "message", d.Message)
 	}
 	resp = admission.Patched("", patch...)
 	if len(patch) == 0 {
@@ -115,37 +135,19 @@ func podName(req admission.Request) string {
 
 // Admit decodes a pod from its admission JSON, decides, and returns the
 // JSON patch that turns raw into the decided pod. It is the handler without
-// the API: pure, so that it can be fuzzed and benchmarked. The patch is
-// computed against raw itself, so it applies to exactly what the API server
-// sent.
+// the API: pure, so that it can be fuzzed and benchmarked. The patch names
+// only the paths the decision changes (see minimalPatch), so it applies to
+// exactly what the API server sent and leaves every other field, including
+// fields this build does not know, as sent.
 func Admit(raw []byte, backends []v1alpha1.CacheBackend, opts Options) (Decision, []jsonpatch.Operation, error) {
-	pod := &corev1.Pod{}
-	if err := json.Unmarshal(raw, pod); err != nil {
-		return Decision{}, nil, fmt.Errorf("decoding pod: %w", err)
+	pod, hasMetadata, err := decodePod(raw)
+	if err != nil {
+		return Decision{}, nil, err
 	}
 	d := Decide(pod, backends, opts)
-	if d.Outcome == NoMatch && equalAnnotations(pod, d.Pod) {
-		return d, nil, nil
-	}
-	mutated, err := json.Marshal(d.Pod)
-	if err != nil {
-		return d, nil, fmt.Errorf("encoding pod: %w", err)
-	}
-	patch, err := jsonpatch.CreatePatch(raw, mutated)
+	patch, err := minimalPatch(pod, d.Pod, hasMetadata)
 	if err != nil {
 		return d, nil, fmt.Errorf("computing patch: %w", err)
 	}
 	return d, patch, nil
-}
-
-func equalAnnotations(a, b *corev1.Pod) bool {
-	if len(a.Annotations) != len(b.Annotations) {
-		return false
-	}
-	for k, v := range a.Annotations {
-		if w, ok := b.Annotations[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }

@@ -8,17 +8,19 @@ package inject
 import (
 	"encoding/json"
 	"fmt"
-	"path"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/render"
 )
 
 // Annotations on engine pods. They are API.
@@ -47,11 +49,26 @@ const (
 	// SkippedShellWrapper: the engine container runs `sh -c ...`, whose
 	// inner command line the webhook cannot extend.
 	SkippedShellWrapper = "shell-wrapped-command"
+	// SkippedOverrideNotAllowed: the CacheBackend's engineOverrides set an
+	// env var the guard denies, or read a Secret into a pod that did not
+	// opt in (see overrides.go).
+	SkippedOverrideNotAllowed = "override-not-allowed"
 )
+
+// annotationReceiptObserved is the receipt controller's mark that it
+// recorded a pod's receipt event. The webhook strips it at admission, so a
+// pod creator cannot pre-set it to suppress the event (ReceiptMismatch
+// for a forged receipt). It is API: keep it equal to
+// controller.AnnotationReceiptObserved.
+const annotationReceiptObserved = "inferencecache.io/receipt-observed"
 
 // Fail-open reasons: the pod is admitted unwired and without annotations.
 const (
-	FailOpenNoEndpoint        = "no-endpoint"
+	FailOpenNoEndpoint = "no-endpoint"
+	// FailOpenEndpointMismatch: status.endpoint is not the address the
+	// operator derives from the spec (someone with cachebackends/status
+	// write set it); the webhook never injects an address from status.
+	FailOpenEndpointMismatch  = "endpoint-mismatch"
 	FailOpenContainerNotFound = "engine-container-not-found"
 	FailOpenInternalError     = "internal-error"
 )
@@ -75,6 +92,12 @@ type Options struct {
 	// Key, when set, signs receipts (see package receipt). Without it
 	// receipts carry a digest but no signature and never verify.
 	Key *receipt.Key
+	// ClusterDomain is the cluster's DNS domain (the manager's
+	// --cluster-domain; cluster.local when empty): LMCACHE_REMOTE_URL is
+	// render.Endpoint of the spec in it.
+	ClusterDomain string
+	// Limits bound the admission handler's memory and concurrency.
+	Limits Limits
 }
 
 // Decision is the verdict on one pod.
@@ -181,6 +204,15 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		d.Message = fmt.Sprintf("CacheBackend %s/%s has no status.endpoint yet; pod admitted unwired (restart it once the backend is Ready)", cb.Namespace, cb.Name)
 		return d
 	}
+	if want := render.Endpoint(cb, opts.ClusterDomain); cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Status.Endpoint != want {
+		// Status only says whether the server is available; the address
+		// always comes from the spec. A status that names another address
+		// was not written by this operator (or by one with another
+		// --cluster-domain): wire nothing rather than either address.
+		d.Outcome, d.Reason = FailOpen, FailOpenEndpointMismatch
+		d.Message = fmt.Sprintf("CacheBackend %s/%s publishes status.endpoint %q, not %q derived from its spec; pod admitted unwired", cb.Namespace, cb.Name, cb.Status.Endpoint, want)
+		return d
+	}
 	idx := engineContainer(out, cb)
 	if idx < 0 {
 		d.Outcome, d.Reason = FailOpen, FailOpenContainerNotFound
@@ -188,11 +220,16 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		return d
 	}
 	c := &out.Spec.Containers[idx]
-	if isShellWrapped(c) {
-		return skip(d, SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, c.Command[0], KVTransferConfigFlag))
+	if len(c.Command) > 0 {
+		if sh, wrapped := shellCommand(append(slices.Clone(c.Command), c.Args...)); wrapped {
+			return skip(d, SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, sh, KVTransferConfigFlag))
+		}
 	}
 	want := Desired(cb, opts)
-	if conflicts := apply(c, want); len(conflicts) > 0 {
+	if msg := overridesDenied(cb, pod); msg != "" {
+		return skip(d, SkippedOverrideNotAllowed, msg)
+	}
+	if conflicts := apply(c, want, Abbreviates(cb.Spec.Runtime)); len(conflicts) > 0 {
 		// apply changed nothing it reports as a conflict, but it may have
 		// started to: start again from the unmodified pod.
 		d.Pod = pod.DeepCopy()
@@ -231,7 +268,7 @@ func skip(d Decision, reason, msg string) Decision {
 // stale, partial or hand-written receipt past admission.
 func clearReceipts(p *corev1.Pod) {
 	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped,
-		receipt.AnnotationDigest, receipt.AnnotationSignature} {
+		receipt.AnnotationDigest, receipt.AnnotationSignature, annotationReceiptObserved} {
 		delete(p.Annotations, k)
 	}
 	if len(p.Annotations) == 0 {
@@ -259,20 +296,6 @@ func engineContainer(p *corev1.Pod, cb *v1alpha1.CacheBackend) int {
 	return slices.IndexFunc(p.Spec.Containers, func(c corev1.Container) bool { return c.Name == name })
 }
 
-func isShellWrapped(c *corev1.Container) bool {
-	if len(c.Command) == 0 {
-		return false
-	}
-	switch path.Base(c.Command[0]) {
-	case "sh", "bash", "dash", "ash", "zsh", "ksh":
-	default:
-		return false
-	}
-	return slices.ContainsFunc(append(slices.Clone(c.Command[1:]), c.Args...), func(a string) bool {
-		return a == "-c" || (strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && strings.Contains(a, "c"))
-	})
-}
-
 // Flag is one command-line flag the injection ensures; Value is empty for
 // a boolean flag.
 type Flag struct {
@@ -298,12 +321,14 @@ func Desired(cb *v1alpha1.CacheBackend, opts Options) Config {
 	switch cb.Spec.Type {
 	case v1alpha1.BackendTypeLMCache:
 		cfg.Flags = append(cfg.Flags, Flag{KVTransferConfigFlag, kvTransferConfig(cb.Spec.Integration.Role)})
-		cfg.Env = lmcacheEnv(cb)
+		cfg.Env = lmcacheEnv(cb, opts.ClusterDomain)
 		if sidecar {
 			cfg.Flags = append(cfg.Flags, Flag{KVEventsConfigFlag, fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d"}`, kvEventsPort)})
 			cfg.Sidecar = &corev1.Container{
-				Name:  SubscriberContainer,
-				Image: opts.KVEventSubscriberImage,
+				Name:            SubscriberContainer,
+				Image:           opts.KVEventSubscriberImage,
+				SecurityContext: restricted(),
+				Resources:       subscriberResources(),
 				Env: []corev1.EnvVar{
 					{Name: envSubscriberModelID, Value: cb.Spec.Observation.ModelID},
 					{Name: envSubscriberEndpoint, Value: fmt.Sprintf("tcp://127.0.0.1:%d", kvEventsPort)},
@@ -347,8 +372,8 @@ func kvTransferConfig(r v1alpha1.IntegrationRole) string {
 	return string(b)
 }
 
-func lmcacheEnv(cb *v1alpha1.CacheBackend) []corev1.EnvVar {
-	env := []corev1.EnvVar{{Name: envRemoteURL, Value: cb.Status.Endpoint}}
+func lmcacheEnv(cb *v1alpha1.CacheBackend, domain string) []corev1.EnvVar {
+	env := []corev1.EnvVar{{Name: envRemoteURL, Value: render.Endpoint(cb, domain)}}
 	lc := cb.Spec.LMCache
 	serde := "naive"
 	if lc != nil && lc.Serde != "" {
@@ -415,29 +440,43 @@ func hiCacheFlags(h *v1alpha1.HiCache) []Flag {
 
 // apply ensures cfg on c: each flag and env var is added where missing and
 // left alone where present with the same value. It returns the names of
-// settings c already has with another value (the pod is then not wired).
-// Applying a Config twice changes nothing the second time.
-func apply(c *corev1.Container, cfg Config) []string {
+// settings c already has with another value (the pod is then not wired):
+// a flag set differently in any spelling the engine reads, or set twice,
+// or in part (a dotted sub-key); an env var set differently, twice (the
+// kubelet keeps the last) or from a ConfigMap or Secret; any envFrom (its
+// keys are not visible at admission). Applying a Config twice changes
+// nothing the second time.
+func apply(c *corev1.Container, cfg Config, abbrev bool) []string {
 	var conflicts []string
+	if len(c.EnvFrom) > 0 {
+		conflicts = append(conflicts, "envFrom")
+	}
 	cmdline := append(slices.Clone(c.Command), c.Args...)
 	for _, f := range cfg.Flags {
-		v, present := flagValue(cmdline, f.Name)
+		uses := FlagUses(cmdline, f.Name, abbrev)
 		switch {
-		case !present:
+		case len(uses) == 0:
 			c.Args = append(c.Args, f.Name)
 			if f.Value != "" {
 				c.Args = append(c.Args, f.Value)
 			}
-		case f.Value != "" && v != f.Value && !sameJSON(v, f.Value):
+		case len(uses) > 1 || uses[0].Partial:
+			conflicts = append(conflicts, f.Name)
+		case f.Value != "" && uses[0].Value != f.Value && !sameJSON(uses[0].Value, f.Value):
 			conflicts = append(conflicts, f.Name)
 		}
 	}
 	for _, e := range cfg.Env {
-		i := slices.IndexFunc(c.Env, func(x corev1.EnvVar) bool { return x.Name == e.Name })
+		var have []corev1.EnvVar
+		for _, x := range c.Env {
+			if x.Name == e.Name {
+				have = append(have, x)
+			}
+		}
 		switch {
-		case i < 0:
+		case len(have) == 0:
 			c.Env = append(c.Env, e)
-		case c.Env[i].Value != e.Value || c.Env[i].ValueFrom != nil:
+		case len(have) > 1 || have[0].Value != e.Value || !equality.Semantic.DeepEqual(have[0].ValueFrom, e.ValueFrom):
 			conflicts = append(conflicts, "env "+e.Name)
 		}
 	}
@@ -447,20 +486,44 @@ func apply(c *corev1.Container, cfg Config) []string {
 	return conflicts
 }
 
-// flagValue finds --name value or --name=value in a command line.
-func flagValue(cmdline []string, name string) (string, bool) {
-	for i, a := range cmdline {
-		if a == name {
-			if i+1 < len(cmdline) && !strings.HasPrefix(cmdline[i+1], "--") {
-				return cmdline[i+1], true
-			}
-			return "", true
+// overridesDenied applies the engineOverrides guard (overrides.go) to a
+// pod: the reason it may not receive cb's overrides, or "".
+func overridesDenied(cb *v1alpha1.CacheBackend, pod *corev1.Pod) string {
+	o := cb.Spec.Integration.EngineOverrides
+	if o == nil {
+		return ""
+	}
+	for _, e := range o.Env {
+		if why := EnvNameDenied(e.Name); why != "" {
+			return fmt.Sprintf("spec.integration.engineOverrides of %s/%s sets %s, which the operator never injects: %s", cb.Namespace, cb.Name, e.Name, why)
 		}
-		if v, ok := strings.CutPrefix(a, name+"="); ok {
-			return v, true
+		if ReadsSecret(e) && pod.Annotations[AnnotationAllowSecretOverrides] != "true" {
+			return fmt.Sprintf("spec.integration.engineOverrides of %s/%s reads %s from Secret %q; the pod must opt in with %s=\"true\"",
+				cb.Namespace, cb.Name, e.Name, e.ValueFrom.SecretKeyRef.Name, AnnotationAllowSecretOverrides)
 		}
 	}
-	return "", false
+	return ""
+}
+
+// restricted is a security context that meets the Pod Security Standard
+// "restricted" for the containers the webhook adds.
+func restricted() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		RunAsNonRoot:             ptr.To(true),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// subscriberResources are the kvevent-subscriber sidecar's requests and
+// limits: it decodes a ZeroMQ stream and forwards it, in little memory.
+func subscriberResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+	}
 }
 
 func containsRun(s, run []string) bool {

@@ -18,7 +18,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
-const endpoint = "lm://cache.llm.svc:65432"
+const endpoint = "lm://cache.llm.svc.cluster.local:65432"
 
 func backend(name string, mut ...func(*v1alpha1.CacheBackend)) v1alpha1.CacheBackend {
 	cb := v1alpha1.CacheBackend{
@@ -27,7 +27,7 @@ func backend(name string, mut ...func(*v1alpha1.CacheBackend)) v1alpha1.CacheBac
 			Runtime: v1alpha1.RuntimeVLLM, Type: v1alpha1.BackendTypeLMCache,
 			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen"}},
 		},
-		Status: v1alpha1.CacheBackendStatus{Endpoint: endpoint},
+		Status: v1alpha1.CacheBackendStatus{Endpoint: "lm://" + name + ".llm.svc.cluster.local:65432"},
 	}
 	for _, m := range mut {
 		m(&cb)
@@ -289,9 +289,9 @@ func TestDecide(t *testing.T) {
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				require.Len(t, out.Spec.Containers, 2)
 				assert.Equal(t, SubscriberContainer, out.Spec.Containers[1].Name)
-				v, ok := flagValue(out.Spec.Containers[0].Args, KVEventsConfigFlag)
-				assert.True(t, ok)
-				assert.Contains(t, v, `"publisher":"zmq"`)
+				uses := FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false)
+				require.Len(t, uses, 1)
+				assert.Contains(t, uses[0].Value, `"publisher":"zmq"`)
 			},
 		},
 		{
@@ -303,8 +303,7 @@ func TestDecide(t *testing.T) {
 			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				assert.Len(t, out.Spec.Containers, 1)
-				_, ok := flagValue(out.Spec.Containers[0].Args, KVEventsConfigFlag)
-				assert.False(t, ok)
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
 			},
 		},
 		{

@@ -3,6 +3,7 @@ package receipt
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -28,6 +29,13 @@ const (
 // namespace through an uncached reader (no Secret informer, so the
 // operator reads no other Secret). It creates the Secret with a random key
 // when it does not exist. Keys are never logged.
+//
+// The ring never holds its lock across an API call: one caller reads the
+// Secret while the others use the keys already held (or, holding none,
+// wait for that read or their own context). After a failed read it backs
+// off, doubling from Backoff up to Refresh, so that a missing permission or
+// an unavailable API server costs one request per back-off period, not
+// one per admission.
 type KeyRing struct {
 	Client    client.Client
 	Reader    client.Reader
@@ -36,10 +44,18 @@ type KeyRing struct {
 	// Refresh is how long keys are used before the Secret is read again
 	// (30 s when zero): a rotation takes effect within it.
 	Refresh time.Duration
+	// Backoff is the wait after a first failed read (1 s when zero).
+	Backoff time.Duration
+	// Now is the clock (time.Now when nil); tests move it.
+	Now func() time.Time
 
-	mu      sync.Mutex
-	keys    []Key
-	fetched time.Time
+	mu       sync.Mutex
+	keys     []Key
+	fetched  time.Time
+	loading  chan struct{}
+	lastErr  error
+	failures int
+	retryAt  time.Time
 }
 
 // Signing returns the key that signs new receipts.
@@ -51,26 +67,103 @@ func (k *KeyRing) Signing(ctx context.Context) (Key, error) {
 	return keys[0], nil
 }
 
-// Keys returns the current key first, then the previous one if any.
-func (k *KeyRing) Keys(ctx context.Context) ([]Key, error) {
+// Held returns the signing key the ring holds now, without any API call
+// (and so without creating the Secret): what a dry-run admission uses.
+func (k *KeyRing) Held() (Key, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	refresh := k.Refresh
-	if refresh == 0 {
-		refresh = refreshInterval
+	if len(k.keys) == 0 {
+		return Key{}, false
 	}
-	if len(k.keys) > 0 && time.Since(k.fetched) < refresh {
-		return k.keys, nil
-	}
-	keys, err := k.load(ctx)
-	if err != nil {
-		if len(k.keys) > 0 {
-			return k.keys, nil // keep serving with the last keys read
+	return k.keys[0], true
+}
+
+// ErrBackingOff wraps the last read error while the ring waits before
+// reading the Secret again.
+var ErrBackingOff = errors.New("receipt keys unavailable; backing off")
+
+// Keys returns the current key first, then the previous one if any.
+func (k *KeyRing) Keys(ctx context.Context) ([]Key, error) {
+	for {
+		k.mu.Lock()
+		now := k.now()
+		if len(k.keys) > 0 && now.Sub(k.fetched) < k.refresh() {
+			keys := k.keys
+			k.mu.Unlock()
+			return keys, nil
 		}
-		return nil, err
+		if now.Before(k.retryAt) {
+			keys, err := k.keys, k.lastErr
+			k.mu.Unlock()
+			if len(keys) > 0 {
+				return keys, nil // keep serving with the last keys read
+			}
+			return nil, fmt.Errorf("%w: %w", ErrBackingOff, err)
+		}
+		if wait := k.loading; wait != nil {
+			keys := k.keys
+			k.mu.Unlock()
+			if len(keys) > 0 {
+				return keys, nil // another caller is refreshing them
+			}
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		k.loading = done
+		k.mu.Unlock()
+
+		keys, err := k.load(ctx)
+
+		k.mu.Lock()
+		k.loading = nil
+		close(done)
+		if err != nil {
+			k.failures++
+			k.lastErr = err
+			k.retryAt = k.now().Add(k.backoff())
+			held := k.keys
+			k.mu.Unlock()
+			if len(held) > 0 {
+				return held, nil
+			}
+			return nil, err
+		}
+		k.keys, k.fetched, k.failures, k.lastErr, k.retryAt = keys, k.now(), 0, nil, time.Time{}
+		k.mu.Unlock()
+		return keys, nil
 	}
-	k.keys, k.fetched = keys, time.Now()
-	return keys, nil
+}
+
+func (k *KeyRing) now() time.Time {
+	if k.Now != nil {
+		return k.Now()
+	}
+	return time.Now()
+}
+
+func (k *KeyRing) refresh() time.Duration {
+	if k.Refresh > 0 {
+		return k.Refresh
+	}
+	return refreshInterval
+}
+
+// backoff is Backoff doubled per consecutive failure, at most Refresh.
+// Called with mu held.
+func (k *KeyRing) backoff() time.Duration {
+	d := k.Backoff
+	if d <= 0 {
+		d = time.Second
+	}
+	for i := 1; i < k.failures && d < k.refresh(); i++ {
+		d *= 2
+	}
+	return min(d, k.refresh())
 }
 
 func (k *KeyRing) load(ctx context.Context) ([]Key, error) {

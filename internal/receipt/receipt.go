@@ -3,14 +3,16 @@
 // metadata that any pod creator could copy; the signature makes it
 // unforgeable: an HMAC-SHA256, keyed by a secret only the operator reads,
 // over the CacheBackend's identity and generation and a digest of the pod's
-// containers as admitted. Containers' commands, arguments and environment are
-// immutable once a pod exists, so the digest pins the configuration the
-// webhook injected to the pod that carries the receipt.
+// containers and init containers as admitted. A container's command,
+// arguments, environment and mounts are immutable once a pod exists, so the
+// digest pins the configuration the webhook injected to the pod that carries
+// the receipt.
 package receipt
 
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -53,8 +55,26 @@ type Claim struct {
 	Digest     string
 }
 
+// payloadVersion names the signed payload's layout. v1 joined the fields
+// with newlines, which is not injective (a newline moved from one field to
+// the next signed the same bytes); v2 prefixes each field with its length.
+const payloadVersion = "inferencecache.io/receipt/v2"
+
+// payload is the signed byte string: every field, the version first,
+// preceded by its length as a 4-byte big-endian integer, so that two
+// different claims never produce the same payload.
 func (c Claim) payload() []byte {
-	return []byte(strings.Join([]string{"inferencecache.io/receipt/v1", c.Backend, c.UID, c.Generation, c.Digest}, "\n"))
+	fields := []string{payloadVersion, c.Backend, c.UID, c.Generation, c.Digest}
+	n := 0
+	for _, f := range fields {
+		n += 4 + len(f)
+	}
+	b := make([]byte, 0, n)
+	for _, f := range fields {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(f)))
+		b = append(b, f...)
+	}
+	return b
 }
 
 // Sign returns the signature annotation value for c.
@@ -64,22 +84,26 @@ func Sign(k Key, c Claim) string {
 	return k.ID + ":" + hex.EncodeToString(m.Sum(nil))
 }
 
-// Digest fingerprints a pod's containers: names, images, commands,
-// arguments and environment, the fields the injection writes and that a
-// pod cannot change after creation.
+// Digest fingerprints a pod's init containers and containers: every field
+// of each (command, arguments, env, envFrom, mounts, security context,
+// image, ...) except resources, which an in-place resize (pods/resize) may
+// change on a running pod. A container the webhook never touched counts
+// too: an init container can rewrite what the engine reads (a shared
+// volume, a wrapper script), so a receipt copied onto a pod with another
+// init container does not verify.
 func Digest(pod *corev1.Pod) string {
-	type fp struct {
-		Name    string          `json:"n"`
-		Image   string          `json:"i"`
-		Command []string        `json:"c"`
-		Args    []string        `json:"a"`
-		Env     []corev1.EnvVar `json:"e"`
+	strip := func(cs []corev1.Container) []corev1.Container {
+		out := make([]corev1.Container, len(cs))
+		for i := range cs {
+			out[i] = cs[i]
+			out[i].Resources = corev1.ResourceRequirements{}
+		}
+		return out
 	}
-	fps := make([]fp, 0, len(pod.Spec.Containers))
-	for _, c := range pod.Spec.Containers {
-		fps = append(fps, fp{c.Name, c.Image, c.Command, c.Args, c.Env})
-	}
-	raw, _ := json.Marshal(fps)
+	raw, _ := json.Marshal(struct {
+		Init       []corev1.Container `json:"i"`
+		Containers []corev1.Container `json:"c"`
+	}{strip(pod.Spec.InitContainers), strip(pod.Spec.Containers)})
 	sum := sha256.Sum256(raw)
 	return "sha256:" + hex.EncodeToString(sum[:])
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -60,4 +61,54 @@ func TestKeyIDDoesNotRevealTheKey(t *testing.T) {
 	k := NewKey(secret)
 	assert.Len(t, k.ID, 16)
 	assert.NotContains(t, k.ID, string(secret[:8]))
+}
+
+// TestPayloadIsInjective: a newline (or any byte) moved from one field to
+// the next makes another payload, so a signature never carries over to a
+// claim that differs only in where its fields split.
+func TestPayloadIsInjective(t *testing.T) {
+	key := NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	pairs := [][2]Claim{
+		{{Backend: "ns/a", UID: "u\n1", Generation: "2", Digest: "d"}, {Backend: "ns/a\nu", UID: "1", Generation: "2", Digest: "d"}},
+		{{Backend: "ns/a", UID: "u", Generation: "12", Digest: "d"}, {Backend: "ns/a", UID: "u1", Generation: "2", Digest: "d"}},
+		{{Backend: "", UID: "u", Generation: "1", Digest: "d"}, {Backend: "u", UID: "", Generation: "1", Digest: "d"}},
+	}
+	for _, p := range pairs {
+		assert.NotEqual(t, p[0].payload(), p[1].payload(), "%q and %q", p[0], p[1])
+		assert.NotEqual(t, Sign(key, p[0]), Sign(key, p[1]))
+	}
+}
+
+// TestDigestCoversTheWholeSpec: every container field the kubelet uses
+// (except resources, which an in-place resize may change) and every init
+// container are part of the digest.
+func TestDigestCoversTheWholeSpec(t *testing.T) {
+	base := &corev1.Pod{Spec: corev1.PodSpec{
+		InitContainers: []corev1.Container{{Name: "init", Image: "busybox"}},
+		Containers:     []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai", Args: []string{"--model", "m"}}},
+	}}
+	d := Digest(base)
+	changes := map[string]func(p *corev1.Pod){
+		"init container command": func(p *corev1.Pod) { p.Spec.InitContainers[0].Command = []string{"sh", "-c", "cp evil /shared"} },
+		"init container added": func(p *corev1.Pod) {
+			p.Spec.InitContainers = append(p.Spec.InitContainers, corev1.Container{Name: "x"})
+		},
+		"envFrom": func(p *corev1.Pod) {
+			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "env"}}}}
+		},
+		"volume mount": func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "v", MountPath: "/etc/ld.so.preload"}}
+		},
+		"working dir":      func(p *corev1.Pod) { p.Spec.Containers[0].WorkingDir = "/tmp" },
+		"security context": func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{} },
+		"image":            func(p *corev1.Pod) { p.Spec.Containers[0].Image = "other" },
+	}
+	for name, change := range changes {
+		p := base.DeepCopy()
+		change(p)
+		assert.NotEqual(t, d, Digest(p), name)
+	}
+	resized := base.DeepCopy()
+	resized.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
+	assert.Equal(t, d, Digest(resized), "an in-place resize keeps the receipt valid")
 }

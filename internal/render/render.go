@@ -9,6 +9,7 @@ package render
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -117,10 +118,30 @@ func Port(cb *v1alpha1.CacheBackend) int32 {
 	return DefaultPort
 }
 
-// Endpoint is the LMCache remote URL of cb's cache server, the value of
-// status.endpoint once the server is available.
-func Endpoint(cb *v1alpha1.CacheBackend) string {
-	return fmt.Sprintf("lm://%s.%s.svc:%d", ServiceName(cb), cb.Namespace, Port(cb))
+// DefaultClusterDomain is the cluster's DNS domain unless the manager's
+// --cluster-domain says otherwise.
+const DefaultClusterDomain = "cluster.local"
+
+// Host is the fully qualified DNS name of cb's cache-server Service,
+// <name>.<namespace>.svc.<domain> (domain "" is DefaultClusterDomain; a
+// trailing dot on it is dropped). The full suffix, not <name>.<namespace>.svc:
+// the short name is first looked up through the pod's resolver search
+// path, where <name>.<namespace>.svc.svc.<domain> is an endpoint of Service
+// <namespace> in a namespace named "svc", which its owner controls. The
+// full name has too many labels to match any Service under a search suffix.
+func Host(cb *v1alpha1.CacheBackend, domain string) string {
+	domain = strings.TrimSuffix(domain, ".")
+	if domain == "" {
+		domain = DefaultClusterDomain
+	}
+	return fmt.Sprintf("%s.%s.svc.%s", ServiceName(cb), cb.Namespace, domain)
+}
+
+// Endpoint is the LMCache remote URL of cb's cache server,
+// lm://<Host>:<port>: what the webhook injects and, once the server is
+// available, status.endpoint. It is derived from the spec only.
+func Endpoint(cb *v1alpha1.CacheBackend, domain string) string {
+	return fmt.Sprintf("lm://%s:%d", Host(cb, domain), Port(cb))
 }
 
 // Replicas is the replica count the operator applies to the workload when no

@@ -163,8 +163,11 @@ func TestRenderStatefulSet(t *testing.T) {
 
 func TestEndpoint(t *testing.T) {
 	cb := load(t, "testdata/full.yaml")
-	assert.Equal(t, "lm://big.llm.svc:7000", render.Endpoint(cb))
-	assert.Equal(t, "lm://cache.llm.svc:65432", render.Endpoint(load(t, "testdata/minimal.yaml")))
+	assert.Equal(t, "lm://big.llm.svc.cluster.local:7000", render.Endpoint(cb, ""))
+	assert.Equal(t, "lm://cache.llm.svc.cluster.local:65432", render.Endpoint(load(t, "testdata/minimal.yaml"), "cluster.local"))
+	assert.Equal(t, "lm://cache.llm.svc.corp.example:65432", render.Endpoint(load(t, "testdata/minimal.yaml"), "corp.example."),
+		"the cluster domain comes from the flag, a trailing dot dropped")
+	assert.Equal(t, "big.llm.svc.cluster.local", render.Host(cb, ""))
 }
 
 // TestVersionLabels: every child carries the operator's version and the

@@ -7,7 +7,9 @@ package validation
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -71,11 +73,15 @@ func Validate(cb *v1alpha1.CacheBackend) field.ErrorList {
 	}
 	if o := cb.Spec.Integration.EngineOverrides; o != nil {
 		owned := ownedFlags(cb.Spec.Type)
+		abbrev := inject.Abbreviates(cb.Spec.Runtime)
 		for i, a := range o.Args {
-			name, _, _ := strings.Cut(a, "=")
-			if reason, ok := owned[name]; ok {
-				errs = append(errs, field.Forbidden(integ.Child("engineOverrides", "args").Index(i),
-					fmt.Sprintf("%s is set by the injection (%s)", name, reason)))
+			key, _, _ := strings.Cut(a, "=")
+			for _, name := range slices.Sorted(maps.Keys(owned)) {
+				if inject.SpellsFlag(key, name, abbrev) {
+					errs = append(errs, field.Forbidden(integ.Child("engineOverrides", "args").Index(i),
+						fmt.Sprintf("%s is %s, set by the injection (%s)", key, name, owned[name])))
+					break
+				}
 			}
 		}
 		for i, e := range o.Env {
@@ -84,7 +90,10 @@ func Validate(cb *v1alpha1.CacheBackend) field.ErrorList {
 				errs = append(errs, field.Invalid(p, e.Name, msg))
 			}
 			if e.Name == "LMCACHE_REMOTE_URL" {
-				errs = append(errs, field.Forbidden(p, "LMCACHE_REMOTE_URL is the backend's status.endpoint and cannot be overridden"))
+				errs = append(errs, field.Forbidden(p, "LMCACHE_REMOTE_URL is derived from the backend's spec and cannot be overridden"))
+			}
+			if why := inject.EnvNameDenied(e.Name); why != "" {
+				errs = append(errs, field.Forbidden(p, why+"; engineOverrides may not set it (see docs/security.md)"))
 			}
 		}
 	}

@@ -200,7 +200,7 @@ func TestQuickstartBecomesReady(t *testing.T) {
 		}
 		return nil
 	})
-	assert.Equal(t, "lm://qwen-demo-cache.quickstart.svc:65432", cb.Status.Endpoint)
+	assert.Equal(t, "lm://qwen-demo-cache.quickstart.svc.cluster.local:65432", cb.Status.Endpoint)
 	assert.Equal(t, cb.Generation, cb.Status.ObservedGeneration)
 	ready := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
 	require.NotNil(t, ready)
@@ -642,7 +642,7 @@ func TestStatefulSetWithStorageStaysReady(t *testing.T) {
 		return nil
 	}
 	testutil.Eventually(t, 120*time.Second, ready)
-	assert.Equal(t, "lm://persistent.persistent.svc:65432", cb.Status.Endpoint)
+	assert.Equal(t, "lm://persistent.persistent.svc.cluster.local:65432", cb.Status.Endpoint)
 	for i := range 2 {
 		pvc := &corev1.PersistentVolumeClaim{}
 		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("cache-data-persistent-%d", i)}, pvc))

@@ -106,7 +106,7 @@ func TestOverlays(t *testing.T) {
 			assert.True(t, kinds["PodDisruptionBudget"])
 			assert.Equal(t, 1, mwcs)
 			assert.Equal(t, 1, vwcs)
-			assert.Equal(t, 2, roles)
+			assert.Equal(t, 6, roles, "the operator's ClusterRole and Role, three aggregated roles, the metrics reader")
 			assert.Equal(t, 2, bindings)
 		})
 	}

@@ -140,7 +140,7 @@ func quickstartReady(t *testing.T, ctx context.Context, k8s client.Client, kubec
 	kubectl("wait", "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=90s")
 	cb := &v1alpha1.CacheBackend{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: "default", Name: "qwen-demo-cache"}, cb))
-	assert.Equal(t, "lm://qwen-demo-cache.default.svc:65432", cb.Status.Endpoint)
+	assert.Equal(t, "lm://qwen-demo-cache.default.svc.cluster.local:65432", cb.Status.Endpoint)
 	assert.True(t, meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady))
 
 	kubectl("apply", "--server-side", "-f", "../../examples/quickstart/engine.yaml")

@@ -1,0 +1,141 @@
+package inject
+
+import (
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+// How the engines' argument parsers read a flag, so that the webhook and
+// the validating webhook recognise every spelling of a flag the injection
+// sets:
+//
+//   - vLLM (FlexibleArgumentParser) turns underscores into dashes
+//     (--kv_transfer_config), takes --flag=value and --flag value, and
+//     sets one key of a JSON flag with a dotted name
+//     (--kv-transfer-config.kv_role=kv_both).
+//   - SGLang uses Python's argparse with abbreviations allowed: any prefix
+//     of a flag name that no other flag shares (--hicache-rat 2) is that
+//     flag. The webhook does not know SGLang's whole flag list, so every
+//     prefix of an injected flag counts as that flag.
+//
+// Underscore spellings are recognised for both engines: treating one as the
+// user's own setting only ever leaves a pod unwired, never wires it twice.
+
+// FlagUse is one occurrence of a flag on a command line.
+type FlagUse struct {
+	// Value is the flag's value ("" for a boolean flag or when none follows).
+	Value string
+	// Partial is true for a dotted sub-key (--kv-transfer-config.kv_role=x):
+	// it sets part of the flag's value.
+	Partial bool
+}
+
+// FlagUses returns every occurrence of flag name on cmdline, in any
+// spelling the engine accepts. abbrev recognises argparse prefix
+// abbreviations (SGLang). Arguments after a bare "--" are positional.
+func FlagUses(cmdline []string, name string, abbrev bool) []FlagUse {
+	var uses []FlagUse
+	for i := 0; i < len(cmdline); i++ {
+		a := cmdline[i]
+		if a == "--" {
+			break
+		}
+		key, value, inline := strings.Cut(a, "=")
+		if !SpellsFlag(key, name, abbrev) {
+			continue
+		}
+		u := FlagUse{Value: value, Partial: strings.Contains(canonical(key), ".")}
+		if !inline && i+1 < len(cmdline) && !strings.HasPrefix(cmdline[i+1], "-") {
+			u.Value = cmdline[i+1]
+			i++
+		}
+		uses = append(uses, u)
+	}
+	return uses
+}
+
+// SpellsFlag reports whether the command-line key (the part before any
+// "=") names flag name: the same name with dashes or underscores, a dotted
+// sub-key of it, or, with abbrev, a prefix of it of at least three letters
+// after the dashes.
+func SpellsFlag(key, name string, abbrev bool) bool {
+	if !strings.HasPrefix(key, "--") || len(key) < 3 {
+		return false
+	}
+	k := canonical(key)
+	if base, _, dotted := strings.Cut(k, "."); dotted {
+		k = base
+	}
+	if k == name {
+		return true
+	}
+	return abbrev && len(k) >= 5 && strings.HasPrefix(name, k)
+}
+
+func canonical(key string) string {
+	return "--" + strings.ReplaceAll(strings.TrimPrefix(key, "--"), "_", "-")
+}
+
+// Abbreviates reports whether the runtime's parser accepts prefix
+// abbreviations of long flags.
+func Abbreviates(rt v1alpha1.Runtime) bool { return rt == v1alpha1.RuntimeSGLang }
+
+// wrappers are init programs that run the rest of their command line:
+// the shell check looks through them.
+var wrappers = map[string]bool{"tini": true, "tini-static": true, "dumb-init": true, "env": true, "catatonit": true}
+
+var shells = map[string]bool{"sh": true, "bash": true, "dash": true, "ash": true, "zsh": true, "ksh": true, "mksh": true, "busybox": false}
+
+// shellCommand returns the shell and whether the command line runs `<shell>
+// -c ...`, looking through init wrappers (tini --, dumb-init, env with
+// NAME=value assignments and options, env -S "...").
+func shellCommand(cmdline []string) (string, bool) {
+	for len(cmdline) > 0 {
+		prog := path.Base(cmdline[0])
+		if prog == "busybox" && len(cmdline) > 1 { // busybox sh -c ...
+			cmdline = cmdline[1:]
+			prog = path.Base(cmdline[0])
+		}
+		if shells[prog] {
+			return cmdline[0], slices.ContainsFunc(cmdline[1:], func(a string) bool {
+				return a == "-c" || (strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && strings.Contains(a, "c"))
+			})
+		}
+		if !wrappers[prog] {
+			return "", false
+		}
+		rest := cmdline[1:]
+		skipped := 0
+		for skipped < len(rest) {
+			a := rest[skipped]
+			if a == "--" {
+				skipped++
+				break
+			}
+			if prog == "env" && (a == "-S" || a == "--split-string") && skipped+1 < len(rest) {
+				// env -S "sh -c ..." splits its argument into words.
+				return shellCommand(append(strings.Fields(rest[skipped+1]), rest[skipped+2:]...))
+			}
+			if prog == "env" && (strings.HasPrefix(a, "-S") || strings.HasPrefix(a, "--split-string=")) {
+				s := strings.TrimPrefix(strings.TrimPrefix(a, "--split-string="), "-S")
+				return shellCommand(append(strings.Fields(s), rest[skipped+1:]...))
+			}
+			if strings.HasPrefix(a, "-") || (prog == "env" && strings.Contains(a, "=")) {
+				if prog == "env" && (a == "-u" || a == "--unset" || a == "-C" || a == "--chdir") {
+					skipped++ // the option's argument
+				}
+				if (prog == "tini" || prog == "tini-static") && (a == "-p" || a == "-e") {
+					skipped++
+				}
+				skipped++
+				continue
+			}
+			break
+		}
+		cmdline = rest[skipped:]
+	}
+	return "", false
+}

@@ -1,0 +1,201 @@
+package inject
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Limits bound what one pod webhook and many concurrent ones can cost the
+// manager, whose controllers share its memory.
+type Limits struct {
+	// MaxRequestBytes: a larger admission request is not decoded; the pod
+	// is admitted unwired (fail open) with a warning, a log line and
+	// GuardTrips{reason="oversized"}. DefaultMaxRequestBytes when zero.
+	MaxRequestBytes int64
+	// MaxConcurrent admissions are decoded and decided at once; the others
+	// wait for a slot until their request's deadline, then fail open
+	// (GuardTrips{reason="busy"}). DefaultMaxConcurrent when zero.
+	MaxConcurrent int
+}
+
+// Defaults of Limits. An engine pod's admission request is a few KiB; one
+// with a megabyte of env or arguments is not a pod the webhook should wire.
+const (
+	DefaultMaxRequestBytes = 1 << 20
+	DefaultMaxConcurrent   = 8
+	// hardMaxRequestBytes caps what is read at all, even to find the UID
+	// (the API server sends at most 3 MiB objects).
+	hardMaxRequestBytes = 8 << 20
+)
+
+// GuardTrips counts admissions the guard failed open, by reason.
+var GuardTrips = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_webhook_guard_trips_total",
+	Help: "Pod admissions admitted unwired without being decoded, by reason (oversized: the request exceeded --webhook-max-request-bytes; busy: no slot of --webhook-max-concurrency freed before the request's deadline).",
+}, []string{"reason"})
+
+func init() { metrics.Registry.MustRegister(GuardTrips) }
+
+// Guard wraps the pod webhook's HTTP handler with the Limits and the
+// request's own deadline (the API server's ?timeout=).
+func Guard(next http.Handler, l Limits) http.Handler {
+	if l.MaxRequestBytes <= 0 {
+		l.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if l.MaxConcurrent <= 0 {
+		l.MaxConcurrent = DefaultMaxConcurrent
+	}
+	return &guard{next: next, max: l.MaxRequestBytes, slots: make(chan struct{}, l.MaxConcurrent)}
+}
+
+type guard struct {
+	next  http.Handler
+	max   int64
+	slots chan struct{}
+}
+
+func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	if t, err := time.ParseDuration(r.URL.Query().Get("timeout")); err == nil && t > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t)
+		defer cancel()
+		r = r.WithContext(ctx)
+	}
+	body := http.MaxBytesReader(w, r.Body, hardMaxRequestBytes)
+	if r.ContentLength > g.max {
+		g.failOpen(ctx, w, body, "oversized", r.ContentLength)
+		return
+	}
+	select {
+	case g.slots <- struct{}{}:
+		defer func() { <-g.slots }()
+	case <-ctx.Done():
+		g.failOpen(ctx, w, body, "busy", r.ContentLength)
+		return
+	}
+	buf, err := io.ReadAll(io.LimitReader(body, g.max+1))
+	if err != nil {
+		http.Error(w, "reading the admission request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	if int64(len(buf)) > g.max {
+		g.failOpen(ctx, w, io.MultiReader(bytes.NewReader(buf), body), "oversized", -1)
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(buf))
+	r.ContentLength = int64(len(buf))
+	g.next.ServeHTTP(w, r)
+}
+
+// failOpen answers an AdmissionReview it did not decode: allowed, without
+// a patch, with a warning. It reads the request only as far as its UID,
+// which the API server writes before the object.
+func (g *guard) failOpen(ctx context.Context, w http.ResponseWriter, body io.Reader, reason string, size int64) {
+	uid, err := reviewUID(body)
+	_, _ = io.Copy(io.Discard, body)
+	if err != nil {
+		http.Error(w, "reading the admission request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	GuardTrips.WithLabelValues(reason).Inc()
+	Decisions.WithLabelValues(string(FailOpen), "guard-"+reason).Inc()
+	msg := "the admission request exceeds the webhook's size limit"
+	if reason == "busy" {
+		msg = "the webhook was busy until the request's deadline"
+	}
+	log.FromContext(ctx).WithName("pod-webhook").Info("pod admitted unwired without decoding it", "reason", reason, "uid", uid, "bytes", size, "limit", g.max)
+	out := admissionv1.AdmissionReview{Response: &admissionv1.AdmissionResponse{
+		UID: uid, Allowed: true, Warnings: []string{"inferencecache: pod admitted without cache wiring: " + msg},
+	}}
+	out.APIVersion, out.Kind = "admission.k8s.io/v1", "AdmissionReview"
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// reviewUID streams an AdmissionReview up to request.uid. Values before
+// it are skipped token by token; the API server writes the UID first, so
+// the object (the large part) is never decoded.
+func reviewUID(r io.Reader) (types.UID, error) {
+	dec := json.NewDecoder(bufio.NewReaderSize(r, 4096))
+	if err := expectDelim(dec, '{'); err != nil {
+		return "", err
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return "", err
+		}
+		if k != "request" {
+			if err := skipValue(dec); err != nil {
+				return "", err
+			}
+			continue
+		}
+		if err := expectDelim(dec, '{'); err != nil {
+			return "", err
+		}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return "", err
+			}
+			if k == "uid" {
+				v, err := dec.Token()
+				if s, ok := v.(string); err == nil && ok {
+					return types.UID(s), nil
+				}
+				return "", errors.New("request.uid is not a string")
+			}
+			if err := skipValue(dec); err != nil {
+				return "", err
+			}
+		}
+		break
+	}
+	return "", errors.New("no request.uid in the admission review")
+}
+
+func expectDelim(dec *json.Decoder, d json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if t != d {
+		return fmt.Errorf("expected %v in the admission review, got %v", d, t)
+	}
+	return nil
+}
+
+func skipValue(dec *json.Decoder) error {
+	depth := 0
+	for {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		if d, ok := t.(json.Delim); ok {
+			if d == '{' || d == '[' {
+				depth++
+			} else {
+				depth--
+			}
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,118 @@
+package inject
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"gomodules.xyz/jsonpatch/v2"
+	corev1 "k8s.io/api/core/v1"
+	sigsjson "sigs.k8s.io/json"
+)
+
+// decodePod reads a pod the way the API server does (case-sensitive field
+// names, so that every field the typed pod holds is at the same JSON path
+// in raw), and reports whether raw has a metadata object.
+func decodePod(raw []byte) (*corev1.Pod, bool, error) {
+	pod := &corev1.Pod{}
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, pod); err != nil {
+		return nil, false, fmt.Errorf("decoding pod: %w", err)
+	}
+	var top struct {
+		Metadata map[string]rawJSON `json:"metadata"`
+		Spec     struct {
+			Containers []rawJSON `json:"containers"`
+		} `json:"spec"`
+	}
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &top); err != nil {
+		return nil, false, fmt.Errorf("decoding pod metadata: %w", err)
+	}
+	for i, c := range top.Spec.Containers {
+		if c.null {
+			return nil, false, fmt.Errorf("decoding pod: spec.containers[%d] is null", i)
+		}
+	}
+	return pod, top.Metadata != nil, nil
+}
+
+// rawJSON skips a value without keeping it, noting whether it was null.
+type rawJSON struct{ null bool }
+
+func (r *rawJSON) UnmarshalJSON(b []byte) error {
+	r.null = string(b) == "null"
+	return nil
+}
+
+// minimalPatch is the JSON patch from pod (decoded from the request) to
+// the decided pod: only the paths Decide changes, never a round trip of the
+// whole pod through the compiled Pod type, which would drop fields this
+// build does not know and rewrite ones it does. Decide changes annotations,
+// appends to the args and env of the engine container, and appends
+// containers; anything else is a bug the patch refuses to hide.
+func minimalPatch(pod, out *corev1.Pod, hasMetadata bool) ([]jsonpatch.Operation, error) {
+	var ops []jsonpatch.Operation
+	add := func(path string, v any) { ops = append(ops, jsonpatch.NewOperation("add", path, v)) }
+
+	switch {
+	case maps.Equal(pod.Annotations, out.Annotations):
+	case !hasMetadata:
+		add("/metadata", map[string]any{"annotations": out.Annotations})
+	case len(pod.Annotations) == 0:
+		add("/metadata/annotations", out.Annotations)
+	default:
+		for _, k := range slices.Sorted(maps.Keys(pod.Annotations)) {
+			if _, ok := out.Annotations[k]; !ok {
+				ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(k), nil))
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(out.Annotations)) {
+			if v, ok := pod.Annotations[k]; !ok || v != out.Annotations[k] {
+				add("/metadata/annotations/"+escape(k), out.Annotations[k])
+			}
+		}
+	}
+
+	if len(out.Spec.Containers) < len(pod.Spec.Containers) {
+		return nil, fmt.Errorf("the decision removed containers")
+	}
+	for i := range pod.Spec.Containers {
+		was, now := &pod.Spec.Containers[i], &out.Spec.Containers[i]
+		base := fmt.Sprintf("/spec/containers/%d/", i)
+		if err := appendOps(&ops, base+"args", was.Args, now.Args); err != nil {
+			return nil, err
+		}
+		if err := appendOps(&ops, base+"env", was.Env, now.Env); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range out.Spec.Containers[len(pod.Spec.Containers):] {
+		add("/spec/containers/-", c)
+	}
+	return ops, nil
+}
+
+// appendOps adds the items of now beyond was (of which now must be an
+// extension) to the list at path.
+func appendOps[T any](ops *[]jsonpatch.Operation, path string, was, now []T) error {
+	if len(now) == len(was) {
+		return nil
+	}
+	if len(now) < len(was) {
+		return fmt.Errorf("the decision shortened %s", path)
+	}
+	if len(was) == 0 {
+		// Absent, null or empty in the request: set the whole list.
+		*ops = append(*ops, jsonpatch.NewOperation("add", path, now))
+		return nil
+	}
+	for _, v := range now[len(was):] {
+		*ops = append(*ops, jsonpatch.NewOperation("add", path+"/-", v))
+	}
+	return nil
+}
+
+// escape encodes a map key as a JSON pointer token (RFC 6901).
+func escape(k string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
+}

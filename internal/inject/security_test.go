@@ -1,0 +1,346 @@
+package inject
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/receipt"
+)
+
+// TestAdmitPatchesOnlyChangedPaths: the patch names only the paths the
+// webhook changes; fields this build's Pod type does not know, and every
+// field it does not change, stay exactly as the API server sent them.
+func TestAdmitPatchesOnlyChangedPaths(t *testing.T) {
+	raw := []byte(`{"apiVersion":"v1","kind":"Pod",
+	 "metadata":{"name":"engine","namespace":"llm","labels":{"app":"qwen"},"annotations":{"team":"a/b~c"},"futureMeta":1},
+	 "spec":{"futureSpecField":{"x":[1,2]},"containers":[{"name":"vllm","image":"vllm","args":["--model","m"],
+	   "env":[{"name":"HF_HOME","value":"/models","futureEnvField":true}],"futureContainerField":"keep"}],
+	   "nodeSelector":{"a":"b"}}}`)
+	cb := backend("cache")
+	d, ops, err := Admit(raw, []v1alpha1.CacheBackend{cb}, Options{})
+	require.NoError(t, err)
+	require.Equal(t, Injected, d.Outcome, d.Message)
+	for _, op := range ops {
+		assert.Equal(t, "add", op.Operation, op.Path)
+		ok := strings.HasPrefix(op.Path, "/metadata/annotations/inferencecache.io~1") ||
+			op.Path == "/spec/containers/0/args/-" || op.Path == "/spec/containers/0/env/-"
+		assert.True(t, ok, "unexpected patch path %s", op.Path)
+	}
+	pb, err := json.Marshal(ops)
+	require.NoError(t, err)
+	patch, err := jsonpatch.DecodePatch(pb)
+	require.NoError(t, err)
+	patched, err := patch.Apply(raw)
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, json.Unmarshal(patched, &doc))
+	spec := doc["spec"].(map[string]any)
+	assert.Equal(t, map[string]any{"x": []any{1.0, 2.0}}, spec["futureSpecField"])
+	c := spec["containers"].([]any)[0].(map[string]any)
+	assert.Equal(t, "keep", c["futureContainerField"])
+	assert.Equal(t, true, c["env"].([]any)[0].(map[string]any)["futureEnvField"])
+	assert.Equal(t, 1.0, doc["metadata"].(map[string]any)["futureMeta"])
+	assert.Equal(t, "a/b~c", doc["metadata"].(map[string]any)["annotations"].(map[string]any)["team"])
+}
+
+func TestFlagSpellings(t *testing.T) {
+	own := `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`
+	hicache := func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Type, cb.Spec.Runtime = v1alpha1.BackendTypeSGLangHiCache, v1alpha1.RuntimeSGLang
+		cb.Spec.HiCache = &v1alpha1.HiCache{Ratio: ptr.To("2")}
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		mut     func(*v1alpha1.CacheBackend)
+		outcome Outcome
+	}{
+		{"underscore spelling with another role is the user's own config", []string{"--kv_transfer_config", `{"kv_connector":"X","kv_role":"kv_consumer"}`}, nil, Skipped},
+		{"dotted sub-key is the user's own config", []string{"--kv-transfer-config.kv_role=kv_consumer"}, nil, Skipped},
+		{"equals-joined same value is kept, not duplicated", []string{"--kv-transfer-config=" + own}, nil, Injected},
+		{"underscore spelling with the same value", []string{"--kv_transfer_config", own}, nil, Injected},
+		{"the flag twice", []string{"--kv-transfer-config", own, "--kv-transfer-config", `{"kv_connector":"X"}`}, nil, Skipped},
+		{"SGLang prefix abbreviation with another ratio", []string{"--hicache-rat", "3"}, hicache, Skipped},
+		{"SGLang abbreviated boolean flag is already set", []string{"--enable-hier"}, hicache, Injected},
+		{"SGLang underscore spelling", []string{"--hicache_ratio=3"}, hicache, Skipped},
+		{"positional after -- is not a flag", []string{"--", "--hicache-ratio", "3"}, hicache, Injected},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var muts []func(*v1alpha1.CacheBackend)
+			if tc.mut != nil {
+				muts = append(muts, tc.mut)
+			}
+			pod := enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Args = tc.args })
+			d := Decide(pod, []v1alpha1.CacheBackend{backend("cache", muts...)}, Options{})
+			require.Equal(t, tc.outcome, d.Outcome, d.Message)
+			if d.Outcome == Skipped {
+				assert.Equal(t, SkippedUserConfig, d.Reason)
+				return
+			}
+			args := d.Pod.Spec.Containers[0].Args
+			for _, name := range []string{KVTransferConfigFlag, "--enable-hierarchical-cache", "--hicache-ratio"} {
+				assert.LessOrEqual(t, len(FlagUses(args, name, tc.mut != nil)), 1, "%s set once: %q", name, args)
+			}
+		})
+	}
+}
+
+func TestDuplicatesAndEnvFromConflict(t *testing.T) {
+	for name, mut := range map[string]func(*corev1.Pod){
+		"env name twice (the kubelet keeps the last)": func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LMCACHE_REMOTE_URL", Value: "lm://cache.llm.svc.cluster.local:65432"}, {Name: "LMCACHE_REMOTE_URL", Value: "lm://evil:1"}}
+		},
+		"envFrom": func(p *corev1.Pod) {
+			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "lmcache"}}}}
+		},
+		"valueFrom on an injected name": func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LMCACHE_REMOTE_SERDE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := Decide(enginePod(mut), []v1alpha1.CacheBackend{backend("cache")}, Options{})
+			assert.Equal(t, Skipped, d.Outcome)
+			assert.Equal(t, SkippedUserConfig, d.Reason)
+			assert.Empty(t, d.Pod.Annotations[AnnotationInjectedBy])
+		})
+	}
+}
+
+func TestShellDetectionThroughWrappers(t *testing.T) {
+	for _, tc := range []struct {
+		cmd, args []string
+		wrapped   bool
+	}{
+		{[]string{"tini", "--"}, []string{"sh", "-c", "vllm serve m"}, true},
+		{[]string{"/usr/bin/tini", "-g", "--", "/bin/bash", "-lc", "vllm serve m"}, nil, true},
+		{[]string{"dumb-init", "--single-child", "sh", "-c", "vllm serve"}, nil, true},
+		{[]string{"/usr/bin/env", "-u", "X", "FOO=1", "bash", "-ec", "vllm serve"}, nil, true},
+		{[]string{"env", "-S", "sh -c 'vllm serve'"}, nil, true},
+		{[]string{"busybox", "sh", "-c", "vllm serve"}, nil, true},
+		{[]string{"tini", "--", "vllm", "serve"}, []string{"-c", "x"}, false},
+		{[]string{"env", "FOO=1", "python3", "-m", "vllm.entrypoints.openai.api_server"}, nil, false},
+		{[]string{"bash", "/start.sh"}, nil, false},
+	} {
+		pod := enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = tc.cmd, tc.args })
+		d := Decide(pod, []v1alpha1.CacheBackend{backend("cache")}, Options{})
+		if tc.wrapped {
+			assert.Equal(t, SkippedShellWrapper, d.Reason, "%q %q", tc.cmd, tc.args)
+		} else {
+			assert.Equal(t, Injected, d.Outcome, "%q %q: %s", tc.cmd, tc.args, d.Message)
+		}
+	}
+}
+
+func TestSidecarIsRestricted(t *testing.T) {
+	cb := backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Spec.Observation = &v1alpha1.Observation{ModelID: "m"} })
+	d := Decide(enginePod(), []v1alpha1.CacheBackend{cb}, Options{KVEventSubscriberImage: "sub:v1"})
+	require.Equal(t, Injected, d.Outcome)
+	c := d.Pod.Spec.Containers[1]
+	require.Equal(t, SubscriberContainer, c.Name)
+	sc := c.SecurityContext
+	require.NotNil(t, sc)
+	// Pod Security Standard "restricted", container level.
+	assert.Equal(t, ptr.To(false), sc.AllowPrivilegeEscalation)
+	assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
+	assert.Empty(t, sc.Capabilities.Add)
+	assert.Equal(t, ptr.To(true), sc.RunAsNonRoot)
+	assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, sc.SeccompProfile.Type)
+	assert.Nil(t, sc.Privileged)
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		assert.Contains(t, c.Resources.Requests, r)
+		assert.Contains(t, c.Resources.Limits, r)
+	}
+}
+
+func TestReceiptObservedCannotBePreset(t *testing.T) {
+	for _, cbs := range [][]v1alpha1.CacheBackend{{backend("cache")}, nil} {
+		pod := enginePod(forgedReceipt, withAnnotations(annotationReceiptObserved, "InjectedByCacheBackend"))
+		raw, err := json.Marshal(pod)
+		require.NoError(t, err)
+		d, ops, err := Admit(raw, cbs, Options{})
+		require.NoError(t, err)
+		assert.NotContains(t, d.Pod.Annotations, annotationReceiptObserved)
+		assertPatchApplies(t, raw, ops, d.Pod)
+	}
+}
+
+// TestStatusEndpointIsNeverInjected: status.endpoint only gates; the
+// address injected is derived from the spec, and a status naming another
+// address wires nothing.
+func TestStatusEndpointIsNeverInjected(t *testing.T) {
+	tampered := backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "lm://attacker.example:65432" })
+	d := Decide(enginePod(), []v1alpha1.CacheBackend{tampered}, Options{})
+	assert.Equal(t, FailOpen, d.Outcome)
+	assert.Equal(t, FailOpenEndpointMismatch, d.Reason)
+	_, set := env(d.Pod.Spec.Containers[0], envRemoteURL)
+	assert.False(t, set)
+
+	shortName := backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "lm://cache.llm.svc:65432" })
+	assert.Equal(t, FailOpenEndpointMismatch, Decide(enginePod(), []v1alpha1.CacheBackend{shortName}, Options{}).Reason,
+		"the short name goes through the resolver's search path")
+
+	d = Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", func(cb *v1alpha1.CacheBackend) {
+		cb.Status.Endpoint = "lm://cache.llm.svc.corp.example:65432"
+	})}, Options{ClusterDomain: "corp.example"})
+	require.Equal(t, Injected, d.Outcome, d.Message)
+	v, _ := env(d.Pod.Spec.Containers[0], envRemoteURL)
+	assert.Equal(t, "lm://cache.llm.svc.corp.example:65432", v)
+}
+
+func TestEngineOverridesGuard(t *testing.T) {
+	withEnv := func(e corev1.EnvVar) func(*v1alpha1.CacheBackend) {
+		return func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Env: []corev1.EnvVar{e}}
+		}
+	}
+	secret := corev1.EnvVar{Name: "HF_TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: "hf"}, Key: "token"}}}
+	for _, name := range []string{"LD_PRELOAD", "LD_ANYTHING", "BASH_ENV", "NODE_OPTIONS", "PYTHONPATH"} {
+		d := Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", withEnv(corev1.EnvVar{Name: name, Value: "/x"}))}, Options{})
+		assert.Equal(t, SkippedOverrideNotAllowed, d.Reason, name)
+		_, set := env(d.Pod.Spec.Containers[0], name)
+		assert.False(t, set, name)
+	}
+	d := Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", withEnv(secret))}, Options{})
+	assert.Equal(t, SkippedOverrideNotAllowed, d.Reason, "a Secret only for pods that opt in")
+	d = Decide(enginePod(withAnnotations(AnnotationAllowSecretOverrides, "true")), []v1alpha1.CacheBackend{backend("cache", withEnv(secret))}, Options{})
+	assert.Equal(t, Injected, d.Outcome, d.Message)
+	d = Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", withEnv(corev1.EnvVar{Name: "VLLM_LOGGING_LEVEL", Value: "DEBUG"}))}, Options{})
+	assert.Equal(t, Injected, d.Outcome, d.Message)
+}
+
+func TestHandlerRejectsAnEmptyNamespace(t *testing.T) {
+	cb := backend("cache")
+	req := request(t, admissionv1.Create, enginePod())
+	req.Namespace = ""
+	resp := (&Handler{Reader: fakeReader(t, &cb)}).Handle(context.Background(), req)
+	assert.False(t, resp.Allowed)
+	assert.Empty(t, resp.Patches)
+}
+
+// TestDryRunCreatesNothing: a dry-run admission never creates the receipt
+// key Secret (or anything else).
+func TestDryRunCreatesNothing(t *testing.T) {
+	cb := backend("cache")
+	var writes atomic.Int32
+	scheme := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(scheme))
+	require.NoError(t, corev1.AddToScheme(scheme))
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme).WithObjects(&cb).Build(), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+			writes.Add(1)
+			return c.Create(ctx, o, opts...)
+		},
+	})
+	keys := &receipt.KeyRing{Client: c, Reader: c, Namespace: "inferencecache-system", Name: receipt.DefaultSecretName}
+	h := &Handler{Reader: c, Keys: keys}
+	req := request(t, admissionv1.Create, enginePod())
+	req.DryRun = ptr.To(true)
+	resp := h.Handle(context.Background(), req)
+	require.True(t, resp.Allowed)
+	assert.NotEmpty(t, resp.Patches, "a dry run shows the wiring")
+	assert.Zero(t, writes.Load(), "a dry run writes nothing")
+
+	req.DryRun = nil
+	h.Handle(context.Background(), req)
+	assert.EqualValues(t, 1, writes.Load(), "a real admission creates the key Secret on first use")
+}
+
+func review(uid string, pod []byte) []byte {
+	return fmt.Appendf(nil, `{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":%q,"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"llm","object":%s}}`, uid, pod)
+}
+
+func TestGuardFailsOpenAboveTheSizeLimit(t *testing.T) {
+	var decoded atomic.Int32
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { decoded.Add(1); w.WriteHeader(299) })
+	g := Guard(next, Limits{MaxRequestBytes: 64 << 10})
+	big := enginePod(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BIG", Value: strings.Repeat("x", 1<<20)}}
+	})
+	raw, err := json.Marshal(big)
+	require.NoError(t, err)
+	for _, chunked := range []bool{false, true} {
+		body := bytes.NewReader(review("uid-1", raw))
+		req := httptest.NewRequest(http.MethodPost, MutatePath+"?timeout=5s", body)
+		if chunked {
+			req.ContentLength = -1
+		}
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		var out admissionv1.AdmissionReview
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out))
+		assert.Equal(t, "uid-1", string(out.Response.UID))
+		assert.True(t, out.Response.Allowed)
+		assert.Nil(t, out.Response.Patch)
+		assert.NotEmpty(t, out.Response.Warnings)
+	}
+	assert.Zero(t, decoded.Load(), "an oversized request is never decoded")
+
+	small, _ := json.Marshal(enginePod())
+	rec := httptest.NewRecorder()
+	g.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review("uid-2", small))))
+	assert.Equal(t, 299, rec.Code)
+	assert.EqualValues(t, 1, decoded.Load())
+}
+
+// TestGuardLimitsConcurrency: no more than MaxConcurrent admissions are
+// decoded at once; one that finds no slot before its deadline fails open.
+func TestGuardLimitsConcurrency(t *testing.T) {
+	release := make(chan struct{})
+	var inFlight, peak atomic.Int32
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-release
+		inFlight.Add(-1)
+	})
+	g := Guard(next, Limits{MaxConcurrent: 2})
+	raw, _ := json.Marshal(enginePod())
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			g.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review(fmt.Sprint(i), raw))))
+		})
+	}
+	for inFlight.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the API server's deadline has passed
+	rec := httptest.NewRecorder()
+	g.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review("late", raw))).WithContext(ctx))
+	var out admissionv1.AdmissionReview
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out))
+	assert.True(t, out.Response.Allowed)
+	assert.Equal(t, "late", string(out.Response.UID))
+	close(release)
+	wg.Wait()
+	assert.EqualValues(t, 2, peak.Load())
+}
