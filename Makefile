@@ -53,6 +53,7 @@ test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
+	go test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./internal/kvevent/wire/
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane.
