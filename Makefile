@@ -24,6 +24,21 @@ build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
 generate: ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
+# protoc from Debian (protobuf-compiler, see test/tools/install-packages.sh);
+# the Go plugins are go.mod tools, so their versions are pinned there.
+PROTOC ?= /usr/bin/protoc
+PROTO_FILES := $(shell find proto -name '*.proto' | sort)
+
+.PHONY: proto
+proto: ## Generate the gRPC contract's Go code (internal/kvindexpb) from proto/.
+	@mkdir -p bin/protoc-plugins
+	go build -o bin/protoc-plugins/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	go build -o bin/protoc-plugins/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	PATH="$$PWD/bin/protoc-plugins:$$PATH" $(PROTOC) -I proto \
+		--go_out=. --go_opt=module=github.com/inferencecache/operator \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/inferencecache/operator \
+		$(PROTO_FILES)
+
 .PHONY: manifests
 manifests: ## Generate the CRD and RBAC manifests.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=kustomize/base/crd
@@ -35,10 +50,10 @@ manifests: ## Generate the CRD and RBAC manifests.
 verify: ## Fail on unformatted code, vet findings or drift in generated files.
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
-	$(MAKE) generate manifests
-	@if [ -n "$$(git status --porcelain -- api kustomize docs/reference)" ]; then \
-		echo "generated files drifted; run 'make generate manifests' and commit:"; \
-		git status --porcelain -- api kustomize docs/reference; git diff -- api kustomize docs/reference | head -50; exit 1; fi
+	$(MAKE) generate manifests proto
+	@if [ -n "$$(git status --porcelain -- api kustomize docs/reference internal/kvindexpb)" ]; then \
+		echo "generated files drifted; run 'make generate manifests proto' and commit:"; \
+		git status --porcelain -- api kustomize docs/reference internal/kvindexpb; git diff -- api kustomize docs/reference internal/kvindexpb | head -50; exit 1; fi
 
 .PHONY: controlplane
 controlplane: ## Build the local control-plane binaries (only those missing).
