@@ -19,6 +19,7 @@ all: build
 build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
 	go build -o bin/manager ./cmd/manager
 	go build -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+	CGO_ENABLED=0 go build -o bin/kvevent-subscriber ./cmd/kvevent-subscriber
 
 .PHONY: generate
 generate: ## Generate deepcopy code.
