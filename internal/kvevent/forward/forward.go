@@ -326,7 +326,12 @@ func (f *Forwarder) hashCompatibility() pb.HashCompatibility {
 
 // resume brings one rank of a new stream in line with the index.
 func (f *Forwarder) resume(ctx context.Context, s stream, r uint32, st *rankState, p *pb.RankPosition) error {
-	if !st.valid || st.lost || p == nil || p.Epoch != st.epoch || p.Sequence > st.seq {
+	if p == nil || p.Epoch != st.epoch {
+		// The index sends a ResyncRequest for such a rank right after its
+		// Welcome; the snapshot goes out then.
+		return nil
+	}
+	if !st.valid || st.lost || p.Sequence > st.seq {
 		return f.snapshot(ctx, s, r, "resume")
 	}
 	for _, d := range st.journal {

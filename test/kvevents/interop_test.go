@@ -1,0 +1,356 @@
+// Package kvevents_test runs the kvevent-subscriber binary against the
+// reference ZeroMQ implementation: a libzmq PUB + ROUTER publisher in
+// vLLM's wire format (publisher.py on Debian's python3-zmq and
+// python3-msgpack), and an index that receives its gRPC stream.
+package kvevents_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func repoRoot(t *testing.T) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// publisher drives publisher.py serve over its stdin and stdout.
+type publisher struct {
+	t   *testing.T
+	cmd *exec.Cmd
+	in  io.WriteCloser
+	out *bufio.Scanner
+}
+
+func startPublisher(t *testing.T, pubEP, routerEP string, opts ...string) *publisher {
+	t.Helper()
+	args := append([]string{filepath.Join(repoRoot(t), "test", "kvevents", "publisher.py"), "serve", pubEP, routerEP}, opts...)
+	cmd := exec.Command("/usr/bin/python3", args...)
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the fixture publisher (/usr/bin/python3 with python3-zmq and python3-msgpack; make packages installs them): %v", err)
+	}
+	p := &publisher{t: t, cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	p.out.Buffer(make([]byte, 1<<20), 16<<20)
+	t.Cleanup(p.stop)
+	if !p.out.Scan() || !strings.Contains(p.out.Text(), "ready") {
+		t.Fatalf("fixture publisher did not start: %q", p.out.Text())
+	}
+	return p
+}
+
+// stop ends the publisher process (closing stdin ends its loop).
+func (p *publisher) stop() {
+	if p.in != nil {
+		_ = p.in.Close()
+		_ = p.cmd.Wait()
+		p.in = nil
+	}
+}
+
+type reply struct {
+	OK   bool     `json:"ok"`
+	Seq  *uint64  `json:"seq"`
+	Held []string `json:"held"`
+}
+
+func (p *publisher) do(cmd map[string]any) reply {
+	p.t.Helper()
+	b, _ := json.Marshal(cmd)
+	if _, err := fmt.Fprintf(p.in, "%s\n", b); err != nil {
+		p.t.Fatalf("publisher: %v", err)
+	}
+	if !p.out.Scan() {
+		p.t.Fatalf("publisher exited: %v", p.out.Err())
+	}
+	var r reply
+	if err := json.Unmarshal(p.out.Bytes(), &r); err != nil {
+		p.t.Fatalf("publisher reply %q: %v", p.out.Text(), err)
+	}
+	return r
+}
+
+// prompt returns n blocks of 4 tokens unique to id.
+func prompt(id, blocks int) []int {
+	toks := make([]int, 4*blocks)
+	for i := range toks {
+		toks[i] = id*1000 + i
+	}
+	return toks
+}
+
+func (p *publisher) store(toks []int, drop bool) {
+	p.do(map[string]any{"op": "store", "tokens": toks, "drop": drop})
+}
+
+// held is the set of blocks the publisher's engine holds.
+func (p *publisher) held() map[uint64]bool {
+	out := map[uint64]bool{}
+	for _, s := range p.do(map[string]any{"op": "state"}).Held {
+		h, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		out[h] = true
+	}
+	return out
+}
+
+// metrics scrapes the subscriber's counters: name{labels} -> value.
+func metrics(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = resp.Body.Close() }()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, "inferencecache_kvevents_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[strings.TrimPrefix(line[:i], "inferencecache_kvevents_")] = v
+		}
+	}
+	return out
+}
+
+func diff(want map[uint64]bool, got map[uint64]uint32) string {
+	var missing, extra []string
+	for h := range want {
+		if got[h] != 1 {
+			missing = append(missing, fmt.Sprintf("%x(refs %d)", h, got[h]))
+		}
+	}
+	for h := range got {
+		if !want[h] {
+			extra = append(extra, fmt.Sprintf("%x", h))
+		}
+	}
+	if len(missing)+len(extra) == 0 {
+		return ""
+	}
+	sort.Strings(missing)
+	sort.Strings(extra)
+	return fmt.Sprintf("index lacks %d %v, has %d extra %v", len(missing), missing, len(extra), extra)
+}
+
+// eventually waits for cond, nudging the engine with fresh requests (as
+// traffic would) so a live batch reveals any gap.
+var onFail func()
+
+func eventually(t *testing.T, what string, logs string, nudge func(), cond func() string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	last := ""
+	for i := 0; time.Now().Before(deadline); i++ {
+		if last = cond(); last == "" {
+			return
+		}
+		if nudge != nil && i > 0 && i%20 == 0 {
+			nudge()
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if onFail != nil {
+		onFail()
+	}
+	b, _ := os.ReadFile(logs)
+	if len(b) > 60000 {
+		b = b[len(b)-60000:]
+	}
+	t.Fatalf("%s: %s\nsubscriber log tail:\n%s", what, last, b)
+}
+
+// TestInteroperability runs the scenario against both generations of vLLM's
+// publisher: tagged-map events with topic-carrying replay replies (vLLM ≥
+// mid-2026), and tagged-array events with the legacy [seq, payload] replies.
+func TestInteroperability(t *testing.T) {
+	for _, tc := range []struct{ name, events, gen, replay string }{
+		{"map events, replies with topic", "map", "spec", "new"},
+		{"array events, legacy replies", "array", "group", "legacy"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			interop(t, "buffer_steps=8", "block_size=4", "topic=kv", "events="+tc.events, "gen="+tc.gen, "replay="+tc.replay)
+		})
+	}
+}
+
+func interop(t *testing.T, pubOpts ...string) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kvevent-subscriber")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/kvevent-subscriber")
+	build.Dir = repoRoot(t)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the subscriber: %v\n%s", err, out)
+	}
+
+	pubEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	routerEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	indexAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ix := startIndex(t, indexAddr)
+	defer func() { ix.stop() }()
+	// A replay ring of 8 batches, like vLLM's buffer_steps.
+	pub := startPublisher(t, pubEP, routerEP, pubOpts...)
+	parent := t // processes that outlive a subtest
+
+	// Late join: the engine served requests before the subscriber started.
+	base := prompt(1, 3)
+	pub.store(base, false)
+	pub.store(append(append([]int{}, base...), prompt(2, 2)...), false) // continues the first prompt
+	pub.store(prompt(3, 2), false)
+
+	logs := filepath.Join(dir, "subscriber.log")
+	logf, err := os.Create(logs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := exec.Command(bin, "--endpoint", pubEP, "--replay-endpoint", routerEP, "--topic", "kv", "--index", indexAddr,
+		"--http-bind-address", httpAddr, "--block-size", "4", "--model", "m", "--cachebackend", "ns/cb",
+		"--pod-name", "engine-0", "--pod-namespace", "ns", "--pod-uid", "uid-0", "--replay-idle-timeout", "500ms", "--zap-devel")
+	sub.Stdout, sub.Stderr = logf, logf
+	if err := sub.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Process.Kill(); _ = sub.Wait() }()
+	onFail = func() { _ = sub.Process.Signal(syscall.SIGQUIT); time.Sleep(time.Second) }
+
+	next := 100
+	nudge := func() { next++; pub.store(prompt(next, 1), false) }
+	equal := func(ix *recordingIndex) func() string {
+		return func() string { return diff(pub.held(), ix.blocks()) }
+	}
+	counter := func(name string) float64 { return metrics(t, httpAddr)[name] }
+
+	eventually(t, "late join: the index holds what the engine cached before the subscriber started", logs, nudge, equal(ix))
+	if counter(`replay_requests_total{rank="0",result="ok"}`) < 1 || counter(`sequence_gaps_total{rank="0"}`) < 1 {
+		t.Fatalf("late join was not recovered by a replay: %v", metrics(t, httpAddr))
+	}
+	if counter(`hash_verify_total{result="Verified"}`) < 1 || counter(`hash_verify_total{result="Mismatch"}`) != 0 {
+		t.Fatalf("hashes were not verified from the token IDs: %v", metrics(t, httpAddr))
+	}
+
+	t.Run("gap recovered by replay", func(t *testing.T) {
+		okBefore := counter(`replay_requests_total{rank="0",result="ok"}`)
+		pub.store(prompt(4, 2), true) // lost on the PUB socket, kept in the ring
+		pub.do(map[string]any{"op": "evict", "n": 1, "drop": true})
+		pub.store(prompt(5, 1), false)
+		eventually(t, "gap", logs, nudge, equal(ix))
+		if counter(`replay_requests_total{rank="0",result="ok"}`) <= okBefore {
+			t.Fatalf("no replay recovered the gap: %v", metrics(t, httpAddr))
+		}
+	})
+
+	t.Run("publisher restart is a new epoch", func(t *testing.T) {
+		epochs := counter(`epoch_resets_total{rank="0"}`)
+		// The engine process exits and a new one binds the same endpoints:
+		// its sequence starts again at 0 and its cache is empty.
+		pub.stop()
+		pub = startPublisher(parent, pubEP, routerEP, pubOpts...)
+		pub.store(prompt(6, 2), false)
+		pub.store(prompt(7, 1), false)
+		eventually(t, "restart", logs, nudge, equal(ix))
+		if counter(`epoch_resets_total{rank="0"}`) <= epochs {
+			t.Fatalf("no new epoch: %v", metrics(t, httpAddr))
+		}
+	})
+
+	t.Run("replay window exceeded resyncs the index from the mirror", func(t *testing.T) {
+		_, _, snaps := ix.counts()
+		before := pub.held()
+		pub.store(prompt(8, 2), true) // these two batches fall out of the 8-batch ring
+		pub.store(prompt(9, 1), true)
+		lostBlocks := map[uint64]bool{}
+		for h := range pub.held() {
+			if !before[h] {
+				lostBlocks[h] = true
+			}
+		}
+		// Seven more lost batches and a live one fill the ring of 8: the
+		// two stores above are gone from it.
+		for i := 0; i < 7; i++ {
+			pub.store(prompt(10+i, 1), true)
+		}
+		pub.store(prompt(20, 1), false)
+		// The subscriber cannot know the lost blocks: the index holds the
+		// engine's blocks less exactly those, sent as a snapshot of a new epoch.
+		eventually(t, "window exceeded", logs, nil, func() string {
+			want := pub.held()
+			for h := range lostBlocks {
+				delete(want, h)
+			}
+			return diff(want, ix.blocks())
+		})
+		if counter(`replay_requests_total{rank="0",result="expired"}`) < 1 {
+			t.Fatalf("replay not reported expired: %v", metrics(t, httpAddr))
+		}
+		if _, _, s := ix.counts(); s <= snaps {
+			t.Fatalf("no snapshot after the replay window was exceeded (%d snapshots)", s)
+		}
+		// A reset of the prefix cache makes the mirror exact again.
+		pub.do(map[string]any{"op": "clear"})
+		pub.store(prompt(21, 2), false)
+		eventually(t, "after clear", logs, nudge, equal(ix))
+	})
+
+	t.Run("index restarted mid-stream", func(t *testing.T) {
+		ix.stop()
+		pub.store(prompt(30, 2), false) // journaled while the index is down
+		pub.do(map[string]any{"op": "evict", "n": 2})
+		ix = startIndex(parent, indexAddr)
+		pub.store(prompt(31, 1), false)
+		eventually(t, "index restart", logs, nudge, equal(ix))
+		if _, _, s := ix.counts(); s < 1 {
+			t.Fatalf("the restarted index was not sent a snapshot")
+		}
+	})
+
+	// The final index state equals, block for block, what the engine holds.
+	pub.store(prompt(40, 3), false)
+	pub.do(map[string]any{"op": "evict", "n": 1})
+	eventually(t, "final state", logs, nudge, equal(ix))
+	held := pub.held()
+	if len(held) == 0 {
+		t.Fatal("the publisher holds nothing; the comparison proves nothing")
+	}
+	t.Logf("final: %d blocks equal; subscriber metrics %v", len(held), metrics(t, httpAddr))
+}
