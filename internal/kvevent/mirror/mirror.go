@@ -75,6 +75,9 @@ func (m *Mirror) Len() int { return len(m.blocks) }
 func (m *Mirror) Reset() { clear(m.blocks) }
 
 func (m *Mirror) lora(name string) uint16 {
+	if name == "" {
+		return 0
+	}
 	if id, ok := m.loraID[name]; ok {
 		return id
 	}
@@ -129,7 +132,16 @@ func (m *Mirror) Apply(events []wire.Event, withTokens bool, out []*pb.BlockEven
 				continue
 			}
 			k := Key{Tier: TierOf(e.Medium), Lora: m.lora(e.LoraName), Group: uint16(e.Group)}
+			// Consecutive removals of one tier, LoRA and group (the block
+			// pool emits one event per block) become one forwarded event.
 			var held []uint64
+			var merge *pb.BlockRemoved
+			if n := len(out); n > 0 {
+				if r, ok := out[n-1].Event.(*pb.BlockEvent_Removed); ok && r.Removed.Tier == k.Tier &&
+					r.Removed.LoraName == e.LoraName && r.Removed.Group == uint32(e.Group) {
+					merge, held = r.Removed, r.Removed.BlockHashes
+				}
+			}
 			for _, h := range e.Hashes {
 				k.Hash = h
 				n, ok := m.blocks[k]
@@ -147,7 +159,9 @@ func (m *Mirror) Apply(events []wire.Event, withTokens bool, out []*pb.BlockEven
 					held = append(held, h)
 				}
 			}
-			if len(held) > 0 {
+			if merge != nil {
+				merge.BlockHashes = held
+			} else if len(held) > 0 {
 				out = append(out, &pb.BlockEvent{Event: &pb.BlockEvent_Removed{Removed: &pb.BlockRemoved{
 					BlockHashes: held, Tier: k.Tier, LoraName: e.LoraName, Group: uint32(e.Group)}}})
 			}

@@ -112,3 +112,18 @@ func TestChunks(t *testing.T) {
 		t.Fatalf("total %d, refs %v", total, refs)
 	}
 }
+
+// TestApplyMergesRemovals: the block pool's one-event-per-block removals
+// are forwarded as one event per tier, LoRA and group run.
+func TestApplyMergesRemovals(t *testing.T) {
+	m := mirror.New()
+	m.Apply([]wire.Event{st("GPU", 0, "", 1, 2, 3), st("CPU", 0, "", 4)}, false, nil)
+	out := m.Apply([]wire.Event{rm("GPU", 1), rm("GPU", 2), rm("CPU", 4), rm("GPU", 3), rm("GPU", 9)}, false, []*pb.BlockEvent{})
+	var got [][]uint64
+	for _, e := range out {
+		got = append(got, e.GetRemoved().GetBlockHashes())
+	}
+	if len(got) != 3 || len(got[0]) != 2 || got[1][0] != 4 || len(got[2]) != 1 || got[2][0] != 3 {
+		t.Fatalf("forwarded removals %v, want [[1 2] [4] [3]]", got)
+	}
+}

@@ -17,8 +17,10 @@
 package wire
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Reason classifies a decode failure; it is the label of the decode-errors
@@ -590,7 +592,14 @@ func (d *Decoder) blockHashes(r *reader, ev *Event) error {
 		return oversized("more than %d block hashes in a batch", d.Limits.MaxBatchHashes)
 	}
 	start := len(d.hashes)
+	d.hashes = slices.Grow(d.hashes, n)
 	for k := 0; k < n; k++ {
+		// Fast path: uint64, the form of almost every vLLM hash.
+		if i := r.i; i+8 < len(r.b) && r.b[i] == 0xcf {
+			d.hashes = append(d.hashes, binary.BigEndian.Uint64(r.b[i+1:i+9]))
+			r.i += 9
+			continue
+		}
 		v, isBytes, err := hash(r)
 		if err != nil {
 			return err
@@ -617,14 +626,23 @@ func (d *Decoder) tokenIDs(r *reader, ev *Event) error {
 		return oversized("more than %d token IDs in a batch", d.Limits.MaxBatchTokens)
 	}
 	start := len(d.tokens)
+	d.tokens = slices.Grow(d.tokens, n)
 	for k := 0; k < n; k++ {
 		// Fast path: positive fixint and uint8/16/32, the forms msgspec
 		// writes for token IDs.
 		var v uint64
-		if r.i < len(r.b) && r.b[r.i] <= 0x7f {
-			v = uint64(r.b[r.i])
+		b, i := r.b, r.i
+		switch {
+		case i < len(b) && b[i] <= 0x7f:
+			v = uint64(b[i])
 			r.i++
-		} else {
+		case i+2 < len(b) && b[i] == 0xcd:
+			v = uint64(b[i+1])<<8 | uint64(b[i+2])
+			r.i += 3
+		case i+4 < len(b) && b[i] == 0xce:
+			v = uint64(b[i+1])<<24 | uint64(b[i+2])<<16 | uint64(b[i+3])<<8 | uint64(b[i+4])
+			r.i += 5
+		default:
 			bits, neg, err := r.intBits()
 			if err != nil {
 				return err
