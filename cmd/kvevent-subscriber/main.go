@@ -69,7 +69,7 @@ func run(ctx context.Context, args []string) error {
 	podUID := fs.String("pod-uid", os.Getenv("POD_UID"), "this pod's UID (downward API)")
 	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "this pod's node (downward API)")
 	engine := fs.String("engine", envOr("KV_EVENTS_ENGINE", "vllm"), "the engine: vllm or sglang")
-	hashAlgo := fs.String("hash-algorithm", envOr("KV_EVENTS_HASH_ALGORITHM", "sha256_cbor"), "the engine's block hash: sha256_cbor (vLLM --prefix-caching-hash-algo), sglang_sha256, or another (unverifiable)")
+	hashAlgo := fs.String("hash-algorithm", envOr("KV_EVENTS_HASH_ALGORITHM", "sha256_cbor"), "the engine's block hash: sha256_cbor (vLLM --prefix-caching-hash-algo; the default for vllm), sglang_sha256 (the default for sglang), or another (unverifiable)")
 	hashSeeds := fs.String("hash-seeds", envOr("KV_EVENTS_HASH_SEEDS", hashcheck.SeedVLLM), "comma-separated NONE_HASH seeds to try: vllm-none-hash and/or the engine's PYTHONHASHSEED")
 	blockSize := fs.Int("block-size", envInt("KV_EVENTS_BLOCK_SIZE", 16), "tokens per block the engine hashes")
 	sendTokens := fs.Bool("send-tokens", false, "forward token IDs while hashes are not Verified (they leave the pod)")
@@ -85,6 +85,17 @@ func run(ctx context.Context, args []string) error {
 	if *showVersion {
 		fmt.Println(version.String("kvevent-subscriber"))
 		return nil
+	}
+	switch *engine {
+	case "vllm":
+	case "sglang":
+		set := false
+		fs.Visit(func(f *flag.Flag) { set = set || f.Name == "hash-algorithm" })
+		if !set && os.Getenv("KV_EVENTS_HASH_ALGORITHM") == "" {
+			*hashAlgo = "sglang_sha256"
+		}
+	default:
+		return fmt.Errorf("--engine %q: want vllm or sglang", *engine)
 	}
 	if *dpSize < 1 || *dpSize > 1024 {
 		return fmt.Errorf("--data-parallel-size %d: want 1 to 1024", *dpSize)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -79,6 +80,7 @@ type Rank struct {
 
 	mu     sync.Mutex
 	health pb.RankHealth
+	lags   lagRing
 }
 
 // NewRank returns a rank subscriber that sends deltas to out.
@@ -120,6 +122,7 @@ func (r *Rank) newEpoch() {
 func (r *Rank) Health() *pb.RankHealth {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.health.LagP50Millis, r.health.LagP99Millis = r.lags.percentiles()
 	return proto.Clone(&r.health).(*pb.RankHealth)
 }
 
@@ -316,7 +319,11 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 	var ts int64
 	if b.TS > 0 && b.TS < math.MaxInt64/1e9 {
 		ts = int64(b.TS * 1e9)
-		r.m.Lag.WithLabelValues(r.label).Observe(time.Since(time.Unix(0, ts)).Seconds())
+		lag := time.Since(time.Unix(0, ts))
+		r.m.Lag.WithLabelValues(r.label).Observe(lag.Seconds())
+		r.mu.Lock()
+		r.lags.add(uint32(min(max(lag.Milliseconds(), 0), math.MaxUint32)))
+		r.mu.Unlock()
 	}
 	r.mu.Lock()
 	r.health.EventsTotal += (after.Stored - before.Stored) + (after.Removed - before.Removed) + (after.Cleared - before.Cleared)
@@ -489,4 +496,27 @@ func replayFrames(f [][]byte) (seq, payload []byte, ok bool) {
 		return f[0], f[1], true
 	}
 	return nil, nil, false
+}
+
+// lagRing keeps the last lag samples (milliseconds) for the heartbeat's
+// percentiles.
+type lagRing struct {
+	buf [256]uint32
+	n   int
+}
+
+func (l *lagRing) add(ms uint32) {
+	l.buf[l.n%len(l.buf)] = ms
+	l.n++
+}
+
+func (l *lagRing) percentiles() (p50, p99 uint32) {
+	n := min(l.n, len(l.buf))
+	if n == 0 {
+		return 0, 0
+	}
+	s := make([]uint32, n)
+	copy(s, l.buf[:n])
+	slices.Sort(s)
+	return s[(n*50-1)/100], s[(n*99-1)/100]
 }
