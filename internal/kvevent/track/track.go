@@ -46,13 +46,7 @@ func (r *Rank) Live(seq uint64) (v Verdict, from, to uint64) {
 		return Restart, 0, 0
 	}
 	r.seenLive, r.liveHigh = true, seq
-	switch {
-	case seq < r.next:
-		return Duplicate, 0, 0
-	case seq == r.next:
-		return Apply, 0, 0
-	}
-	return Gap, r.next, seq - 1
+	return r.Replayed(seq)
 }
 
 // Replayed classifies a batch received from a replay: Apply when it is the

@@ -464,18 +464,7 @@ func (d *Decoder) field(r *reader, ev *Event, id fieldID) error {
 	case fTokenIDs:
 		return d.tokenIDs(r, ev)
 	case fBlockSize:
-		if r.nextIsNil() {
-			return nil
-		}
-		v, err := r.int()
-		if err != nil {
-			return err
-		}
-		if v < 0 || v > 1<<20 {
-			return errRange
-		}
-		ev.BlockSize = int(v)
-		return nil
+		return optionalInt(r, 1<<20, &ev.BlockSize)
 	case fLoraID:
 		if r.nextIsNil() {
 			return nil
@@ -492,36 +481,30 @@ func (d *Decoder) field(r *reader, ev *Event, id fieldID) error {
 	case fExtraKeys:
 		return d.extraKeys(r, ev)
 	case fGroup:
-		if r.nextIsNil() {
-			return nil
-		}
-		v, err := r.int()
-		if err != nil {
-			return err
-		}
-		if v < 0 || v > 1<<15 {
-			return errRange
-		}
-		ev.Group = int(v)
-		return nil
+		return optionalInt(r, 1<<15, &ev.Group)
 	case fSpecKind:
 		ev.SpecKind, err = d.text(r)
 		return err
 	case fSlidingWindow:
-		if r.nextIsNil() {
-			return nil
-		}
-		v, err := r.int()
-		if err != nil {
-			return err
-		}
-		if v < 0 || v > 1<<31 {
-			return errRange
-		}
-		ev.SlidingWindow = int(v)
-		return nil
+		return optionalInt(r, 1<<31, &ev.SlidingWindow)
 	}
 	return r.skip(d.Limits.MaxDepth)
+}
+
+// optionalInt reads None (leaving *v) or an integer in [0, max].
+func optionalInt(r *reader, max int64, v *int) error {
+	if r.nextIsNil() {
+		return nil
+	}
+	n, err := r.int()
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > max {
+		return errRange
+	}
+	*v = int(n)
+	return nil
 }
 
 // known strings are returned without allocating.
