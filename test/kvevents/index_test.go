@@ -18,16 +18,16 @@ import (
 // subscriber against it and restarts it, empty, mid-stream.
 type recordingIndex struct {
 	pb.UnimplementedIngestServer
-	mu        sync.Mutex
-	ranks     map[uint32]*indexRank
-	deltas    int // applied
-	dupes     int // acked without applying
-	snapshots int
-	resyncs   map[pb.ResyncReason]int
-	hellos    []*pb.Hello
-	heartbeat int
-	srv       *grpc.Server
-	addr      string
+	mu               sync.Mutex
+	ranks            map[uint32]*indexRank
+	deltas           int // applied
+	dupes            int // acked without applying
+	snapshotsApplied int
+	resyncs          map[pb.ResyncReason]int
+	hellos           []*pb.Hello
+	heartbeat        int
+	srv              *grpc.Server
+	addr             string
 }
 
 type indexRank struct {
@@ -37,7 +37,7 @@ type indexRank struct {
 	stagingAt  *pb.SnapshotBegin
 }
 
-func startIndex(t *testing.T, addr string) *recordingIndex {
+func startRecordingIndex(t *testing.T, addr string) index {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -52,30 +52,26 @@ func startIndex(t *testing.T, addr string) *recordingIndex {
 
 func (ix *recordingIndex) stop() { ix.srv.Stop() }
 
-// holds reports whether rank 0 holds a block.
-func (ix *recordingIndex) holds(h uint64) bool {
+func (ix *recordingIndex) holds(h uint64) (bool, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	r := ix.ranks[0]
-	return r != nil && r.blocks[h] > 0
+	return r != nil && r.blocks[h] > 0, nil
 }
 
-func (ix *recordingIndex) blocks() map[uint64]uint32 {
+func (ix *recordingIndex) count() (int, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	out := map[uint64]uint32{}
 	if r := ix.ranks[0]; r != nil {
-		for h, n := range r.blocks {
-			out[h] = n
-		}
+		return len(r.blocks), nil
 	}
-	return out
+	return 0, nil
 }
 
-func (ix *recordingIndex) counts() (deltas, dupes, snapshots int) {
+func (ix *recordingIndex) snapshots() (int, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return ix.deltas, ix.dupes, ix.snapshots
+	return ix.snapshotsApplied, nil
 }
 
 func (ix *recordingIndex) Stream(s grpc.BidiStreamingServer[pb.IngestRequest, pb.IngestResponse]) error {
@@ -159,7 +155,7 @@ func (ix *recordingIndex) Stream(s grpc.BidiStreamingServer[pb.IngestRequest, pb
 			st := ix.rank(x.SnapshotEnd.Rank)
 			st.blocks, st.epoch, st.seq = st.staging, x.SnapshotEnd.Epoch, x.SnapshotEnd.Sequence
 			st.staging, st.stagingAt = nil, nil
-			ix.snapshots++
+			ix.snapshotsApplied++
 			reply = ack(x.SnapshotEnd.Rank, st)
 		case *pb.IngestRequest_Heartbeat:
 			ix.heartbeat++

@@ -152,24 +152,47 @@ func metrics(t *testing.T, addr string) map[string]float64 {
 	return out
 }
 
-func diff(want map[uint64]bool, got map[uint64]uint32) string {
+// index is the KV-block index under test, seen through what it answers
+// for the test pod's rank 0 (GPU tier, base model).
+type index interface {
+	holds(h uint64) (bool, error)
+	count() (int, error)     // distinct blocks held
+	snapshots() (int, error) // snapshots applied since the index started
+	stop()
+}
+
+// diff says how the index differs from want (the blocks it must hold,
+// exactly) and lost (blocks it must not hold); "" when it does not.
+func diff(ix index, want, lost map[uint64]bool) string {
 	var missing, extra []string
 	for h := range want {
-		if got[h] != 1 {
-			missing = append(missing, fmt.Sprintf("%x(refs %d)", h, got[h]))
+		ok, err := ix.holds(h)
+		if err != nil {
+			return err.Error()
+		}
+		if !ok {
+			missing = append(missing, fmt.Sprintf("%x", h))
 		}
 	}
-	for h := range got {
-		if !want[h] {
+	for h := range lost {
+		ok, err := ix.holds(h)
+		if err != nil {
+			return err.Error()
+		}
+		if ok {
 			extra = append(extra, fmt.Sprintf("%x", h))
 		}
 	}
-	if len(missing)+len(extra) == 0 {
+	n, err := ix.count()
+	if err != nil {
+		return err.Error()
+	}
+	if len(missing)+len(extra) == 0 && n == len(want) {
 		return ""
 	}
 	sort.Strings(missing)
 	sort.Strings(extra)
-	return fmt.Sprintf("index lacks %d %v, has %d extra %v", len(missing), missing, len(extra), extra)
+	return fmt.Sprintf("index holds %d blocks, want %d; lacks %v; holds lost blocks %v", n, len(want), missing, extra)
 }
 
 // eventually waits for cond, nudging the engine with fresh requests (as
@@ -208,12 +231,12 @@ func TestInteroperability(t *testing.T) {
 		{"array events, legacy replies", "array", "group", "legacy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			interop(t, "buffer_steps=8", "block_size=4", "topic=kv", "events="+tc.events, "gen="+tc.gen, "replay="+tc.replay)
+			interop(t, startRecordingIndex, "buffer_steps=8", "block_size=4", "topic=kv", "events="+tc.events, "gen="+tc.gen, "replay="+tc.replay)
 		})
 	}
 }
 
-func interop(t *testing.T, pubOpts ...string) {
+func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...string) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "kvevent-subscriber")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/kvevent-subscriber")
@@ -227,7 +250,7 @@ func interop(t *testing.T, pubOpts ...string) {
 	routerEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	indexAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	ix := startIndex(t, indexAddr)
+	ix := newIndex(t, indexAddr)
 	defer func() { ix.stop() }()
 	// A replay ring of 8 batches, like vLLM's buffer_steps.
 	pub := startPublisher(t, pubEP, routerEP, pubOpts...)
@@ -256,8 +279,8 @@ func interop(t *testing.T, pubOpts ...string) {
 
 	next := 100
 	nudge := func() { next++; pub.store(prompt(next, 1), false) }
-	equal := func(ix *recordingIndex) func() string {
-		return func() string { return diff(pub.held(), ix.blocks()) }
+	equal := func(ix index) func() string {
+		return func() string { return diff(ix, pub.held(), nil) }
 	}
 	counter := func(name string) float64 { return metrics(t, httpAddr)[name] }
 
@@ -295,7 +318,10 @@ func interop(t *testing.T, pubOpts ...string) {
 	})
 
 	t.Run("replay window exceeded resyncs the index from the mirror", func(t *testing.T) {
-		_, _, snaps := ix.counts()
+		snaps, err := ix.snapshots()
+		if err != nil {
+			t.Fatal(err)
+		}
 		before := pub.held()
 		pub.store(prompt(8, 2), true) // these two batches fall out of the 8-batch ring
 		pub.store(prompt(9, 1), true)
@@ -318,12 +344,12 @@ func interop(t *testing.T, pubOpts ...string) {
 			for h := range lostBlocks {
 				delete(want, h)
 			}
-			return diff(want, ix.blocks())
+			return diff(ix, want, lostBlocks)
 		})
 		if counter(`replay_requests_total{rank="0",result="expired"}`) < 1 {
 			t.Fatalf("replay not reported expired: %v", metrics(t, httpAddr))
 		}
-		if _, _, s := ix.counts(); s <= snaps {
+		if s, _ := ix.snapshots(); s <= snaps {
 			t.Fatalf("no snapshot after the replay window was exceeded (%d snapshots)", s)
 		}
 		// A reset of the prefix cache makes the mirror exact again.
@@ -336,10 +362,10 @@ func interop(t *testing.T, pubOpts ...string) {
 		ix.stop()
 		pub.store(prompt(30, 2), false) // journaled while the index is down
 		pub.do(map[string]any{"op": "evict", "n": 2})
-		ix = startIndex(parent, indexAddr)
+		ix = newIndex(parent, indexAddr)
 		pub.store(prompt(31, 1), false)
 		eventually(t, "index restart", logs, nudge, equal(ix))
-		if _, _, s := ix.counts(); s < 1 {
+		if s, _ := ix.snapshots(); s < 1 {
 			t.Fatalf("the restarted index was not sent a snapshot")
 		}
 	})
