@@ -75,6 +75,7 @@ func run(ctx context.Context, args []string) error {
 	sendTokens := fs.Bool("send-tokens", false, "forward token IDs while hashes are not Verified (they leave the pod)")
 	httpAddr := fs.String("http-bind-address", ":8090", "address of /healthz, /readyz and /metrics")
 	queue := fs.Int("queue-size", 4096, "live messages buffered for processing; more are dropped (counted) and replayed")
+	queueBytes := fs.Int64("queue-bytes", 256<<20, "payload bytes buffered for processing; more are dropped (counted) and replayed")
 	forwardQueue := fs.Int("forward-queue-size", 4096, "deltas buffered for the forwarder; more are dropped (counted) and resent as a snapshot")
 	journal := fs.Int("journal-limit", 50000, "unacknowledged deltas kept for reconnects; past it the rank is resent as a snapshot")
 	replayIdle := fs.Duration("replay-idle-timeout", 2*time.Second, "a replay that stays silent this long is resumed")
@@ -135,7 +136,7 @@ func run(ctx context.Context, args []string) error {
 				return err
 			}
 		}
-		rk := subscriber.NewRank(subscriber.Config{Rank: r, Endpoint: ep, ReplayEndpoint: rep, Topic: *topic, QueueSize: *queue,
+		rk := subscriber.NewRank(subscriber.Config{Rank: r, Endpoint: ep, ReplayEndpoint: rep, Topic: *topic, QueueSize: *queue, QueueBytes: *queueBytes,
 			ReplayIdle: *replayIdle, SendTokens: *sendTokens,
 			Scheme: hashcheck.Scheme{Algorithm: *hashAlgo, Seeds: strings.Split(*hashSeeds, ",")}}, log, m, deltas)
 		ranks = append(ranks, rk)

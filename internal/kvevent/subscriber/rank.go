@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -34,9 +35,11 @@ type Config struct {
 	Endpoint       string // the engine's PUB endpoint (tcp:// or ipc://)
 	ReplayEndpoint string // the engine's replay ROUTER endpoint; empty: no replay
 	Topic          string // the publisher's topic; "" subscribes to everything
-	// QueueSize bounds live messages waiting for processing (the receive
-	// loop drops, and counts, what does not fit; the gap is replayed).
-	QueueSize int
+	// QueueSize and QueueBytes bound live messages waiting for processing
+	// (the receive loop drops, and counts, what does not fit; the gap is
+	// replayed).
+	QueueSize  int
+	QueueBytes int64
 	// ReplayIdle is how long a replay may stay silent before it is resumed
 	// from the last batch received; ReplayAttempts bounds the resumptions.
 	ReplayIdle     time.Duration
@@ -78,6 +81,8 @@ type Rank struct {
 	snapReq chan chan *Snapshot
 	label   string
 
+	queued atomic.Int64 // payload bytes in the live queue
+
 	mu     sync.Mutex
 	health pb.RankHealth
 	lags   lagRing
@@ -87,6 +92,9 @@ type Rank struct {
 func NewRank(cfg Config, log logr.Logger, m *Metrics, out chan<- *Delta) *Rank {
 	if cfg.QueueSize <= 0 {
 		cfg.QueueSize = 4096
+	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = 256 << 20
 	}
 	if cfg.ReplayIdle <= 0 {
 		cfg.ReplayIdle = 2 * time.Second
@@ -177,6 +185,7 @@ func (r *Rank) Run(ctx context.Context) error {
 			chunks, n := r.mir.Chunks(uint32(r.cfg.Rank), r.epoch, 8192)
 			reply <- &Snapshot{Rank: uint32(r.cfg.Rank), Epoch: r.epoch, Sequence: r.seq, Chunks: chunks, Count: n}
 		case msg := <-live:
+			r.queued.Add(-int64(len(msg.payload)))
 			r.handle(ctx, msg)
 		}
 	}
@@ -202,9 +211,16 @@ func (r *Rank) receive(ctx context.Context, live chan<- message) {
 				r.m.Dropped.WithLabelValues("frame").Inc()
 				continue
 			}
+			n := int64(len(f[2]))
+			if r.queued.Add(n) > r.cfg.QueueBytes {
+				r.queued.Add(-n)
+				r.m.Dropped.WithLabelValues("receive").Inc()
+				continue
+			}
 			select {
 			case live <- message{seq: binary.BigEndian.Uint64(f[1]), payload: f[2]}:
 			default:
+				r.queued.Add(-n)
 				r.m.Dropped.WithLabelValues("receive").Inc()
 			}
 		}
