@@ -91,7 +91,7 @@ func resMask(w uint64) uint8 {
 	var m uint8
 	for t := TierGPU; t <= TierDisk; t++ {
 		if resRefs(w, t) != 0 {
-			m |= tierBit(t)
+			m |= TierBit(t)
 		}
 	}
 	return m
@@ -428,8 +428,8 @@ func (s *MemStore) Score(_ context.Context, backend BackendRef, space Space, has
 	if sp == nil {
 		return nil, nil
 	}
-	w := getWalk(len(b.insts))
-	defer putWalk(w)
+	w := NewPrefixWalk(len(b.insts))
+	defer w.Release()
 	for _, h := range hashes {
 		p, ok := sp.blocks[h]
 		if !ok {
@@ -447,10 +447,10 @@ func (s *MemStore) Score(_ context.Context, backend BackendRef, space Space, has
 		}
 	}
 	var out []Match
-	w.results(func(inst uint32, l [5]uint32) {
+	w.Results(func(inst uint32, l [5]uint32) {
 		in := &b.insts[inst]
 		if in.used {
-			out = append(out, matchFrom(in.uid, in.rank, l))
+			out = append(out, MatchFrom(in.uid, in.rank, l))
 		}
 	})
 	return out, nil
