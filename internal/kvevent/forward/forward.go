@@ -31,6 +31,8 @@ type Source interface {
 	Snapshot(ctx context.Context) (*subscriber.Snapshot, error)
 	Health() *pb.RankHealth
 	HashCompatibility() pb.HashCompatibility
+	// HashSeed is the NONE_HASH seed verification matched; "" if none yet.
+	HashSeed() string
 }
 
 // Config configures the forwarder.
@@ -224,6 +226,14 @@ func (f *Forwarder) session(ctx context.Context, client pb.IngestClient) error {
 		hello = cloneHello(f.cfg.Hello)
 	}
 	hello.HashCompatibility = f.hashCompatibility()
+	for _, src := range f.sources {
+		if seed := src.HashSeed(); seed != "" && hello.HashScheme != nil {
+			// The seed the engine really uses, found by verification.
+			sc := hello.HashScheme
+			hello.HashScheme = &pb.HashScheme{Algorithm: sc.GetAlgorithm(), Seed: seed, BlockSize: sc.GetBlockSize()}
+			break
+		}
+	}
 	for r, st := range f.ranks {
 		if st.valid {
 			hello.Ranks = append(hello.Ranks, &pb.RankPosition{Rank: r, Epoch: st.epoch, Sequence: st.seq})

@@ -109,6 +109,7 @@ func (s *source) Snapshot(context.Context) (*subscriber.Snapshot, error) {
 	return &subscriber.Snapshot{Epoch: s.epoch, Sequence: s.seq, Count: 1, Chunks: []*pb.SnapshotChunk{{Epoch: s.epoch,
 		Entries: []*pb.SnapshotEntries{{Tier: pb.Tier_TIER_GPU, BlockHashes: []uint64{7}}}}}}, nil
 }
+func (s *source) HashSeed() string       { return "0" }
 func (s *source) Health() *pb.RankHealth { return &pb.RankHealth{} }
 func (s *source) HashCompatibility() pb.HashCompatibility {
 	return pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED
@@ -140,7 +141,8 @@ func (d *depth) get() int  { d.mu.Lock(); defer d.mu.Unlock(); return d.n }
 func start(t *testing.T, addr string, limit int, src *source, in chan *pb.Delta, dp *depth) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	fw := forward.New(forward.Config{Target: addr, JournalLimit: limit, Backoff: 50 * time.Millisecond, Hello: &pb.Hello{DataParallelSize: 1}},
+	fw := forward.New(forward.Config{Target: addr, JournalLimit: limit, Backoff: 50 * time.Millisecond, Hello: &pb.Hello{DataParallelSize: 1,
+		HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16}}},
 		logr.Discard(), forward.Metrics{JournalDepth: dp.set}, in, map[uint32]forward.Source{0: src})
 	done := make(chan struct{})
 	go func() { _ = fw.Run(ctx); close(done) }()
@@ -163,6 +165,12 @@ func TestAcksEmptyTheJournal(t *testing.T) {
 	}
 	waitFor(t, "three deltas", func() bool { _, d, _ := f.state(); return len(d) == 3 })
 	waitFor(t, "journal of the one unacked delta", func() bool { return dp.get() == 1 })
+	f.mu.Lock()
+	seed := f.hellos[0].GetHashScheme().GetSeed()
+	f.mu.Unlock()
+	if seed != "0" {
+		t.Fatalf("hello seed %q, want the verified seed \"0\"", seed)
+	}
 }
 
 // TestReconnectResumesFromTheIndex: after a reconnect only the deltas the

@@ -151,6 +151,13 @@ func hashResult(h hashcheck.Result) pb.HashCompatibility {
 	return pb.HashCompatibility_HASH_COMPATIBILITY_UNVERIFIABLE
 }
 
+// HashSeed is the NONE_HASH seed the hash check matched, or "".
+func (r *Rank) HashSeed() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.chk.Seed()
+}
+
 // Snapshot asks the rank's loop for its mirror at the current position.
 func (r *Rank) Snapshot(ctx context.Context) (*Snapshot, error) {
 	reply := make(chan *Snapshot, 1)
