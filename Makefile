@@ -16,9 +16,10 @@ INSTALL_PACKAGES := bash test/tools/install-packages.sh
 all: build
 
 .PHONY: build
-build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
+build: ## Build the manager, the kubectl-cachebackend CLI and the cache-index service into bin/.
 	go build -o bin/manager ./cmd/manager
 	go build -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+	go build -o bin/cache-index ./cmd/cache-index
 
 .PHONY: generate
 generate: ## Generate deepcopy code.
