@@ -16,9 +16,10 @@ INSTALL_PACKAGES := bash test/tools/install-packages.sh
 all: build
 
 .PHONY: build
-build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
+build: ## Build the manager, the kubectl-cachebackend CLI, the cache-index service and the kvevent-subscriber sidecar into bin/.
 	go build -o bin/manager ./cmd/manager
 	go build -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+	go build -o bin/cache-index ./cmd/cache-index
 	CGO_ENABLED=0 go build -o bin/kvevent-subscriber ./cmd/kvevent-subscriber
 
 .PHONY: generate
