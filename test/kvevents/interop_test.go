@@ -222,29 +222,31 @@ func eventually(t *testing.T, what string, logs string, nudge func(), cond func(
 	t.Fatalf("%s: %s\nsubscriber log tail:\n%s", what, last, b)
 }
 
-// TestInteroperability runs the scenario against both generations of vLLM's
-// publisher: tagged-map events with topic-carrying replay replies (vLLM ≥
-// mid-2026), and tagged-array events with the legacy [seq, payload] replies.
+// TestInteroperability runs the scenario with the cache-index binary as
+// the index, against both generations of vLLM's publisher: tagged-map
+// events with topic-carrying replay replies (vLLM ≥ mid-2026), and
+// tagged-array events with the legacy [seq, payload] replies.
 func TestInteroperability(t *testing.T) {
 	for _, tc := range []struct{ name, events, gen, replay string }{
 		{"map events, replies with topic", "map", "spec", "new"},
 		{"array events, legacy replies", "array", "group", "legacy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			interop(t, startRecordingIndex, "buffer_steps=8", "block_size=4", "topic=kv", "events="+tc.events, "gen="+tc.gen, "replay="+tc.replay)
+			interop(t, startCacheIndex, "buffer_steps=8", "block_size=4", "topic=kv", "events="+tc.events, "gen="+tc.gen, "replay="+tc.replay)
 		})
 	}
 }
 
+// TestInteroperabilityContract runs the scenario against an index written
+// from the contract alone (recordingIndex), so a failure here and not above
+// points at the index service, and the other way round.
+func TestInteroperabilityContract(t *testing.T) {
+	interop(t, startRecordingIndex, "buffer_steps=8", "block_size=4", "topic=kv", "events=map", "gen=newest", "replay=new")
+}
+
 func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...string) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "kvevent-subscriber")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/kvevent-subscriber")
-	build.Dir = repoRoot(t)
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build the subscriber: %v\n%s", err, out)
-	}
+	_, bin := binaries(t)
 
 	pubEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	routerEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
