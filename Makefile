@@ -74,7 +74,7 @@ test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane.
-	go test -count=1 ./api/... ./internal/render/... ./internal/apply/... ./internal/inject/...
+	go test -count=1 ./api/... ./internal/render/... ./internal/apply/... ./internal/inject/... ./internal/kvevent/... ./cmd/kvevent-subscriber/...
 
 .PHONY: demo
 demo: ## Start a local cluster, run the operator against it and apply examples/quickstart.
