@@ -26,6 +26,7 @@ type recordingIndex struct {
 	resyncs          map[pb.ResyncReason]int
 	hellos           []*pb.Hello
 	heartbeat        int
+	rank0            pb.PodState // the state rank 0's last heartbeat reported
 	srv              *grpc.Server
 	addr             string
 }
@@ -72,6 +73,12 @@ func (ix *recordingIndex) snapshots() (int, error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	return ix.snapshotsApplied, nil
+}
+
+func (ix *recordingIndex) state() (pb.PodState, error) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	return ix.rank0, nil
 }
 
 func (ix *recordingIndex) Stream(s grpc.BidiStreamingServer[pb.IngestRequest, pb.IngestResponse]) error {
@@ -159,6 +166,11 @@ func (ix *recordingIndex) Stream(s grpc.BidiStreamingServer[pb.IngestRequest, pb
 			reply = ack(x.SnapshotEnd.Rank, st)
 		case *pb.IngestRequest_Heartbeat:
 			ix.heartbeat++
+			for _, r := range x.Heartbeat.GetRanks() {
+				if r.GetRank() == 0 {
+					ix.rank0 = r.GetState()
+				}
+			}
 		}
 		ix.mu.Unlock()
 		if reply != nil {

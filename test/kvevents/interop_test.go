@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
 func repoRoot(t *testing.T) string {
@@ -158,6 +160,7 @@ type index interface {
 	holds(h uint64) (bool, error)
 	count() (int, error)     // distinct blocks held
 	snapshots() (int, error) // snapshots applied since the index started
+	state() (pb.PodState, error)
 	stop()
 }
 
@@ -347,13 +350,33 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		}
 		pub.store(prompt(20, 1), false)
 		// The subscriber cannot know the lost blocks: the index holds the
-		// engine's blocks less exactly those, sent as a snapshot of a new epoch.
+		// engine's blocks less those, sent as a snapshot of a new epoch, and
+		// the pod is Unsynced (not scored: it may also keep blocks the lost
+		// batches evicted) until the mirror is exact again.
 		eventually(t, "window exceeded", logs, nil, func() string {
 			want := pub.held()
 			for h := range lostBlocks {
 				delete(want, h)
 			}
-			return diff(ix, want, lostBlocks)
+			if st, err := ix.state(); err != nil || st != pb.PodState_POD_STATE_UNSYNCED {
+				return fmt.Sprintf("pod state %v (%v), want Unsynced", st, err)
+			}
+			for h := range lostBlocks {
+				if ok, err := ix.holds(h); err != nil || ok {
+					return fmt.Sprintf("index holds lost block %x (%v)", h, err)
+				}
+			}
+			return ""
+		})
+		eventually(t, "window exceeded: the index holds the mirror", logs, nil, func() string {
+			want := pub.held()
+			for h := range lostBlocks {
+				delete(want, h)
+			}
+			if n, err := ix.count(); err != nil || n != len(want) {
+				return fmt.Sprintf("index holds %d blocks (%v), want %d", n, err, len(want))
+			}
+			return ""
 		})
 		settles(t, "replay reported expired", func() bool { return counter(`replay_requests_total{rank="0",result="expired"}`) >= 1 })
 		settles(t, "a snapshot after the replay window was exceeded", func() bool { s, _ := ix.snapshots(); return s > snaps })
@@ -361,6 +384,7 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		pub.do(map[string]any{"op": "clear"})
 		pub.store(prompt(21, 2), false)
 		eventually(t, "after clear", logs, nudge, equal(ix))
+		settles(t, "the pod Live again after the clear", func() bool { st, _ := ix.state(); return st == pb.PodState_POD_STATE_LIVE })
 	})
 
 	t.Run("index restarted mid-stream", func(t *testing.T) {

@@ -76,6 +76,11 @@ func (ix *queryIndex) snapshots() (int, error) {
 	return int(p.GetResyncs()), err
 }
 
+func (ix *queryIndex) state() (pb.PodState, error) {
+	p, err := ix.pod0()
+	return p.GetState(), err
+}
+
 func (ix *queryIndex) stop() {
 	_ = ix.conn.Close()
 	ix.stopFn()
