@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
 	"strconv"
@@ -253,7 +254,6 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 
 	pubEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	routerEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	indexAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	ix := newIndex(t, indexAddr)
 	defer func() { ix.stop() }()
@@ -273,7 +273,7 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		t.Fatal(err)
 	}
 	sub := exec.Command(bin, "--endpoint", pubEP, "--replay-endpoint", routerEP, "--topic", "kv", "--index", indexAddr,
-		"--http-bind-address", httpAddr, "--block-size", "4", "--model", "m", "--cachebackend", "ns/cb",
+		"--http-bind-address", "127.0.0.1:0", "--block-size", "4", "--model", "m", "--cachebackend", "ns/cb",
 		"--pod-name", "engine-0", "--pod-namespace", "ns", "--pod-uid", "uid-0", "--replay-idle-timeout", "500ms", "--zap-devel")
 	sub.Stdout, sub.Stderr = logf, logf
 	if err := sub.Start(); err != nil {
@@ -281,6 +281,18 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 	}
 	defer func() { _ = sub.Process.Kill(); _ = sub.Wait() }()
 	onFail = func() { _ = sub.Process.Signal(syscall.SIGQUIT); time.Sleep(time.Second) }
+	// The subscriber binds its HTTP port itself (no port race with other
+	// processes on the machine) and logs it.
+	var httpAddr string
+	for i := 0; httpAddr == ""; i++ {
+		b, _ := os.ReadFile(logs)
+		if m := regexp.MustCompile(`"http": "(127\.0\.0\.1:\d+)"`).FindSubmatch(b); m != nil {
+			httpAddr = string(m[1])
+		} else if i == 300 {
+			t.Fatalf("the subscriber did not start:\n%s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 
 	next := 100
 	nudge := func() { next++; pub.store(prompt(next, 1), false) }
