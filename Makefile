@@ -17,7 +17,7 @@ GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 # The packages whose tests need no control plane (no KUBEBUILDER_ASSETS):
 # everything but the integration (internal/controller) and end-to-end
 # (test/e2e, test/install) suites.
-UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /test/e2e -e /test/install)
+UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security)
 
 # The version every binary prints with --version (internal/version), from
 # the nearest tag; "dev" outside a git checkout.
@@ -33,9 +33,11 @@ IMAGES_DIR := dist/images
 all: build
 
 .PHONY: build
-build: ## Build the manager and the kubectl-cachebackend CLI into bin/.
+build: ## Build the manager, the kubectl-cachebackend CLI, the cache-index service and the kvevent-subscriber sidecar into bin/.
 	go build -ldflags "$(LDFLAGS)" -o bin/manager ./cmd/manager
 	go build -ldflags "$(LDFLAGS)" -o bin/kubectl-cachebackend ./cmd/kubectl-cachebackend
+	go build -ldflags "$(LDFLAGS)" -o bin/cache-index ./cmd/cache-index
+	CGO_ENABLED=0 go build -ldflags "$(LDFLAGS)" -o bin/kvevent-subscriber ./cmd/kvevent-subscriber
 
 .PHONY: image
 image: ## Build OCI image layouts (linux/amd64, linux/arm64) of the manager and the runtime binaries into dist/images, without Docker.
@@ -78,6 +80,21 @@ krew-manifest: cli-archives ## Write dist/krew/cachebackend.yaml: the krew plugi
 generate: ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
+# protoc from Debian (protobuf-compiler, see test/tools/install-packages.sh);
+# the Go plugins are go.mod tools, so their versions are pinned there.
+PROTOC ?= /usr/bin/protoc
+PROTO_FILES := $(shell find proto -name '*.proto' | sort)
+
+.PHONY: proto
+proto: ## Generate the gRPC contract's Go code (internal/kvindexpb) from proto/.
+	@mkdir -p bin/protoc-plugins
+	go build -o bin/protoc-plugins/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	go build -o bin/protoc-plugins/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	PATH="$$PWD/bin/protoc-plugins:$$PATH" $(PROTOC) -I proto \
+		--go_out=. --go_opt=module=github.com/inferencecache/operator \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/inferencecache/operator \
+		$(PROTO_FILES)
+
 .PHONY: manifests
 manifests: ## Generate the CRD and RBAC manifests.
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=kustomize/base/crd
@@ -94,9 +111,9 @@ verify: $(GOLANGCI_LINT) ## Fail on unformatted code, vet or lint findings, or g
 	@# and compare their output with the tree's generated files.
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$$tmp"; \
-	$(MAKE) --no-print-directory -C "$$tmp" generate manifests >/dev/null; \
-	status=0; for d in api kustomize docs/reference; do diff -ru "$$d" "$$tmp/$$d" || status=1; done; \
-	if [ $$status -ne 0 ]; then echo "generated files differ from the generators' output: run 'make generate manifests'"; exit 1; fi
+	$(MAKE) --no-print-directory -C "$$tmp" generate manifests proto >/dev/null; \
+	status=0; for d in api kustomize docs/reference internal/kvindexpb; do diff -ru "$$d" "$$tmp/$$d" || status=1; done; \
+	if [ $$status -ne 0 ]; then echo "generated files differ from the generators' output: run 'make generate manifests proto'"; exit 1; fi
 
 $(GOLANGCI_LINT): hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && go build -o $(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
@@ -122,6 +139,7 @@ test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
 	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
 	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
+	go test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./internal/kvevent/wire/
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane (every package but internal/controller, test/e2e and test/install).

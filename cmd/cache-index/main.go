@@ -1,0 +1,245 @@
+// Command cache-index is the KV-block index service: kvevent-subscribers
+// stream their engine pods' cached blocks to it over gRPC (Ingest), routers
+// ask it which pods hold a prompt's prefix (Query.Score over gRPC, or the
+// Mooncake-shaped HTTP /query), and the operator reads each CacheBackend's
+// participation summary. State is in memory, or in Redis/Valkey for several
+// replicas. Callers authenticate with Kubernetes ServiceAccount tokens,
+// checked with TokenReview. docs/design/grpc-contract.md describes the API.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/redisstore"
+	"github.com/inferencecache/operator/internal/version"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "cache-index:", err)
+		os.Exit(1)
+	}
+}
+
+type stringList []string
+
+func (s *stringList) String() string { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error {
+	*s = append(*s, v)
+	return nil
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("cache-index", flag.ContinueOnError)
+	grpcAddr := fs.String("grpc-bind-address", ":9400", "address the gRPC Ingest and Query services bind to")
+	httpAddr := fs.String("http-bind-address", ":9401", "address the HTTP/JSON query API (/query, /query_by_hash, /v1/score, /v1/backends/...) binds to")
+	probeAddr := fs.String("health-probe-bind-address", ":8081", "address /healthz, /readyz and /metrics bind to")
+	storeKind := fs.String("store", "memory", "where the index lives: memory (one replica) or redis (replicas share it)")
+	redisAddr := fs.String("redis-address", "127.0.0.1:6379", "Redis or Valkey address (host:port), with --store=redis")
+	redisDB := fs.Int("redis-db", 0, "Redis database number, with --store=redis")
+	redisPasswordFile := fs.String("redis-password-file", "", "file holding the Redis password (e.g. a mounted Secret), with --store=redis")
+	authMode := fs.String("auth", "tokenreview", "caller authentication: tokenreview (ServiceAccount tokens checked with the API server) or none (every caller allowed; local tests only)")
+	audiences := stringList{}
+	fs.Var(&audiences, "audience", "token audience the index accepts (repeatable; default inferencecache-index)")
+	readers := stringList{}
+	fs.Var(&readers, "cluster-reader", "username allowed to query every CacheBackend, e.g. system:serviceaccount:inferencecache-system:inferencecache-operator (repeatable)")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for the TokenReview API when running outside a cluster (in-cluster config otherwise)")
+	lease := fs.Duration("lease", time.Minute, "a pod whose subscriber sends nothing for this long loses its blocks")
+	heartbeat := fs.Duration("heartbeat", 10*time.Second, "heartbeat interval asked of idle subscribers; a pod is Stale after 3 missed")
+	reviewTTL := fs.Duration("token-review-ttl", time.Minute, "how long a TokenReview verdict is reused for the same token")
+	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *showVersion {
+		fmt.Println(version.String("cache-index"))
+		return nil
+	}
+	if len(audiences) == 0 {
+		audiences = stringList{"inferencecache-index"}
+	}
+	zl, err := newLogger(*development)
+	if err != nil {
+		return err
+	}
+	log := zapr.NewLogger(zl)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	var store kvindex.Store
+	switch *storeKind {
+	case "memory":
+		store = kvindex.NewMemStore()
+	case "redis":
+		opt := &redis.Options{Addr: *redisAddr, DB: *redisDB}
+		if *redisPasswordFile != "" {
+			b, err := os.ReadFile(*redisPasswordFile)
+			if err != nil {
+				return fmt.Errorf("reading --redis-password-file: %w", err)
+			}
+			opt.Password = strings.TrimSpace(string(b))
+		}
+		store = redisstore.New(redis.NewClient(opt))
+	default:
+		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
+	}
+	defer func() { _ = store.Close() }()
+
+	var authn kvindex.Authenticator
+	switch *authMode {
+	case "tokenreview":
+		cfg, err := restConfig(*kubeconfig)
+		if err != nil {
+			return err
+		}
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating the Kubernetes client: %w", err)
+		}
+		authn = &kvindex.TokenReviewAuthenticator{Reviewer: cs.AuthenticationV1().TokenReviews(), Audiences: audiences, CacheTTL: *reviewTTL}
+	case "none":
+		log.Info("authentication is off: every caller may publish and query; use only for local tests")
+		authn = kvindex.AllowAll{}
+	default:
+		return fmt.Errorf("--auth=%q: want tokenreview or none", *authMode)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	ix := kvindex.New(kvindex.Options{
+		Store: store, Authenticator: authn, Policy: kvindex.Policy{ClusterReaders: readers},
+		Lease: *lease, Heartbeat: *heartbeat, Metrics: kvindex.NewMetrics(reg), Log: log.WithName("index"),
+	})
+
+	grpcLis, err := net.Listen("tcp", *grpcAddr)
+	if err != nil {
+		return fmt.Errorf("listening for gRPC: %w", err)
+	}
+	gs := grpc.NewServer(
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(16<<20),
+	)
+	kvindex.RegisterGRPC(gs, ix)
+
+	api := http.NewServeMux()
+	kvindex.HTTPHandler(ix, api)
+	apiSrv := &http.Server{Addr: *httpAddr, Handler: api, ReadHeaderTimeout: 10 * time.Second}
+
+	var ready atomic.Bool
+	probes := http.NewServeMux()
+	probes.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	probes.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		// Ready while the store answers (Redis reachable).
+		if _, err := store.TierBlocks(r.Context(), kvindex.BackendRef{Namespace: "-", Name: "-"}); err != nil {
+			http.Error(w, "store unavailable: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	probes.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	probeSrv := &http.Server{Addr: *probeAddr, Handler: probes, ReadHeaderTimeout: 10 * time.Second}
+
+	errc := make(chan error, 3)
+	go func() { errc <- serve("gRPC", func() error { return gs.Serve(grpcLis) }) }()
+	go func() { errc <- serve("HTTP API", apiSrv.ListenAndServe) }()
+	go func() { errc <- serve("probes", probeSrv.ListenAndServe) }()
+	go ix.RunLeaseReaper(ctx, max(*lease/6, time.Second))
+	ready.Store(true)
+	log.Info("cache-index serving", "version", version.Version, "grpc", grpcLis.Addr().String(), "http", *httpAddr,
+		"probes", *probeAddr, "store", *storeKind, "auth", *authMode, "audiences", []string(audiences))
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	ready.Store(false)
+	shutdown(log, gs, apiSrv, probeSrv)
+	return runErr
+}
+
+func serve(name string, fn func() error) error {
+	if err := fn(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("serving %s: %w", name, err)
+	}
+	return nil
+}
+
+func shutdown(log logr.Logger, gs *grpc.Server, srvs ...*http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		gs.Stop()
+	}
+	for _, s := range srvs {
+		_ = s.Shutdown(ctx)
+	}
+	log.Info("cache-index stopped")
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		kubeconfig = os.Getenv("KUBECONFIG")
+	}
+	if kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("loading kubeconfig %s: %w", kubeconfig, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no --kubeconfig and not in a cluster (%w); use --auth=none only for local tests", err)
+	}
+	return cfg, nil
+}
+
+func newLogger(development bool) (*zap.Logger, error) {
+	if development {
+		return zap.NewDevelopment()
+	}
+	cfg := zap.NewProductionConfig()
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	return cfg.Build()
+}

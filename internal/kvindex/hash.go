@@ -1,0 +1,60 @@
+package kvindex
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// ErrTokensUnsupported is returned when a query carries token IDs but the
+// pods' hash scheme cannot be reproduced by the index.
+var ErrTokensUnsupported = errors.New("token IDs cannot be hashed for this hash scheme")
+
+// HashTokens computes vLLM's sha256_cbor block hashes of a prompt's full
+// blocks, as the engine puts them on the wire (the low 64 bits of each
+// digest): NONE_HASH = SHA-256(CBOR(seed)), then per block
+// SHA-256(CBOR([parent digest, [tokens...], None])). Only the base model
+// (no extra keys) is reproducible this way.
+func HashTokens(algorithm, seed string, blockSize int, tokens []uint32) ([]uint64, error) {
+	if algorithm != "sha256_cbor" || seed == "" || blockSize <= 0 {
+		return nil, fmt.Errorf("scheme %s/%d/%q: %w", algorithm, blockSize, seed, ErrTokensUnsupported)
+	}
+	buf := cborText(nil, seed)
+	parent := sha256.Sum256(buf)
+	n := len(tokens) / blockSize
+	out := make([]uint64, 0, n)
+	for b := range n {
+		buf = buf[:0]
+		buf = append(buf, 0x83, 0x58, 0x20)
+		buf = append(buf, parent[:]...)
+		buf = cborHead(buf, 4, uint64(blockSize))
+		for _, t := range tokens[b*blockSize : (b+1)*blockSize] {
+			buf = cborHead(buf, 0, uint64(t))
+		}
+		buf = append(buf, 0xf6)
+		parent = sha256.Sum256(buf)
+		out = append(out, binary.BigEndian.Uint64(parent[24:]))
+	}
+	return out, nil
+}
+
+func cborText(buf []byte, s string) []byte {
+	return append(cborHead(buf, 3, uint64(len(s))), s...)
+}
+
+// cborHead appends a canonical CBOR head of a major type and argument.
+func cborHead(buf []byte, major byte, v uint64) []byte {
+	m := major << 5
+	switch {
+	case v < 24:
+		return append(buf, m|byte(v))
+	case v <= 0xff:
+		return append(buf, m|24, byte(v))
+	case v <= 0xffff:
+		return binary.BigEndian.AppendUint16(append(buf, m|25), uint16(v))
+	case v <= 0xffffffff:
+		return binary.BigEndian.AppendUint32(append(buf, m|26), uint32(v))
+	}
+	return binary.BigEndian.AppendUint64(append(buf, m|27), v)
+}

@@ -1,0 +1,47 @@
+package kvindex
+
+import (
+	"errors"
+	"testing"
+)
+
+// The worked values of the KV-events note (verified there against cbor2 and
+// vLLM): seed "vllm-none-hash", block size 4, tokens 1..8.
+func TestHashTokensMatchesVLLMSha256CBOR(t *testing.T) {
+	tests := []struct {
+		name   string
+		tokens []uint32
+		want   []uint64
+	}{
+		{"two blocks", []uint32{1, 2, 3, 4, 5, 6, 7, 8}, []uint64{0x84b146b151d55111, 0xd43b57df56b58fb1}},
+		{"partial block ignored", []uint32{1, 2, 3, 4, 5, 6}, []uint64{0x84b146b151d55111}},
+		{"no full block", []uint32{1, 2}, []uint64{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := HashTokens("sha256_cbor", "vllm-none-hash", 4, tt.tokens)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d hashes %x, want %x", len(got), got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("hash %d = %#x, want %#x", i, got[i], tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestHashTokensRefusesIrreproducibleSchemes(t *testing.T) {
+	for _, alg := range []string{"sha256", "xxhash", ""} {
+		if _, err := HashTokens(alg, "vllm-none-hash", 16, make([]uint32, 32)); !errors.Is(err, ErrTokensUnsupported) {
+			t.Errorf("%q: err = %v, want ErrTokensUnsupported", alg, err)
+		}
+	}
+	if _, err := HashTokens("sha256_cbor", "", 16, make([]uint32, 32)); !errors.Is(err, ErrTokensUnsupported) {
+		t.Errorf("no seed: err = %v, want ErrTokensUnsupported", err)
+	}
+}

@@ -1,0 +1,545 @@
+package kvindex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// ErrStaleEpoch is returned for a snapshot of an epoch older than the one
+// the store holds for that rank.
+var ErrStaleEpoch = errors.New("snapshot epoch is older than the applied epoch")
+
+// MemStore is the in-memory Store. Memory per block residency is a few
+// words: a block hash maps to one 64-bit posting word when one (pod, rank)
+// holds it (the instance id and a 10-bit reference count per tier packed
+// together), or to a slot of a shared slab when several do; each instance
+// keeps an append-only log of its hashes (compacted as it grows) so that
+// dropping a pod costs its own blocks, never a scan of the index. There is
+// no heap object per block.
+type MemStore struct {
+	mu       sync.RWMutex
+	backends map[BackendRef]*memBackend
+}
+
+// NewMemStore returns an empty in-memory store.
+func NewMemStore() *MemStore {
+	return &MemStore{backends: map[BackendRef]*memBackend{}}
+}
+
+var _ Store = (*MemStore)(nil)
+
+type instKey struct {
+	uid  string
+	rank uint32
+}
+
+type memInstance struct {
+	used   bool
+	uid    string
+	rank   uint32
+	known  bool
+	pos    Position
+	blocks uint64
+	logs   map[*memSpace][]uint64
+}
+
+type memPod struct {
+	rec        PodRecord
+	leaseUntil time.Time
+	ranks      map[uint32]uint32
+}
+
+type memBackend struct {
+	mu     sync.RWMutex
+	insts  []memInstance
+	byKey  map[instKey]uint32
+	free   []uint32
+	spaces map[Space]*memSpace
+	pods   map[string]*memPod
+	tiers  [numTiers]uint64
+}
+
+type memSpace struct {
+	blocks    map[uint64]uint64
+	multi     [][]uint64
+	freeMulti []uint32
+}
+
+// Posting words. A resident word is inst<<32 | gpu<<20 | cpu<<10 | disk;
+// a word with multiFlag set indexes memSpace.multi instead.
+const (
+	multiFlag = uint64(1) << 63
+	refBits   = 10
+	refMax    = 1<<refBits - 1
+)
+
+var tierShift = [numTiers]uint{0, 20, 10, 0}
+
+func resInst(w uint64) uint32 { return uint32(w >> 32) }
+
+func resRefs(w uint64, t Tier) uint32 { return uint32(w>>tierShift[t]) & refMax }
+
+func resSetRefs(w uint64, t Tier, n uint32) uint64 {
+	return w&^(uint64(refMax)<<tierShift[t]) | uint64(n)<<tierShift[t]
+}
+
+func resMask(w uint64) uint8 {
+	var m uint8
+	for t := TierGPU; t <= TierDisk; t++ {
+		if resRefs(w, t) != 0 {
+			m |= TierBit(t)
+		}
+	}
+	return m
+}
+
+func (s *MemStore) backend(b BackendRef, create bool) *memBackend {
+	s.mu.RLock()
+	mb := s.backends[b]
+	s.mu.RUnlock()
+	if mb != nil || !create {
+		return mb
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if mb = s.backends[b]; mb == nil {
+		mb = &memBackend{byKey: map[instKey]uint32{}, spaces: map[Space]*memSpace{}, pods: map[string]*memPod{}}
+		s.backends[b] = mb
+	}
+	return mb
+}
+
+func (b *memBackend) space(sp Space, create bool) *memSpace {
+	s := b.spaces[sp]
+	if s == nil && create {
+		s = &memSpace{blocks: map[uint64]uint64{}}
+		b.spaces[sp] = s
+	}
+	return s
+}
+
+func (b *memBackend) instance(uid string, rank uint32, create bool) (uint32, bool) {
+	if id, ok := b.byKey[instKey{uid, rank}]; ok {
+		return id, true
+	}
+	if !create {
+		return 0, false
+	}
+	var id uint32
+	if n := len(b.free); n > 0 {
+		id = b.free[n-1]
+		b.free = b.free[:n-1]
+	} else {
+		id = uint32(len(b.insts))
+		b.insts = append(b.insts, memInstance{})
+	}
+	b.insts[id] = memInstance{used: true, uid: uid, rank: rank, logs: map[*memSpace][]uint64{}}
+	b.byKey[instKey{uid, rank}] = id
+	p := b.pods[uid]
+	if p == nil {
+		p = &memPod{rec: PodRecord{UID: uid}, ranks: map[uint32]uint32{}}
+		b.pods[uid] = p
+	}
+	p.ranks[rank] = id
+	return id, true
+}
+
+// find returns the index of inst's resident word in the posting of h: the
+// word itself for an inline posting (slot -1), or its slot in the slab.
+func (s *memSpace) find(h uint64, inst uint32) (word uint64, slot int, ok bool) {
+	p, present := s.blocks[h]
+	if !present {
+		return 0, -1, false
+	}
+	if p&multiFlag == 0 {
+		if resInst(p) == inst {
+			return p, -1, true
+		}
+		return 0, -1, false
+	}
+	for i, w := range s.multi[uint32(p)] {
+		if resInst(w) == inst {
+			return w, i, true
+		}
+	}
+	return 0, -1, false
+}
+
+// set writes inst's resident word for h; a word with no refs removes it.
+func (s *memSpace) set(h uint64, inst uint32, slot int, w uint64) {
+	empty := w&(1<<30-1) == 0
+	p, present := s.blocks[h]
+	switch {
+	case !present:
+		if !empty {
+			s.blocks[h] = w
+		}
+	case p&multiFlag == 0:
+		if resInst(p) == inst {
+			if empty {
+				delete(s.blocks, h)
+			} else {
+				s.blocks[h] = w
+			}
+			return
+		}
+		if empty {
+			return
+		}
+		s.blocks[h] = multiFlag | uint64(s.newMulti(p, w))
+	default:
+		idx := uint32(p)
+		list := s.multi[idx]
+		switch {
+		case slot >= 0 && empty:
+			list[slot] = list[len(list)-1]
+			list = list[:len(list)-1]
+			if len(list) == 1 {
+				s.blocks[h] = list[0]
+				s.multi[idx] = nil
+				s.freeMulti = append(s.freeMulti, idx)
+				return
+			}
+			s.multi[idx] = list
+		case slot >= 0:
+			list[slot] = w
+		case !empty:
+			s.multi[idx] = append(list, w)
+		}
+	}
+}
+
+func (s *memSpace) newMulti(a, b uint64) uint32 {
+	list := make([]uint64, 2, 4)
+	list[0], list[1] = a, b
+	if n := len(s.freeMulti); n > 0 {
+		idx := s.freeMulti[n-1]
+		s.freeMulti = s.freeMulti[:n-1]
+		s.multi[idx] = list
+		return idx
+	}
+	s.multi = append(s.multi, list)
+	return uint32(len(s.multi) - 1)
+}
+
+// add adds n references of (h, tier) for inst.
+func (b *memBackend) add(s *memSpace, id uint32, h uint64, t Tier, n uint32) {
+	w, slot, ok := s.find(h, id)
+	in := &b.insts[id]
+	old := resRefs(w, t)
+	if old == 0 {
+		b.tiers[t]++
+	}
+	if ok {
+		s.set(h, id, slot, resSetRefs(w, t, min(old+n, refMax)))
+		return
+	}
+	s.set(h, id, slot, resSetRefs(uint64(id)<<32, t, min(n, refMax)))
+	in.blocks++
+	in.logs[s] = append(in.logs[s], h)
+	if l := uint64(len(in.logs[s])); l > 64 && l > 2*in.blocks {
+		b.compactLog(id, s)
+	}
+}
+
+// remove drops one reference of (h, tier) for inst; unknown blocks are
+// ignored (an eviction the index never saw stored).
+func (b *memBackend) remove(s *memSpace, id uint32, h uint64, t Tier) {
+	w, slot, ok := s.find(h, id)
+	if !ok {
+		return
+	}
+	old := resRefs(w, t)
+	if old == 0 {
+		return
+	}
+	if old == 1 {
+		b.tiers[t]--
+	}
+	w = resSetRefs(w, t, old-1)
+	if resMask(w) == 0 {
+		b.insts[id].blocks--
+	}
+	s.set(h, id, slot, w)
+}
+
+// clearInstance drops inst's blocks of one tier, or of every tier.
+func (b *memBackend) clearInstance(id uint32, only Tier) {
+	in := &b.insts[id]
+	for s, log := range in.logs {
+		kept := log[:0]
+		for _, h := range log {
+			w, slot, ok := s.find(h, id)
+			if !ok {
+				continue
+			}
+			for t := TierGPU; t <= TierDisk; t++ {
+				if (only == TierUnspecified || only == t) && resRefs(w, t) != 0 {
+					b.tiers[t]--
+					w = resSetRefs(w, t, 0)
+				}
+			}
+			if resMask(w) == 0 {
+				in.blocks--
+			} else {
+				kept = append(kept, h)
+			}
+			s.set(h, id, slot, w)
+		}
+		if len(kept) == 0 {
+			delete(in.logs, s)
+		} else {
+			in.logs[s] = kept
+		}
+	}
+}
+
+// compactLog keeps each hash inst still holds in s once.
+func (b *memBackend) compactLog(id uint32, s *memSpace) {
+	log := b.insts[id].logs[s]
+	slices.Sort(log)
+	log = slices.Compact(log)
+	kept := log[:0]
+	for _, h := range log {
+		if _, _, ok := s.find(h, id); ok {
+			kept = append(kept, h)
+		}
+	}
+	b.insts[id].logs[s] = slices.Clip(kept)
+}
+
+func (b *memBackend) dropInstance(id uint32) {
+	b.clearInstance(id, TierUnspecified)
+	in := b.insts[id]
+	delete(b.byKey, instKey{in.uid, in.rank})
+	b.insts[id] = memInstance{}
+	b.free = append(b.free, id)
+}
+
+// Apply implements Store.
+func (s *MemStore) Apply(_ context.Context, src Source, d Delta) (Outcome, Position, error) {
+	b := s.backend(src.Backend, true)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	id, exists := b.instance(src.PodUID, src.Rank, false)
+	var pos Position
+	known := exists && b.insts[id].known
+	if known {
+		pos = b.insts[id].pos
+	}
+	switch {
+	case known && d.Epoch == pos.Epoch && d.Sequence <= pos.Sequence:
+		return Duplicate, pos, nil
+	case known && d.Epoch == pos.Epoch && d.Sequence == pos.Sequence+1:
+	case d.Sequence == 1 && (!known || d.Epoch > pos.Epoch):
+		if exists {
+			b.clearInstance(id, TierUnspecified)
+		}
+	default:
+		return NeedSnapshot, pos, nil
+	}
+	id, _ = b.instance(src.PodUID, src.Rank, true)
+	for _, op := range d.Ops {
+		switch op.Kind {
+		case OpClear:
+			b.clearInstance(id, op.Tier)
+		case OpStore:
+			if op.Tier == TierUnspecified || op.Tier >= numTiers {
+				continue
+			}
+			sp := b.space(op.Space, true)
+			for _, h := range op.Hashes {
+				b.add(sp, id, h, op.Tier, 1)
+			}
+		case OpRemove:
+			sp := b.space(op.Space, false)
+			if sp == nil || op.Tier >= numTiers {
+				continue
+			}
+			for _, h := range op.Hashes {
+				if op.Tier == TierUnspecified {
+					for t := TierGPU; t <= TierDisk; t++ {
+						b.remove(sp, id, h, t)
+					}
+				} else {
+					b.remove(sp, id, h, op.Tier)
+				}
+			}
+		}
+	}
+	pos = Position{Epoch: d.Epoch, Sequence: d.Sequence}
+	b.insts[id].known, b.insts[id].pos = true, pos
+	return Applied, pos, nil
+}
+
+// Replace implements Store.
+func (s *MemStore) Replace(_ context.Context, src Source, pos Position, entries []Entry) error {
+	b := s.backend(src.Backend, true)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	id, exists := b.instance(src.PodUID, src.Rank, false)
+	if exists && b.insts[id].known && b.insts[id].pos.Epoch > pos.Epoch {
+		return fmt.Errorf("replace %s rank %d with epoch %d (holding %d): %w", src.PodUID, src.Rank, pos.Epoch, b.insts[id].pos.Epoch, ErrStaleEpoch)
+	}
+	id, _ = b.instance(src.PodUID, src.Rank, true)
+	b.clearInstance(id, TierUnspecified)
+	for _, e := range entries {
+		if e.Tier == TierUnspecified || e.Tier >= numTiers || e.Refs == 0 {
+			continue
+		}
+		b.add(b.space(e.Space, true), id, e.Hash, e.Tier, e.Refs)
+	}
+	b.insts[id].known, b.insts[id].pos = true, pos
+	return nil
+}
+
+// Positions implements Store.
+func (s *MemStore) Positions(_ context.Context, pod PodKey) (map[uint32]Position, error) {
+	out := map[uint32]Position{}
+	b := s.backend(pod.Backend, false)
+	if b == nil {
+		return out, nil
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if p := b.pods[pod.UID]; p != nil {
+		for rank, id := range p.ranks {
+			if b.insts[id].known {
+				out[rank] = b.insts[id].pos
+			}
+		}
+	}
+	return out, nil
+}
+
+// Score implements Store.
+func (s *MemStore) Score(_ context.Context, backend BackendRef, space Space, hashes []uint64) ([]Match, error) {
+	b := s.backend(backend, false)
+	if b == nil || len(hashes) == 0 {
+		return nil, nil
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	sp := b.space(space, false)
+	if sp == nil {
+		return nil, nil
+	}
+	w := NewPrefixWalk(len(b.insts))
+	defer w.Release()
+	for _, h := range hashes {
+		p, ok := sp.blocks[h]
+		if !ok {
+			break
+		}
+		if p&multiFlag == 0 {
+			w.Visit(resInst(p), resMask(p))
+		} else {
+			for _, r := range sp.multi[uint32(p)] {
+				w.Visit(resInst(r), resMask(r))
+			}
+		}
+		if !w.Next() {
+			break
+		}
+	}
+	var out []Match
+	w.Results(func(inst uint32, l [5]uint32) {
+		in := &b.insts[inst]
+		if in.used {
+			out = append(out, MatchFrom(in.uid, in.rank, l))
+		}
+	})
+	return out, nil
+}
+
+// TierBlocks implements Store.
+func (s *MemStore) TierBlocks(_ context.Context, backend BackendRef) ([numTiers]uint64, error) {
+	b := s.backend(backend, false)
+	if b == nil {
+		return [numTiers]uint64{}, nil
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return b.tiers, nil
+}
+
+// PodBlocks implements Store.
+func (s *MemStore) PodBlocks(_ context.Context, pod PodKey) (uint64, error) {
+	b := s.backend(pod.Backend, false)
+	if b == nil {
+		return 0, nil
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	var n uint64
+	if p := b.pods[pod.UID]; p != nil {
+		for _, id := range p.ranks {
+			n += b.insts[id].blocks
+		}
+	}
+	return n, nil
+}
+
+// PutPod implements Store.
+func (s *MemStore) PutPod(_ context.Context, rec PodRecord, leaseUntil time.Time) error {
+	b := s.backend(rec.Backend, true)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.pods[rec.UID]
+	if p == nil {
+		p = &memPod{ranks: map[uint32]uint32{}}
+		b.pods[rec.UID] = p
+	}
+	p.rec, p.leaseUntil = rec, leaseUntil
+	return nil
+}
+
+// Pods implements Store.
+func (s *MemStore) Pods(_ context.Context, backend BackendRef) ([]PodRecord, error) {
+	b := s.backend(backend, false)
+	if b == nil {
+		return nil, nil
+	}
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	out := make([]PodRecord, 0, len(b.pods))
+	for _, p := range b.pods {
+		if p.rec.Name != "" {
+			out = append(out, p.rec)
+		}
+	}
+	return out, nil
+}
+
+// ExpireLeases implements Store.
+func (s *MemStore) ExpireLeases(_ context.Context, now time.Time) ([]PodKey, error) {
+	s.mu.RLock()
+	backends := make(map[BackendRef]*memBackend, len(s.backends))
+	for k, v := range s.backends {
+		backends[k] = v
+	}
+	s.mu.RUnlock()
+	var gone []PodKey
+	for ref, b := range backends {
+		b.mu.Lock()
+		for uid, p := range b.pods {
+			if !p.leaseUntil.Before(now) {
+				continue
+			}
+			for _, id := range p.ranks {
+				b.dropInstance(id)
+			}
+			delete(b.pods, uid)
+			gone = append(gone, PodKey{Backend: ref, UID: uid})
+		}
+		b.mu.Unlock()
+	}
+	return gone, nil
+}
+
+// Close implements Store.
+func (s *MemStore) Close() error { return nil }
