@@ -236,3 +236,10 @@ func TestTwoReplicasScoreIdentically(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkIngest is the ingest benchmark on a real redis-server: one Lua
+// script per delta, one round trip each, from one client.
+func BenchmarkIngest(b *testing.B) {
+	addr := startRedis(b)
+	storetest.BenchIngest(b, newStore(b, addr))
+}
