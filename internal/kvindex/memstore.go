@@ -547,8 +547,19 @@ func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []Match {
 		}
 	}
 	end := uint32(len(hashes))
-	for i, h := range hashes {
-		p, ok := sp.blocks[h]
+	// Blocks are looked up a chunk ahead of the walk: independent map
+	// lookups let the CPU overlap their cache misses.
+	var chunk [64]uint64
+	var found [64]bool
+walk:
+	for i := range hashes {
+		k := i % len(chunk)
+		if k == 0 {
+			for j := range min(len(chunk), len(hashes)-i) {
+				chunk[j], found[j] = sp.blocks[hashes[i+j]]
+			}
+		}
+		p, ok := chunk[k], found[k]
 		if !ok {
 			if i > 0 {
 				dropAll(uint32(i))
@@ -613,7 +624,7 @@ func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []Match {
 		}
 		if alive == 0 {
 			end = 0
-			break
+			break walk
 		}
 	}
 	if end > 0 {

@@ -27,7 +27,7 @@ func TestMemStoreScoreMatchesNaiveModel(t *testing.T) {
 		tier kvindex.Tier
 	}
 	refs := map[key]int{}
-	prompt := storetest.Chain(9, 40)
+	prompt := storetest.Chain(9, 150)
 	seqs := map[kvindex.Source]uint64{}
 	apply := func(src kvindex.Source, op kvindex.Op) {
 		seqs[src]++
@@ -68,7 +68,7 @@ func TestMemStoreScoreMatchesNaiveModel(t *testing.T) {
 	}
 	check := func(round int) {
 		for cut := range 5 {
-			q := prompt[:10+cut*7]
+			q := prompt[:10+cut*35]
 			ms, err := s.Score(ctx, storetest.BackendA, storetest.Space, q)
 			if err != nil {
 				t.Fatal(err)
