@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -64,10 +65,18 @@ type memBackend struct {
 }
 
 type memSpace struct {
-	blocks    map[uint64]uint64
-	multi     [][]uint64
+	blocks map[uint64]uint64
+	multi  [][]uint64
+	// dense[i], for a posting of many residents, holds the same residency
+	// as bitsets over instance ids (GPU words, then CPU, then disk), so a
+	// prefix walk ANDs words instead of visiting residents.
+	dense     [][]uint64
 	freeMulti []uint32
 }
+
+// denseMin is the posting size from which a bitset copy is kept (a list of
+// 64 words costs more than the bitsets for ~1,000 instances).
+const denseMin = 64
 
 // Posting words. A resident word is inst<<32 | gpu<<20 | cpu<<10 | disk;
 // a word with multiFlag set indexes memSpace.multi instead.
@@ -201,6 +210,7 @@ func (s *memSpace) set(h uint64, inst uint32, slot int, w uint64) {
 			if len(list) == 1 {
 				s.blocks[h] = list[0]
 				s.multi[idx] = nil
+				s.dense[idx] = nil
 				s.freeMulti = append(s.freeMulti, idx)
 				return
 			}
@@ -209,6 +219,60 @@ func (s *memSpace) set(h uint64, inst uint32, slot int, w uint64) {
 			list[slot] = w
 		case !empty:
 			s.multi[idx] = append(list, w)
+		}
+		s.syncDense(idx, inst, w)
+	}
+}
+
+// syncDense keeps the bitset copy of a large posting after inst's word
+// changed to w (no refs: removed).
+func (s *memSpace) syncDense(idx, inst uint32, w uint64) {
+	list, d := s.multi[idx], s.dense[idx]
+	if d == nil {
+		if len(list) < denseMin {
+			return
+		}
+		var top uint32
+		for _, r := range list {
+			top = max(top, resInst(r))
+		}
+		words := int(top)/64 + 1
+		d = make([]uint64, 3*words)
+		for _, r := range list {
+			setDense(d, words, resInst(r), resMask(r))
+		}
+		s.dense[idx] = d
+		return
+	}
+	if len(list) < denseMin/2 {
+		s.dense[idx] = nil
+		return
+	}
+	words := len(d) / 3
+	if int(inst)/64 >= words {
+		nw := int(inst)/64 + 1
+		nd := make([]uint64, 3*nw)
+		for t := range 3 {
+			copy(nd[t*nw:], d[t*words:(t+1)*words])
+		}
+		d, words = nd, nw
+		s.dense[idx] = d
+	}
+	var m uint8
+	if w&(1<<30-1) != 0 {
+		m = resMask(w)
+	}
+	setDense(d, words, inst, m)
+}
+
+func setDense(d []uint64, words int, inst uint32, mask uint8) {
+	word, bit := int(inst)/64, uint64(1)<<(inst%64)
+	for t := TierGPU; t <= TierDisk; t++ {
+		i := int(t-1)*words + word
+		if mask&TierBit(t) != 0 {
+			d[i] |= bit
+		} else {
+			d[i] &^= bit
 		}
 	}
 }
@@ -223,6 +287,7 @@ func (s *memSpace) newMulti(a, b uint64) uint32 {
 		return idx
 	}
 	s.multi = append(s.multi, list)
+	s.dense = append(s.dense, nil)
 	return uint32(len(s.multi) - 1)
 }
 
@@ -428,32 +493,151 @@ func (s *MemStore) Score(_ context.Context, backend BackendRef, space Space, has
 	if sp == nil {
 		return nil, nil
 	}
-	w := NewPrefixWalk(len(b.insts))
-	defer w.Release()
-	for _, h := range hashes {
-		p, ok := sp.blocks[h]
-		if !ok {
-			break
-		}
-		if p&multiFlag == 0 {
-			w.Visit(resInst(p), resMask(p))
-		} else {
-			for _, r := range sp.multi[uint32(p)] {
-				w.Visit(resInst(r), resMask(r))
+	return bitWalk(sp, b.insts, hashes), nil
+}
+
+// walkBuf is the scratch space of one bitWalk.
+type walkBuf struct {
+	act  [5][]uint64
+	tmp  []uint64
+	lens [][5]uint32
+	seen []uint32
+}
+
+var walkBufs = sync.Pool{New: func() any { return &walkBuf{} }}
+
+func grown(b []uint64, n int) []uint64 {
+	if cap(b) < n {
+		return make([]uint64, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
+}
+
+// bitWalk is the memory store's prefix walk: active instances per match
+// kind (any, GPU, CPU, disk, GPU or CPU) are bitsets over instance ids, and
+// each block ANDs them with the block's residency (its dense bitsets, or
+// bits set from a short list), so a block held by every pod costs a few
+// dozen word operations, not one visit per pod. An instance that drops out
+// of a kind at block i matched i blocks of it.
+func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []Match {
+	words := (len(insts) + 63) / 64
+	wb := walkBufs.Get().(*walkBuf)
+	defer walkBufs.Put(wb)
+	for k := range wb.act {
+		wb.act[k] = grown(wb.act[k], words)
+	}
+	wb.tmp = grown(wb.tmp, 3*words)
+	if cap(wb.lens) < len(insts) {
+		wb.lens = make([][5]uint32, len(insts))
+	}
+	lens := wb.lens[:len(insts)]
+	wb.seen = wb.seen[:0]
+	act := &wb.act
+
+	dropAll := func(i uint32) {
+		for k := range act {
+			for j, v := range act[k] {
+				for v != 0 {
+					lens[j*64+bits.TrailingZeros64(v)][k] = i
+					v &= v - 1
+				}
 			}
 		}
-		if !w.Next() {
+	}
+	end := uint32(len(hashes))
+	// Blocks are looked up a chunk ahead of the walk: independent map
+	// lookups let the CPU overlap their cache misses.
+	var chunk [64]uint64
+	var found [64]bool
+walk:
+	for i := range hashes {
+		k := i % len(chunk)
+		if k == 0 {
+			for j := range min(len(chunk), len(hashes)-i) {
+				chunk[j], found[j] = sp.blocks[hashes[i+j]]
+			}
+		}
+		p, ok := chunk[k], found[k]
+		if !ok {
+			if i > 0 {
+				dropAll(uint32(i))
+			}
+			end = 0
 			break
 		}
-	}
-	var out []Match
-	w.Results(func(inst uint32, l [5]uint32) {
-		in := &b.insts[inst]
-		if in.used {
-			out = append(out, MatchFrom(in.uid, in.rank, l))
+		// The block's tier bitsets: dense, or set in tmp from the list.
+		var post []uint64
+		pw := words
+		var list []uint64
+		switch {
+		case p&multiFlag == 0:
+			list = []uint64{p}
+		case sp.dense[uint32(p)] != nil:
+			post = sp.dense[uint32(p)]
+			pw = len(post) / 3
+		default:
+			list = sp.multi[uint32(p)]
 		}
-	})
-	return out, nil
+		if post == nil {
+			post = wb.tmp
+			for _, r := range list {
+				if inst := resInst(r); int(inst) < len(insts) {
+					setDense(post, words, inst, resMask(r))
+				}
+			}
+		}
+		alive := uint64(0)
+		for j := range words {
+			var g, c, d uint64
+			if j < pw {
+				g, c, d = post[j], post[pw+j], post[2*pw+j]
+			}
+			nk := [5]uint64{g | c | d, g, c, d, g | c}
+			if i == 0 {
+				for k := range act {
+					act[k][j] = nk[k]
+				}
+				for v := nk[0]; v != 0; v &= v - 1 {
+					wb.seen = append(wb.seen, uint32(j*64+bits.TrailingZeros64(v)))
+				}
+				alive |= nk[0]
+				continue
+			}
+			for k := range act {
+				old := act[k][j]
+				nv := old & nk[k]
+				for dropped := old &^ nv; dropped != 0; dropped &= dropped - 1 {
+					lens[j*64+bits.TrailingZeros64(dropped)][k] = uint32(i)
+				}
+				act[k][j] = nv
+			}
+			alive |= act[0][j]
+		}
+		if list != nil {
+			for _, r := range list {
+				if inst := resInst(r); int(inst) < len(insts) {
+					setDense(post, words, inst, 0)
+				}
+			}
+		}
+		if alive == 0 {
+			end = 0
+			break walk
+		}
+	}
+	if end > 0 {
+		dropAll(end)
+	}
+	out := make([]Match, 0, len(wb.seen))
+	for _, inst := range wb.seen {
+		if in := &insts[inst]; in.used {
+			out = append(out, MatchFrom(in.uid, in.rank, lens[inst]))
+		}
+		lens[inst] = [5]uint32{}
+	}
+	return out
 }
 
 // TierBlocks implements Store.

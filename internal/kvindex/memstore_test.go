@@ -1,6 +1,9 @@
 package kvindex_test
 
 import (
+	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/inferencecache/operator/internal/kvindex"
@@ -9,4 +12,94 @@ import (
 
 func TestMemStore(t *testing.T) {
 	storetest.Run(t, func(*testing.T) kvindex.Store { return kvindex.NewMemStore() })
+}
+
+// The memory store's bitset walk against a naive model of the same deltas,
+// on postings large enough to be kept as bitsets (and shrinking back).
+func TestMemStoreScoreMatchesNaiveModel(t *testing.T) {
+	s := kvindex.NewMemStore()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	type key struct {
+		uid  string
+		rank uint32
+		h    uint64
+		tier kvindex.Tier
+	}
+	refs := map[key]int{}
+	prompt := storetest.Chain(9, 150)
+	seqs := map[kvindex.Source]uint64{}
+	apply := func(src kvindex.Source, op kvindex.Op) {
+		seqs[src]++
+		if o, _, err := s.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: seqs[src], Ops: []kvindex.Op{op}}); err != nil || o != kvindex.Applied {
+			t.Fatalf("apply: %s %v", o, err)
+		}
+		for _, h := range op.Hashes {
+			k := key{src.PodUID, src.Rank, h, op.Tier}
+			if op.Kind == kvindex.OpStore {
+				refs[k]++
+			} else if refs[k] > 0 {
+				refs[k]--
+			}
+		}
+	}
+	naive := func(hashes []uint64) map[string]kvindex.Match {
+		out := map[string]kvindex.Match{}
+		for src := range seqs {
+			m := kvindex.Match{PodUID: src.PodUID, Rank: src.Rank}
+			alive := [5]bool{true, true, true, true, true}
+			for _, h := range hashes {
+				in := func(t kvindex.Tier) bool { return refs[key{src.PodUID, src.Rank, h, t}] > 0 }
+				g, c, d := in(kvindex.TierGPU), in(kvindex.TierCPU), in(kvindex.TierDisk)
+				kinds := [5]bool{g || c || d, g, c, d, g || c}
+				ptrs := [5]*uint32{&m.Any, &m.GPU, &m.CPU, &m.Disk, &m.GPUOrCPU}
+				for k := range kinds {
+					alive[k] = alive[k] && kinds[k]
+					if alive[k] {
+						*ptrs[k]++
+					}
+				}
+			}
+			if m.Any > 0 {
+				out[fmt.Sprintf("%s/%d", m.PodUID, m.Rank)] = m
+			}
+		}
+		return out
+	}
+	check := func(round int) {
+		for cut := range 5 {
+			q := prompt[:10+cut*35]
+			ms, err := s.Score(ctx, storetest.BackendA, storetest.Space, q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := naive(q)
+			got := map[string]kvindex.Match{}
+			for _, m := range ms {
+				got[fmt.Sprintf("%s/%d", m.PodUID, m.Rank)] = m
+			}
+			if len(got) != len(want) {
+				t.Fatalf("round %d: %d matches, want %d", round, len(got), len(want))
+			}
+			for k, w := range want {
+				if got[k] != w {
+					t.Fatalf("round %d, %s: got %+v, want %+v", round, k, got[k], w)
+				}
+			}
+		}
+	}
+	for round := range 6 {
+		for range 400 {
+			src := storetest.Src(fmt.Sprintf("p%d", rng.IntN(120)), uint32(rng.IntN(2)))
+			tier := kvindex.Tier(1 + rng.IntN(3))
+			from := rng.IntN(len(prompt))
+			n := 1 + rng.IntN(len(prompt)-from)
+			if round < 3 || rng.IntN(3) == 0 {
+				apply(src, storetest.Store(tier, prompt[:from+n]...))
+			} else {
+				apply(src, storetest.Remove(tier, prompt[from:from+n]...))
+			}
+		}
+		check(round)
+	}
 }

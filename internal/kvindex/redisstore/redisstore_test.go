@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -37,8 +38,13 @@ func startRedis(t testing.TB) string {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	cmd := exec.Command(redisServer, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	dir := t.TempDir()
+	logFile, err := os.Create(filepath.Join(dir, "redis.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(redisServer, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting redis-server: %v", err)
 	}
@@ -55,7 +61,8 @@ func startRedis(t testing.TB) string {
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-	t.Fatalf("redis-server on %s did not answer", addr)
+	out, _ := os.ReadFile(logFile.Name())
+	t.Fatalf("redis-server on %s did not answer; its log:\n%s", addr, out)
 	return ""
 }
 
@@ -235,4 +242,11 @@ func TestTwoReplicasScoreIdentically(t *testing.T) {
 			t.Fatalf("participation blocks %v, want %v", sum.GetBlocks(), wantSum.GetBlocks())
 		}
 	}
+}
+
+// BenchmarkIngest is the ingest benchmark on a real redis-server: one Lua
+// script per delta, one round trip each, from one client.
+func BenchmarkIngest(b *testing.B) {
+	addr := startRedis(b)
+	storetest.BenchIngest(b, newStore(b, addr))
 }
