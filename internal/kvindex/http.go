@@ -113,7 +113,7 @@ func (h *httpAPI) query(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(io.LimitReader(r.Body, maxQueryBody))
 	dec.UseNumber()
 	if err := dec.Decode(&q); err != nil {
-		writeError(w, fmt.Errorf("decoding the query: %v: %w", err, ErrInvalid))
+		writeError(w, fmt.Errorf("decoding the query: %w", errors.Join(err, ErrInvalid)))
 		return
 	}
 	ns, name, ok := strings.Cut(q.TenantID, "/")
@@ -172,12 +172,12 @@ func (h *httpAPI) score(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxQueryBody))
 	if err != nil {
-		writeError(w, fmt.Errorf("reading the request: %v: %w", err, ErrInvalid))
+		writeError(w, fmt.Errorf("reading the request: %w", errors.Join(err, ErrInvalid)))
 		return
 	}
 	var req pb.ScoreRequest
 	if err := protojson.Unmarshal(body, &req); err != nil {
-		writeError(w, fmt.Errorf("decoding the request: %v: %w", err, ErrInvalid))
+		writeError(w, fmt.Errorf("decoding the request: %w", errors.Join(err, ErrInvalid)))
 		return
 	}
 	resp, err := h.ix.Score(r.Context(), caller, &req)

@@ -615,11 +615,9 @@ walk:
 			}
 			alive |= act[0][j]
 		}
-		if list != nil {
-			for _, r := range list {
-				if inst := resInst(r); int(inst) < len(insts) {
-					setDense(post, words, inst, 0)
-				}
+		for _, r := range list {
+			if inst := resInst(r); int(inst) < len(insts) {
+				setDense(post, words, inst, 0)
 			}
 		}
 		if alive == 0 {

@@ -141,7 +141,7 @@ func buildImage(ctx context.Context, o Options, img Image, base v1.Layer) (Built
 		LabelTitle:    img.Name,
 		LabelLicenses: "Apache-2.0",
 	}
-	var idx v1.ImageIndex = mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
+	idx := mutate.IndexMediaType(empty.Index, types.OCIImageIndex)
 	idx = mutate.Annotations(idx, labels).(v1.ImageIndex)
 	tmp, err := os.MkdirTemp("", "ociimage-")
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"debug/elf"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -123,7 +124,7 @@ func flatten(t *testing.T, img v1.Image) map[string][]byte {
 	tr := tar.NewReader(rc)
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return files
 		}
 		require.NoError(t, err)

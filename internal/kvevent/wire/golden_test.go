@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"reflect"
@@ -107,7 +108,8 @@ func publisherCases(t *testing.T) map[string][]byte {
 		script := filepath.Join(filepath.Dir(file), "..", "..", "..", "test", "kvevents", "publisher.py")
 		out, err := exec.Command("/usr/bin/python3", script, "dump").Output()
 		if err != nil {
-			if ee, ok := err.(*exec.ExitError); ok {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
 				err = &pyError{err, string(ee.Stderr)}
 			}
 			pyErr = err
@@ -345,7 +347,8 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func asError(err error, target **wire.Error) bool {
-	e, ok := err.(*wire.Error)
+	var e *wire.Error
+	ok := errors.As(err, &e)
 	if ok {
 		*target = e
 	}

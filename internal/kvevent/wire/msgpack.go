@@ -123,29 +123,13 @@ func (r *reader) mapHeader() (int, error) {
 	return int(n), nil
 }
 
-// isArray and isMap report the container kind of the next value.
-func (r *reader) isArray() bool {
-	if r.i >= len(r.b) {
-		return false
-	}
-	c := r.b[r.i]
-	return (c >= 0x90 && c <= 0x9f) || c == 0xdc || c == 0xdd
-}
-
+// isMap reports whether the next value is a map.
 func (r *reader) isMap() bool {
 	if r.i >= len(r.b) {
 		return false
 	}
 	c := r.b[r.i]
 	return (c >= 0x80 && c <= 0x8f) || c == 0xde || c == 0xdf
-}
-
-func (r *reader) isStr() bool {
-	if r.i >= len(r.b) {
-		return false
-	}
-	c := r.b[r.i]
-	return (c >= 0xa0 && c <= 0xbf) || c == 0xd9 || c == 0xda || c == 0xdb
 }
 
 // str reads a str (or, tolerantly, a bin) and returns a view into the payload.
@@ -309,9 +293,10 @@ func (r *reader) skip(depth int) error {
 		}
 	case 0xc7, 0xc8, 0xc9: // ext 8/16/32: length, type byte, data
 		w := 1
-		if c == 0xc8 {
+		switch c {
+		case 0xc8:
 			w = 2
-		} else if c == 0xc9 {
+		case 0xc9:
 			w = 4
 		}
 		n, err = r.be(w)
