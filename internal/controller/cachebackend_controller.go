@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -61,6 +62,13 @@ type CacheBackendReconciler struct {
 	Prober *Prober
 	// Now returns the current time; tests may replace it.
 	Now func() metav1.Time
+
+	// unmatchedReported holds, per backend (NamespacedName → UID), that this
+	// process recorded EngineSelectorUnmatched for the current run of zero
+	// matches. The published status says the same, but the cache this
+	// reconciler reads can lag its own status write; without this a
+	// reconcile woken in that window would report the observation again.
+	unmatchedReported sync.Map
 }
 
 // RBAC markers: rbac.go.
@@ -164,9 +172,13 @@ type pass struct {
 func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectKey) (*v1alpha1.CacheBackend, error) {
 	cb := &v1alpha1.CacheBackend{}
 	if err := r.Client.Get(ctx, key, cb); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.unmatchedReported.Delete(key)
+		}
 		return nil, client.IgnoreNotFound(err)
 	}
 	if !cb.DeletionTimestamp.IsZero() {
+		r.unmatchedReported.Delete(key)
 		return nil, nil
 	}
 	return cb, nil
@@ -191,15 +203,21 @@ func (r *CacheBackendReconciler) recordEngineMatch(s *pass, obs observation) {
 	if !obs.matchedKnown {
 		return
 	}
+	key := client.ObjectKeyFromObject(s.cb)
 	s.st.MatchedEnginePods = obs.matched
 	s.st.EngineSelectorMessage = ""
 	if obs.matched > 0 {
+		r.unmatchedReported.Delete(key)
 		return
 	}
 	s.st.EngineSelectorMessage = selectorMessage(s.cb)
+	if uid, ok := r.unmatchedReported.Load(key); ok && uid == s.cb.UID {
+		return // reported by this process; the cache has not caught up yet
+	}
 	if s.cb.Status.EngineSelectorMessage == "" {
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventEngineSelectorUnmatched, "Observe", "%s", s.st.EngineSelectorMessage)
 	}
+	r.unmatchedReported.Store(key, s.cb.UID)
 }
 
 // execute hands the plan to the applier and records what it did.

@@ -395,7 +395,8 @@ func TestCLIDiffExitCodes(t *testing.T) {
 	edited.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v9"}}
 	code, out, _ = runCLI(t, kc, "diff", "-f", file(edited))
 	assert.Equal(t, 1, code, out)
-	assert.Contains(t, out, "+        image: example.com/lmcache:v9")
+	assert.Contains(t, out, "Deployment/"+key.Namespace+"/cache would be changed")
+	assert.Contains(t, out, `/spec/template/spec/containers/0/image: "example.com/lmcache:v9"`)
 
 	code, _, errOut := runCLI(t, kc, "diff", "-f", same, "--context", "unreachable")
 	assert.Equal(t, 2, code)

@@ -129,7 +129,7 @@ func runManager(ctx context.Context, t *testing.T, work string, cluster *localcl
 	vwc.Webhooks[0].ClientConfig.URL, vwc.Webhooks[0].ClientConfig.Service = url("/validate-inferencecache-io-v1alpha1-cachebackend"), nil
 	require.NoError(t, k8s.Update(ctx, vwc))
 
-	return k8s, fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	return k8s, fmt.Sprintf("https://127.0.0.1:%d/metrics", metricsPort)
 }
 
 // quickstartReady applies the quickstart: the CacheBackend becomes Ready

@@ -2,6 +2,7 @@ package install
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"os"
@@ -60,11 +61,27 @@ func TestInstallYAML(t *testing.T) {
 	// The children carry the manager's version; the metrics say Ready.
 	svcLabels := kubectl("get", "service/qwen-demo-cache", "-o", "jsonpath={.metadata.labels}")
 	assert.Contains(t, svcLabels, `"app.kubernetes.io/version":"`+installVersion+`"`)
-	resp, err := http.Get(metricsURL)
+	// Metrics are served over HTTPS to callers the API server authenticates
+	// (TokenReview) and authorises (SubjectAccessReview): a scraper's
+	// ServiceAccount bound to the bundle's metrics-reader ClusterRole reads
+	// them, an anonymous request is refused.
+	kubectl("create", "serviceaccount", "prometheus", "-n", "default")
+	kubectl("create", "clusterrolebinding", "prometheus-inferencecache-metrics", "--clusterrole=inferencecache-metrics-reader", "--serviceaccount=default:prometheus")
+	token := strings.TrimSpace(kubectl("create", "token", "prometheus", "-n", "default"))
+	scraper := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the manager's self-signed metrics certificate
+	anonymous, err := scraper.Get(metricsURL)
+	require.NoError(t, err)
+	_ = anonymous.Body.Close()
+	assert.Equal(t, http.StatusUnauthorized, anonymous.StatusCode, "metrics without a token")
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := scraper.Do(req)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	assert.Contains(t, string(body), `inferencecache_cachebackend_condition{name="qwen-demo-cache",namespace="default",status="True",type="Ready"} 1`)
 	assert.Contains(t, string(body), `version="`+installVersion+`"`)
 }
