@@ -508,6 +508,7 @@ type walkBuf struct {
 	tmp  []uint64
 	lens [][5]uint32
 	seen []uint32
+	sink uint64 // lookAhead's touched words (per walk: no shared write)
 	// The sparse phase: the few instances still matching, their match
 	// bits (bitAny...), and slot[inst] = index+1 in them (0: not active).
 	sInst []uint32
@@ -547,8 +548,9 @@ type postingOf struct {
 // lookAhead resolves the postings of hashes (at most walkChunk) into out.
 // The passes are independent loads (map lookups, then slab headers, then
 // the lists' first words), so the CPU overlaps their cache misses instead
-// of taking them one by one in the walk.
-func (sp *memSpace) lookAhead(hashes []uint64, out *[walkChunk]postingOf) {
+// of taking them one by one in the walk. It returns a sum of the words it
+// touched, for the caller to keep (so the loads are not dropped).
+func (sp *memSpace) lookAhead(hashes []uint64, out *[walkChunk]postingOf) uint64 {
 	var words [walkChunk]uint64
 	for j, h := range hashes {
 		words[j], out[j].found = sp.blocks[h]
@@ -574,10 +576,8 @@ func (sp *memSpace) lookAhead(hashes []uint64, out *[walkChunk]postingOf) {
 			touch += o.list[0] ^ o.list[len(o.list)-1]
 		}
 	}
-	lookAheadSink += touch
+	return touch
 }
-
-var lookAheadSink uint64
 
 // bitWalk is the memory store's prefix walk: active instances per match
 // kind (any, GPU, CPU, disk, GPU or CPU) are bitsets over instance ids, and
@@ -632,7 +632,7 @@ walk:
 	for i := range hashes {
 		k := i % walkChunk
 		if k == 0 {
-			sp.lookAhead(hashes[i:min(i+walkChunk, len(hashes))], &chunk)
+			wb.sink += sp.lookAhead(hashes[i:min(i+walkChunk, len(hashes))], &chunk)
 		}
 		c := &chunk[k]
 		if !c.found {
