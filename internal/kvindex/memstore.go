@@ -706,7 +706,7 @@ walk:
 			end = 0
 			break walk
 		}
-		if count < sparseMax {
+		if count < sparseMax && count < 256 { // slot holds index+1 in a byte
 			// Few instances left: carry their match bits as a list.
 			sparse = true
 			for j, v := range act[0] {
