@@ -79,9 +79,12 @@ type memSpace struct {
 const denseMin = 64
 
 // Posting words. A resident word is inst<<32 | gpu<<20 | cpu<<10 | disk;
-// a word with multiFlag set indexes memSpace.multi instead.
+// a word with multiFlag set indexes memSpace.multi instead (its low 32
+// bits), with denseFlag set when memSpace.dense holds a bitset copy, so that
+// a walk reads the dense slab only for the postings that have one.
 const (
 	multiFlag = uint64(1) << 63
+	denseFlag = uint64(1) << 62
 	refBits   = 10
 	refMax    = 1<<refBits - 1
 )
@@ -220,17 +223,19 @@ func (s *memSpace) set(h uint64, inst uint32, slot int, w uint64) {
 		case !empty:
 			s.multi[idx] = append(list, w)
 		}
-		s.syncDense(idx, inst, w)
+		if np := s.syncDense(idx, inst, w); np != p {
+			s.blocks[h] = np
+		}
 	}
 }
 
 // syncDense keeps the bitset copy of a large posting after inst's word
-// changed to w (no refs: removed).
-func (s *memSpace) syncDense(idx, inst uint32, w uint64) {
+// changed to w (no refs: removed); it returns the posting's map word.
+func (s *memSpace) syncDense(idx, inst uint32, w uint64) uint64 {
 	list, d := s.multi[idx], s.dense[idx]
 	if d == nil {
 		if len(list) < denseMin {
-			return
+			return multiFlag | uint64(idx)
 		}
 		var top uint32
 		for _, r := range list {
@@ -242,11 +247,11 @@ func (s *memSpace) syncDense(idx, inst uint32, w uint64) {
 			setDense(d, words, resInst(r), resMask(r))
 		}
 		s.dense[idx] = d
-		return
+		return multiFlag | denseFlag | uint64(idx)
 	}
 	if len(list) < denseMin/2 {
 		s.dense[idx] = nil
-		return
+		return multiFlag | uint64(idx)
 	}
 	words := len(d) / 3
 	if int(inst)/64 >= words {
@@ -263,6 +268,7 @@ func (s *memSpace) syncDense(idx, inst uint32, w uint64) {
 		m = resMask(w)
 	}
 	setDense(d, words, inst, m)
+	return multiFlag | denseFlag | uint64(idx)
 }
 
 func setDense(d []uint64, words int, inst uint32, mask uint8) {
@@ -502,6 +508,13 @@ type walkBuf struct {
 	tmp  []uint64
 	lens [][5]uint32
 	seen []uint32
+	sink uint64 // lookAhead's touched words (per walk: no shared write)
+	// The sparse phase: the few instances still matching, their match
+	// bits (bitAny...), and slot[inst] = index+1 in them (0: not active).
+	sInst []uint32
+	sBits []uint8
+	sMask []uint8
+	slot  []uint8
 }
 
 var walkBufs = sync.Pool{New: func() any { return &walkBuf{} }}
@@ -515,12 +528,65 @@ func grown(b []uint64, n int) []uint64 {
 	return b
 }
 
+// sparseMax is the number of matching instances below which bitWalk stops
+// ANDing bitsets over every instance id and checks the few survivors one
+// by one (a variable so that tests can force either phase).
+var sparseMax = 48
+
+// walkChunk is the number of blocks looked up ahead of the walk.
+const walkChunk = 64
+
+// postingOf is a block's residency as bitWalk reads it: a dense bitset
+// copy (GPU, CPU, disk words), or a list of resident words.
+type postingOf struct {
+	dense []uint64
+	list  []uint64
+	one   uint64 // the resident word of an inline posting (list is nil)
+	found bool
+}
+
+// lookAhead resolves the postings of hashes (at most walkChunk) into out.
+// The passes are independent loads (map lookups, then slab headers, then
+// the lists' first words), so the CPU overlaps their cache misses instead
+// of taking them one by one in the walk. It returns a sum of the words it
+// touched, for the caller to keep (so the loads are not dropped).
+func (sp *memSpace) lookAhead(hashes []uint64, out *[walkChunk]postingOf) uint64 {
+	var words [walkChunk]uint64
+	for j, h := range hashes {
+		words[j], out[j].found = sp.blocks[h]
+	}
+	for j := range hashes {
+		p := words[j]
+		o := &out[j]
+		o.dense, o.list, o.one = nil, nil, p
+		switch {
+		case !o.found || p&multiFlag == 0:
+		case p&denseFlag != 0:
+			o.dense = sp.dense[uint32(p)]
+		default:
+			o.list = sp.multi[uint32(p)]
+		}
+	}
+	var touch uint64
+	for j := range hashes {
+		o := &out[j]
+		if o.dense != nil {
+			touch += o.dense[0]
+		} else if len(o.list) > 0 {
+			touch += o.list[0] ^ o.list[len(o.list)-1]
+		}
+	}
+	return touch
+}
+
 // bitWalk is the memory store's prefix walk: active instances per match
 // kind (any, GPU, CPU, disk, GPU or CPU) are bitsets over instance ids, and
 // each block ANDs them with the block's residency (its dense bitsets, or
 // bits set from a short list), so a block held by every pod costs a few
 // dozen word operations, not one visit per pod. An instance that drops out
-// of a kind at block i matched i blocks of it.
+// of a kind at block i matched i blocks of it. Once fewer than sparseMax
+// instances still match, the walk checks just those per block (the
+// sparse phase) instead of every word of the bitsets.
 func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []Match {
 	words := (len(insts) + 63) / 64
 	wb := walkBufs.Get().(*walkBuf)
@@ -535,8 +601,22 @@ func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []Match {
 	lens := wb.lens[:len(insts)]
 	wb.seen = wb.seen[:0]
 	act := &wb.act
+	if cap(wb.slot) < len(insts) {
+		wb.slot = make([]uint8, len(insts))
+	}
+	slot := wb.slot[:len(insts)] // all zero between walks
+	sparse := false
+	wb.sInst, wb.sBits = wb.sInst[:0], wb.sBits[:0]
 
 	dropAll := func(i uint32) {
+		if sparse {
+			for a, inst := range wb.sInst {
+				for v := wb.sBits[a]; v != 0; v &= v - 1 {
+					lens[inst][bits.TrailingZeros8(v)] = i
+				}
+			}
+			return
+		}
 		for k := range act {
 			for j, v := range act[k] {
 				for v != 0 {
@@ -547,40 +627,38 @@ func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []Match {
 		}
 	}
 	end := uint32(len(hashes))
-	// Blocks are looked up a chunk ahead of the walk: independent map
-	// lookups let the CPU overlap their cache misses.
-	var chunk [64]uint64
-	var found [64]bool
+	var chunk [walkChunk]postingOf
 walk:
 	for i := range hashes {
-		k := i % len(chunk)
+		k := i % walkChunk
 		if k == 0 {
-			for j := range min(len(chunk), len(hashes)-i) {
-				chunk[j], found[j] = sp.blocks[hashes[i+j]]
-			}
+			wb.sink += sp.lookAhead(hashes[i:min(i+walkChunk, len(hashes))], &chunk)
 		}
-		p, ok := chunk[k], found[k]
-		if !ok {
+		c := &chunk[k]
+		if !c.found {
 			if i > 0 {
 				dropAll(uint32(i))
 			}
 			end = 0
 			break
 		}
-		// The block's tier bitsets: dense, or set in tmp from the list.
-		var post []uint64
-		pw := words
-		var list []uint64
-		switch {
-		case p&multiFlag == 0:
-			list = []uint64{p}
-		case sp.dense[uint32(p)] != nil:
-			post = sp.dense[uint32(p)]
-			pw = len(post) / 3
-		default:
-			list = sp.multi[uint32(p)]
+		list := c.list
+		if c.dense == nil && list == nil {
+			list = []uint64{c.one}
 		}
-		if post == nil {
+		if sparse {
+			if !sparseStep(wb, slot, lens, c.dense, list, uint32(i)) {
+				end = 0
+				break walk
+			}
+			continue
+		}
+		// The block's tier bitsets: dense, or set in tmp from the list.
+		post, pw := c.dense, words
+		if post != nil {
+			pw = len(post) / 3
+			list = nil
+		} else {
 			post = wb.tmp
 			for _, r := range list {
 				if inst := resInst(r); int(inst) < len(insts) {
@@ -588,7 +666,7 @@ walk:
 				}
 			}
 		}
-		alive := uint64(0)
+		alive, count := uint64(0), 0
 		for j := range words {
 			var g, c, d uint64
 			if j < pw {
@@ -603,6 +681,7 @@ walk:
 					wb.seen = append(wb.seen, uint32(j*64+bits.TrailingZeros64(v)))
 				}
 				alive |= nk[0]
+				count += bits.OnesCount64(nk[0])
 				continue
 			}
 			for k := range act {
@@ -614,6 +693,7 @@ walk:
 				act[k][j] = nv
 			}
 			alive |= act[0][j]
+			count += bits.OnesCount64(act[0][j])
 		}
 		for _, r := range list {
 			if inst := resInst(r); int(inst) < len(insts) {
@@ -624,9 +704,28 @@ walk:
 			end = 0
 			break walk
 		}
+		if count < sparseMax && count < 256 { // slot holds index+1 in a byte
+			// Few instances left: carry their match bits as a list.
+			sparse = true
+			for j, v := range act[0] {
+				for ; v != 0; v &= v - 1 {
+					b := bits.TrailingZeros64(v)
+					var m uint8
+					for k := range act {
+						m |= uint8(act[k][j]>>b&1) << k
+					}
+					wb.sInst = append(wb.sInst, uint32(j*64+b))
+					wb.sBits = append(wb.sBits, m)
+					slot[j*64+b] = uint8(len(wb.sInst))
+				}
+			}
+		}
 	}
 	if end > 0 {
 		dropAll(end)
+	}
+	for _, inst := range wb.sInst {
+		slot[inst] = 0
 	}
 	out := make([]Match, 0, len(wb.seen))
 	for _, inst := range wb.seen {
@@ -636,6 +735,54 @@ walk:
 		lens[inst] = [5]uint32{}
 	}
 	return out
+}
+
+// sparseStep walks block i of the sparse phase: each instance still
+// matching keeps the match bits the block's residency allows; the others
+// are left, with i blocks matched. It reports whether any is left.
+func sparseStep(wb *walkBuf, slot []uint8, lens [][5]uint32, dense, list []uint64, i uint32) bool {
+	n := len(wb.sInst)
+	if cap(wb.sMask) < n {
+		wb.sMask = make([]uint8, n)
+	}
+	mask := wb.sMask[:n]
+	if dense != nil {
+		pw := len(dense) / 3
+		for a, inst := range wb.sInst {
+			j, b := int(inst)/64, inst%64
+			var m uint8
+			if j < pw {
+				m = uint8(dense[j]>>b&1)<<TierGPU | uint8(dense[pw+j]>>b&1)<<TierCPU | uint8(dense[2*pw+j]>>b&1)<<TierDisk
+			}
+			mask[a] = m
+		}
+	} else {
+		clear(mask)
+		for _, r := range list {
+			if inst := resInst(r); int(inst) < len(slot) {
+				if s := slot[inst]; s != 0 {
+					mask[s-1] = resMask(r)
+				}
+			}
+		}
+	}
+	kept := 0
+	for a, inst := range wb.sInst {
+		old := wb.sBits[a]
+		nb := old & deriveBits[mask[a]]
+		for dropped := old &^ nb; dropped != 0; dropped &= dropped - 1 {
+			lens[inst][bits.TrailingZeros8(dropped)] = i
+		}
+		if nb == 0 {
+			slot[inst] = 0
+			continue
+		}
+		wb.sInst[kept], wb.sBits[kept] = inst, nb
+		slot[inst] = uint8(kept + 1)
+		kept++
+	}
+	wb.sInst, wb.sBits = wb.sInst[:kept], wb.sBits[:kept]
+	return kept > 0
 }
 
 // TierBlocks implements Store.

@@ -69,21 +69,28 @@ func TestMemStoreScoreMatchesNaiveModel(t *testing.T) {
 	check := func(round int) {
 		for cut := range 5 {
 			q := prompt[:10+cut*35]
-			ms, err := s.Score(ctx, storetest.BackendA, storetest.Space, q)
-			if err != nil {
-				t.Fatal(err)
-			}
 			want := naive(q)
-			got := map[string]kvindex.Match{}
-			for _, m := range ms {
-				got[fmt.Sprintf("%s/%d", m.PodUID, m.Rank)] = m
-			}
-			if len(got) != len(want) {
-				t.Fatalf("round %d: %d matches, want %d", round, len(got), len(want))
-			}
-			for k, w := range want {
-				if got[k] != w {
-					t.Fatalf("round %d, %s: got %+v, want %+v", round, k, got[k], w)
+			// The walk's sparse phase (the few instances still matching,
+			// checked one by one): never (0), from the first block (1000),
+			// and past thresholds crossed mid-prompt.
+			for _, sparseMax := range []int{0, 1000, 48, 10} {
+				restore := kvindex.SetSparseMax(sparseMax)
+				ms, err := s.Score(ctx, storetest.BackendA, storetest.Space, q)
+				restore()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := map[string]kvindex.Match{}
+				for _, m := range ms {
+					got[fmt.Sprintf("%s/%d", m.PodUID, m.Rank)] = m
+				}
+				if len(got) != len(want) {
+					t.Fatalf("round %d, sparse below %d: %d matches, want %d", round, sparseMax, len(got), len(want))
+				}
+				for k, w := range want {
+					if got[k] != w {
+						t.Fatalf("round %d, sparse below %d, %s: got %+v, want %+v", round, sparseMax, k, got[k], w)
+					}
 				}
 			}
 		}

@@ -1,0 +1,10 @@
+package kvindex
+
+// SetSparseMax sets the number of matching instances below which the
+// memory store's walk switches to its sparse phase, and returns a func
+// restoring the previous value (tests force either phase with it).
+func SetSparseMax(n int) (restore func()) {
+	old := sparseMax
+	sparseMax = n
+	return func() { sparseMax = old }
+}
