@@ -157,7 +157,7 @@ func (a *Applier) Execute(ctx context.Context, p plan.Plan) (Result, error) {
 	}
 	var markErrs []error
 	for _, w := range p.ClaimWarnings {
-		if err := Annotate(ctx, a.client, "PersistentVolumeClaim", w.Claim.Namespace, w.Claim.Name, w.UID, w.MarkKey(), w.Value, v1alpha1.FieldManagerPVCWarnings); err != nil {
+		if err := Annotate(ctx, a.client, "PersistentVolumeClaim", w.Claim.Namespace, w.Claim.Name, w.UID, "", w.MarkKey(), w.Value, v1alpha1.FieldManagerPVCWarnings); err != nil {
 			markErrs = append(markErrs, fmt.Errorf("marking claim %s: %w", w.Claim.Name, err))
 			continue
 		}
@@ -211,14 +211,18 @@ func (a *Applier) handOff(ctx context.Context, h plan.Handoff) error {
 
 // Annotate server-side applies one annotation on a core/v1 object with its
 // own field manager, guarded by the object's UID so that a recreated object
-// of the same name is never marked.
-func Annotate(ctx context.Context, c client.Client, kind, namespace, name string, uid types.UID, key, value, manager string) error {
+// of the same name is never marked. A non-empty resourceVersion is a
+// precondition as well: the API server answers Conflict when the object
+// changed since that version, so a caller working from a cache that lags
+// its own earlier mark finds out instead of marking (and reporting) twice.
+func Annotate(ctx context.Context, c client.Client, kind, namespace, name string, uid types.UID, resourceVersion, key, value, manager string) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("v1")
 	u.SetKind(kind)
 	u.SetNamespace(namespace)
 	u.SetName(name)
 	u.SetUID(uid)
+	u.SetResourceVersion(resourceVersion)
 	u.SetAnnotations(map[string]string{key: value})
 	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership)
 }

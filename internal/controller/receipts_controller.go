@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -67,8 +68,14 @@ func (r *ReceiptReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	// Mark first: a crash between the two loses one event rather than
 	// repeating it after every restart.
 	if err := r.markReported(ctx, pod, reason); err != nil {
-		if apierrors.IsNotFound(err) {
+		switch {
+		case apierrors.IsNotFound(err):
 			return ctrl.Result{}, nil
+		case apierrors.IsConflict(err):
+			// The pod changed since the cached copy this reconcile read:
+			// possibly by an earlier reconcile's mark that the cache does not
+			// show yet. Look again once it has caught up; report nothing now.
+			return ctrl.Result{RequeueAfter: time.Second}, nil
 		}
 		return ctrl.Result{}, err
 	}
@@ -119,5 +126,5 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *metav1.PartialObje
 }
 
 func (r *ReceiptReconciler) markReported(ctx context.Context, pod *metav1.PartialObjectMetadata, reason string) error {
-	return apply.Annotate(ctx, r.Client, "Pod", pod.Namespace, pod.Name, pod.UID, v1alpha1.AnnotationReceiptObserved, reason, v1alpha1.FieldManagerReceipts)
+	return apply.Annotate(ctx, r.Client, "Pod", pod.Namespace, pod.Name, pod.UID, pod.ResourceVersion, v1alpha1.AnnotationReceiptObserved, reason, v1alpha1.FieldManagerReceipts)
 }

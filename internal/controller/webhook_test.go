@@ -23,6 +23,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -124,12 +125,42 @@ func TestPodCreateIsWired(t *testing.T) {
 	_, err := fresh.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)})
 	require.NoError(t, err)
 	assert.Empty(t, fresh.Recorder.(*events.FakeRecorder).Events, "no second event after a restart")
+	// A reconcile woken by an update that its cache shows from before the
+	// mark (the cache lags the mark it just applied) must not report again:
+	// the mark is applied with the cached resourceVersion as a precondition.
+	stale := &metav1.PartialObjectMetadata{ObjectMeta: *pod.ObjectMeta.DeepCopy()} // as created: no mark
+	stale.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
+	lagging := &controller.ReceiptReconciler{
+		Client:    staleCache{Client: k8s, pod: stale},
+		APIReader: k8s,
+		Recorder:  events.NewFakeRecorder(10),
+		Keys:      &receipt.KeyRing{Client: k8s, Reader: k8s, Namespace: operatorNamespace, Name: receipt.DefaultSecretName},
+	}
+	res, err := lagging.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)})
+	require.NoError(t, err)
+	assert.Positive(t, res.RequeueAfter, "looks again once the cache caught up")
+	assert.Empty(t, lagging.Recorder.(*events.FakeRecorder).Events, "no second event from a lagging cache")
 	testutil.Eventually(t, 5*time.Second, func() error {
 		if n := podEvents(t, ns, "engine")["Normal/"+v1alpha1.EventInjected]; n != 1 {
 			return fmt.Errorf("%d %s events, want one per pod", n, v1alpha1.EventInjected)
 		}
 		return nil
 	})
+}
+
+// staleCache answers Gets of one pod's metadata with an old copy, as an
+// informer cache that has not yet seen the latest write does.
+type staleCache struct {
+	client.Client
+	pod *metav1.PartialObjectMetadata
+}
+
+func (c staleCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if m, ok := obj.(*metav1.PartialObjectMetadata); ok && key == client.ObjectKeyFromObject(c.pod) {
+		c.pod.DeepCopyInto(m)
+		return nil
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
 }
 
 // TestRelabelledPodIsNotWired: the failure-modes row "labelled after
