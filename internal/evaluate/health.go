@@ -30,8 +30,7 @@ type Verdict struct {
 }
 
 // DeploymentHealth judges a cache-server Deployment as observed in the
-// cache; dep is nil when it does not exist (yet). want is the replica count
-// the operator applies, or nil when an HPA owns it.
+// cache; dep is nil when it does not exist (yet).
 func DeploymentHealth(dep *appsv1.Deployment) Verdict {
 	if dep == nil {
 		return Verdict{Reason: v1alpha1.ReasonRolloutInProgress, Message: "waiting for the cache-server Deployment to be created", Progressing: true}

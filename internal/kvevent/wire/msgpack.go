@@ -69,46 +69,27 @@ func (r *reader) nextIsNil() bool {
 // arrayHeader reads an array header. The element count is checked against
 // the bytes left (every element takes at least one byte), so a header cannot
 // make a caller allocate more than the payload could hold.
-func (r *reader) arrayHeader() (int, error) {
-	c, err := r.u8()
-	if err != nil {
-		return 0, err
-	}
-	var n uint64
-	switch {
-	case c >= 0x90 && c <= 0x9f:
-		n = uint64(c & 0x0f)
-	case c == 0xdc:
-		n, err = r.be(2)
-	case c == 0xdd:
-		n, err = r.be(4)
-	default:
-		r.i--
-		return 0, errType
-	}
-	if err != nil {
-		return 0, err
-	}
-	if n > uint64(r.remaining()) {
-		return 0, errTruncated
-	}
-	return int(n), nil
-}
+func (r *reader) arrayHeader() (int, error) { return r.header(0x90, 0xdc, 0xdd, 1) }
 
 // mapHeader reads a map header, with the same bound as arrayHeader (two
 // bytes at least per entry).
-func (r *reader) mapHeader() (int, error) {
+func (r *reader) mapHeader() (int, error) { return r.header(0x80, 0xde, 0xdf, 2) }
+
+// header reads a container header whose fixed form is fix..fix+15 and whose
+// 16- and 32-bit forms are c16 and c32, and bounds the count by the bytes
+// left, each entry taking at least perEntry bytes.
+func (r *reader) header(fix, c16, c32 byte, perEntry uint64) (int, error) {
 	c, err := r.u8()
 	if err != nil {
 		return 0, err
 	}
 	var n uint64
 	switch {
-	case c >= 0x80 && c <= 0x8f:
+	case c >= fix && c <= fix|0x0f:
 		n = uint64(c & 0x0f)
-	case c == 0xde:
+	case c == c16:
 		n, err = r.be(2)
-	case c == 0xdf:
+	case c == c32:
 		n, err = r.be(4)
 	default:
 		r.i--
@@ -117,7 +98,7 @@ func (r *reader) mapHeader() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if n > uint64(r.remaining())/2 {
+	if n > uint64(r.remaining())/perEntry {
 		return 0, errTruncated
 	}
 	return int(n), nil
