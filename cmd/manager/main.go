@@ -63,6 +63,7 @@ func run(args []string, stdout io.Writer) error {
 	webhookCertDir := fs.String("webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder holding the webhooks' tls.crt and tls.key; reloaded when they change")
 	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
 	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
+	indexEndpoint := fs.String("kvindex-endpoint", "", "gRPC address (host:port) of the KV-block index the kvevent-subscriber sidecars forward to; empty: the install bundle's inferencecache-index Service in --namespace, <svc>.<namespace>.svc.<cluster-domain>:9400")
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
 	probe := fs.Bool("functional-probe", true, "before Ready=True, check that each cache server accepts TCP connections on its Service (turn off where servers do not really run, e.g. on kwok nodes)")
 	probeInterval := fs.Duration("functional-probe-interval", 30*time.Second, "at most one functional probe per backend per interval")
@@ -142,7 +143,8 @@ func run(args []string, stdout io.Writer) error {
 		Probe:    prober,
 		Webhooks: *webhooks,
 		Inject: inject.Options{KVEventSubscriberImage: *subscriberImage, ClusterDomain: *clusterDomain,
-			Limits: inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
+			IndexEndpoint: kvIndexEndpoint(*indexEndpoint, *namespace, *clusterDomain),
+			Limits:        inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
 		Namespace: *namespace,
 	}); err != nil {
 		return err
@@ -227,4 +229,13 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// kvIndexEndpoint is --kvindex-endpoint, or by default the install
+// bundle's index Service in the operator's namespace.
+func kvIndexEndpoint(flagValue, namespace, domain string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexGRPCPort)
 }
