@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -143,7 +144,7 @@ func run(args []string, stdout io.Writer) error {
 		Probe:    prober,
 		Webhooks: *webhooks,
 		Inject: inject.Options{KVEventSubscriberImage: *subscriberImage, ClusterDomain: *clusterDomain,
-			IndexEndpoint: kvIndexEndpoint(*indexEndpoint, *namespace, *clusterDomain),
+			IndexEndpoint: cmp.Or(*indexEndpoint, inject.DefaultIndexEndpoint(*namespace, *clusterDomain)),
 			Limits:        inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
 		Namespace: *namespace,
 	}); err != nil {
@@ -229,13 +230,4 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
-}
-
-// kvIndexEndpoint is --kvindex-endpoint, or by default the install
-// bundle's index Service in the operator's namespace.
-func kvIndexEndpoint(flagValue, namespace, domain string) string {
-	if flagValue != "" {
-		return flagValue
-	}
-	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexGRPCPort)
 }

@@ -183,21 +183,30 @@ func RenderYAML(w io.Writer, cb *v1alpha1.CacheBackend) error {
 // Service name implies. It returns the Deployment with the wired template
 // and the webhook's decision.
 func WireEngine(cb *v1alpha1.CacheBackend, engine *appsv1.Deployment) (*appsv1.Deployment, inject.Decision) {
+	return WireEngineWith(cb, engine, inject.Options{})
+}
+
+// WireEngineWith is WireEngine with the manager's injection options, e.g.
+// KVEventSubscriberImage and IndexEndpoint to preview the
+// kvevent-subscriber sidecar wiring.
+func WireEngineWith(cb *v1alpha1.CacheBackend, engine *appsv1.Deployment, opts inject.Options) (*appsv1.Deployment, inject.Decision) {
 	b := cb.DeepCopy()
 	if b.Spec.Type == v1alpha1.BackendTypeLMCache {
-		b.Status.Endpoint = render.Endpoint(b, "")
+		b.Status.Endpoint = render.Endpoint(b, opts.ClusterDomain)
 	}
 	pod := &corev1.Pod{ObjectMeta: *engine.Spec.Template.ObjectMeta.DeepCopy(), Spec: *engine.Spec.Template.Spec.DeepCopy()}
 	pod.Namespace = engine.Namespace
-	d := inject.Decide(pod, []v1alpha1.CacheBackend{*b}, inject.Options{})
+	d := inject.Decide(pod, []v1alpha1.CacheBackend{*b}, opts)
 	out := engine.DeepCopy()
 	out.Spec.Template.Spec = d.Pod.Spec
 	// Receipts are stamped on each pod, not on its template.
-	if v := d.Pod.Annotations[inject.AnnotationSkipped]; v != "" {
-		if out.Spec.Template.Annotations == nil {
-			out.Spec.Template.Annotations = map[string]string{}
+	for _, k := range []string{inject.AnnotationSkipped, inject.AnnotationKVEventsSkipped} {
+		if v := d.Pod.Annotations[k]; v != "" {
+			if out.Spec.Template.Annotations == nil {
+				out.Spec.Template.Annotations = map[string]string{}
+			}
+			out.Spec.Template.Annotations[k] = v
 		}
-		out.Spec.Template.Annotations[inject.AnnotationSkipped] = v
 	}
 	return out, d
 }

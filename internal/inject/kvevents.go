@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/render"
 )
 
 // The KV-event wiring (docs/design/kvevent-subscriber.md, "Wiring"): the
@@ -220,6 +221,17 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 		return nil, KVEventsNameTaken, fmt.Sprintf("the pod already has a %s; no %s sidecar added", taken, SubscriberContainer)
 	}
 	return w, "", ""
+}
+
+// DefaultIndexEndpoint is the gRPC address of the install bundle's
+// KV-block index Service in the operator's namespace and the cluster's DNS
+// domain (cluster.local when empty): the manager's default
+// --kvindex-endpoint.
+func DefaultIndexEndpoint(namespace, domain string) string {
+	if domain == "" {
+		domain = render.DefaultClusterDomain
+	}
+	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexGRPCPort)
 }
 
 // kvEventsConfig is the --kv-events-config value. vLLM needs

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -44,7 +45,7 @@ func TestOfflineCommands(t *testing.T) {
 		"render":               {args: []string{"render", "-f", quickstart + "/cachebackend.yaml"}, out: "namespace: default"},
 		"render long flags":    {args: []string{"render", "--kustomize", quickstart}, out: "kind: Deployment"},
 		"render into -n":       {args: []string{"render", "-n", "team", "-f", quickstart + "/cachebackend.yaml"}, out: "namespace: team", notInOut: "namespace: default"},
-		"render engine":        {args: []string{"render", "-f", quickstart + "/cachebackend.yaml", "--engine", quickstart + "/engine.yaml"}, out: "injected by CacheBackend qwen-demo-cache"},
+		"render engine":        {args: []string{"render", "-f", quickstart + "/cachebackend.yaml", "--engine", quickstart + "/engine.yaml"}, out: "injected by CacheBackend qwen-demo-cache", notInOut: "kvevent-subscriber"},
 		"render invalid":       {args: []string{"render", "-f", bad}, code: 1, err: `spec.type: Unsupported value "Redis"`},
 		"render needs a file":  {args: []string{"render"}, code: 1, err: "[filename kustomize] is required"},
 		"render -f and -k":     {args: []string{"render", "-f", "a", "-k", "b"}, code: 1, err: "none of the others can be"},
@@ -72,6 +73,37 @@ func TestOfflineCommands(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRenderEngineSidecar: render --engine with the manager's subscriber
+// image shows the KV-event wiring offline: the engine's flags, the native
+// sidecar with its endpoints, index address and token volume.
+func TestRenderEngineSidecar(t *testing.T) {
+	code, out, errOut := run(t, "render", "-f", quickstart+"/cachebackend.yaml", "--engine", quickstart+"/engine.yaml",
+		"--kvevent-subscriber-image", "example.com/kvevent-subscriber:v1")
+	require.Equal(t, 0, code, errOut)
+	for _, want := range []string{
+		"injected by CacheBackend qwen-demo-cache",
+		"--kv-events-config",
+		`"endpoint":"ipc://@inferencecache-kvevents-pub"`,
+		"--prefix-caching-hash-algo",
+		"initContainers:",
+		"name: kvevent-subscriber",
+		"image: example.com/kvevent-subscriber:v1",
+		"restartPolicy: Always",
+		"value: ipc://@inferencecache-kvevents-replay",
+		"value: inferencecache-index.inferencecache-system.svc.cluster.local:9400",
+		"audience: inferencecache-index",
+		"fieldPath: metadata.uid",
+	} {
+		assert.Contains(t, out, want)
+	}
+
+	code, out, errOut = run(t, "render", "-f", quickstart+"/cachebackend.yaml", "--engine", quickstart+"/engine.yaml",
+		"--kvevent-subscriber-image", "sub:v1", "--kvindex-endpoint", "index.example:9400", "--cluster-domain", "corp.example")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "value: index.example:9400")
+	assert.Contains(t, out, "lm://qwen-demo-cache.default.svc.corp.example:65432")
 }
 
 // TestSetNamespace: objects without a namespace get the resolved one; with

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/cli"
+	"github.com/inferencecache/operator/internal/inject"
 )
 
 // sourceFlags are -f/--filename and -k/--kustomize, as kubectl names them.
@@ -65,17 +66,22 @@ func (s *sourceFlags) backends(ns string, explicit bool) ([]*v1alpha1.CacheBacke
 
 func newRender(o *options) *cobra.Command {
 	var src sourceFlags
-	var engine string
+	var engine, domain string
+	var wiring inject.Options
 	c := &cobra.Command{
-		Use:   "render (-f FILE | -k DIR) [--engine FILE]",
+		Use:   "render (-f FILE | -k DIR) [--engine FILE [--kvevent-subscriber-image IMAGE]]",
 		Short: "Print the child objects the controller applies for CacheBackends, offline",
 		Long: `Print the child objects the controller applies for the CacheBackends of a
 file or kustomization, in the order it applies them. With --engine, print
-instead each engine Deployment's pod template as the webhook wires it.
-Nothing is read from a cluster.`,
+instead each engine Deployment's pod template as the webhook wires it; add
+--kvevent-subscriber-image (the manager's flag of that name) to see the
+kvevent-subscriber sidecar wiring of CacheBackends with
+spec.observation.modelID. Nothing is read from a cluster.`,
 		Example: `  kubectl cachebackend render -f examples/quickstart/cachebackend.yaml
   kubectl cachebackend render -k examples/quickstart
-  kubectl cachebackend render -f examples/quickstart/cachebackend.yaml --engine examples/quickstart/engine.yaml`,
+  kubectl cachebackend render -f examples/quickstart/cachebackend.yaml --engine examples/quickstart/engine.yaml
+  kubectl cachebackend render -f examples/quickstart/cachebackend.yaml --engine examples/quickstart/engine.yaml \
+    --kvevent-subscriber-image ghcr.io/inferencecache/inferencecache-kvevent-subscriber:v0.1.0`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			// Offline: a kubeconfig only lends its namespace, if it can.
@@ -102,16 +108,27 @@ Nothing is read from a cluster.`,
 			if err := setNamespace(eobjs, ns, explicit); err != nil {
 				return err
 			}
-			return renderEngines(o.streams.Out, backends, eobjs)
+			if wiring.IndexEndpoint == "" {
+				wiring.IndexEndpoint = inject.DefaultIndexEndpoint(operatorNamespace, domain)
+			}
+			wiring.ClusterDomain = domain
+			return renderEngines(o.streams.Out, backends, eobjs, wiring)
 		},
 	}
 	src.add(c)
 	c.Flags().StringVar(&engine, "engine", "", "file with an engine Deployment: print its pod template as the webhook wires it")
 	_ = c.MarkFlagFilename("engine", "yaml", "yml", "json")
+	c.Flags().StringVar(&wiring.KVEventSubscriberImage, "kvevent-subscriber-image", "", "with --engine: the manager's --kvevent-subscriber-image; empty shows no sidecar, as the manager adds none")
+	c.Flags().StringVar(&wiring.IndexEndpoint, "kvindex-endpoint", "", "with --engine: the manager's --kvindex-endpoint (default: the install bundle's index Service)")
+	c.Flags().StringVar(&domain, "cluster-domain", "", "with --engine: the manager's --cluster-domain (default cluster.local)")
 	return c
 }
 
-func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*unstructured.Unstructured) error {
+// operatorNamespace is the install bundle's namespace, where the manager's
+// default --kvindex-endpoint points.
+const operatorNamespace = "inferencecache-system"
+
+func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*unstructured.Unstructured, opts inject.Options) error {
 	engines, err := cli.Engines(eobjs)
 	if err != nil {
 		return err
@@ -123,7 +140,7 @@ func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*un
 			if cb.Namespace != d.Namespace {
 				continue
 			}
-			w, dec := cli.WireEngine(cb, d)
+			w, dec := cli.WireEngineWith(cb, d, opts)
 			if dec.Backend == nil {
 				continue
 			}
