@@ -21,6 +21,14 @@ import (
 // (kustomize/base/manager/deployment.yaml), which the bundle pins.
 const ManagerImage = "inferencecache/operator"
 
+// IndexImage is the KV-block index's image name in the kustomize base
+// (kustomize/base/index/deployment.yaml), which the bundle pins too.
+const IndexImage = "inferencecache/cache-index"
+
+// pinned maps the images of the kustomize base to the commands whose
+// image layouts (ociimage.Images) pin them.
+var pinned = []struct{ base, cmd string }{{ManagerImage, "manager"}, {IndexImage, "cache-index"}}
+
 // Options say which overlay to build and how to pin it.
 type Options struct {
 	// Overlay is the kustomization to build (kustomize/overlays/production or dev).
@@ -34,17 +42,26 @@ type Options struct {
 }
 
 // Build returns the overlay's objects as one YAML stream, the manager's
-// image as <Registry>/<image name>@<digest of its layout's index>.
+// and the index's images as <Registry>/<image name>@<digest of its
+// layout's index>.
 func Build(o Options) ([]byte, error) {
-	name := ""
-	for _, i := range ociimage.Images {
-		if i.Cmd == "manager" {
-			name = i.Name
+	var images []map[string]string
+	for _, p := range pinned {
+		name := ""
+		for _, i := range ociimage.Images {
+			if i.Cmd == p.cmd {
+				name = i.Name
+			}
 		}
-	}
-	digest, err := ociimage.IndexDigest(filepath.Join(o.ImagesDir, name))
-	if err != nil {
-		return nil, fmt.Errorf("the manager's image layout (run make image first): %w", err)
+		digest, err := ociimage.IndexDigest(filepath.Join(o.ImagesDir, name))
+		if err != nil {
+			return nil, fmt.Errorf("the %s image layout (run make image first): %w", p.cmd, err)
+		}
+		images = append(images, map[string]string{
+			"name":    p.base,
+			"newName": strings.TrimSuffix(o.Registry, "/") + "/" + name,
+			"digest":  digest.String(),
+		})
 	}
 	// A kustomization of our own on top of the overlay: kustomize's image
 	// and label transformers do the pinning and labelling.
@@ -65,11 +82,7 @@ func Build(o Options) ([]byte, error) {
 		"apiVersion": "kustomize.config.k8s.io/v1beta1",
 		"kind":       "Kustomization",
 		"resources":  []string{filepath.ToSlash(rel)},
-		"images": []map[string]string{{
-			"name":    ManagerImage,
-			"newName": strings.TrimSuffix(o.Registry, "/") + "/" + name,
-			"digest":  digest.String(),
-		}},
+		"images":     images,
 		"labels": []map[string]any{{
 			"pairs":            map[string]string{"app.kubernetes.io/version": o.Version},
 			"includeSelectors": false,

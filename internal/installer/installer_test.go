@@ -16,26 +16,31 @@ import (
 	"github.com/inferencecache/operator/internal/installer"
 )
 
-// fakeLayout writes an OCI layout holding one (random) multi-platform
-// index, as make image does without building binaries, and returns the index's digest.
-func fakeLayout(t *testing.T, dir string) string {
+// fakeLayout writes OCI layouts of the manager and the index, each holding
+// one (random) multi-platform index, as make image does without building
+// binaries, and returns the manager's and the index's digests.
+func fakeLayout(t *testing.T, dir string) (string, string) {
 	t.Helper()
-	idx, err := random.Index(64, 1, 2)
-	require.NoError(t, err)
-	lp, err := layout.Write(filepath.Join(dir, "inferencecache-operator"), empty.Index)
-	require.NoError(t, err)
-	require.NoError(t, lp.AppendIndex(idx))
-	d, err := idx.Digest()
-	require.NoError(t, err)
-	return d.String()
+	var digests []string
+	for _, name := range []string{"inferencecache-operator", "inferencecache-cache-index"} {
+		idx, err := random.Index(64, 1, 2)
+		require.NoError(t, err)
+		lp, err := layout.Write(filepath.Join(dir, name), empty.Index)
+		require.NoError(t, err)
+		require.NoError(t, lp.AppendIndex(idx))
+		d, err := idx.Digest()
+		require.NoError(t, err)
+		digests = append(digests, d.String())
+	}
+	return digests[0], digests[1]
 }
 
-// TestBuild: both bundles pin the manager by the layout's digest under the
-// registry, label every object with the version, and keep the overlay's
+// TestBuild: both bundles pin the manager and the index by their layouts'
+// digests under the registry, label every object with the version, and keep the overlay's
 // difference (cert-manager objects only in production).
 func TestBuild(t *testing.T) {
 	images := t.TempDir()
-	digest := fakeLayout(t, images)
+	digest, indexDigest := fakeLayout(t, images)
 	for _, tc := range []struct {
 		overlay     string
 		certManager bool
@@ -53,7 +58,7 @@ func TestBuild(t *testing.T) {
 			want, err := cli.ReadFile(tc.overlay, true)
 			require.NoError(t, err)
 			assert.Len(t, objs, len(want), "the overlay's objects, no more, no fewer")
-			var certs, managers int
+			var certs, managers, indexes int
 			for _, o := range objs {
 				assert.Equal(t, "v9.9.9", o.GetLabels()["app.kubernetes.io/version"], "%s %s", o.GetKind(), o.GetName())
 				assert.Equal(t, "inferencecache", o.GetLabels()["app.kubernetes.io/part-of"], "%s %s", o.GetKind(), o.GetName())
@@ -61,14 +66,24 @@ func TestBuild(t *testing.T) {
 				case "Certificate", "Issuer":
 					certs++
 				case "Deployment":
-					managers++
 					cs, _, err := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 					require.NoError(t, err)
 					require.Len(t, cs, 1)
-					assert.Equal(t, "registry.example/ic/inferencecache-operator@"+digest, cs[0].(map[string]any)["image"])
+					image := cs[0].(map[string]any)["image"]
+					switch o.GetName() {
+					case "inferencecache-operator":
+						managers++
+						assert.Equal(t, "registry.example/ic/inferencecache-operator@"+digest, image)
+					case "inferencecache-index":
+						indexes++
+						assert.Equal(t, "registry.example/ic/inferencecache-cache-index@"+indexDigest, image)
+					default:
+						t.Errorf("unexpected Deployment %s", o.GetName())
+					}
 				}
 			}
 			assert.Equal(t, 1, managers)
+			assert.Equal(t, 1, indexes)
 			assert.Equal(t, tc.certManager, certs == 2)
 		})
 	}

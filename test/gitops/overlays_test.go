@@ -84,7 +84,7 @@ func TestOverlays(t *testing.T) {
 			annotated := 0
 			for _, o := range objs {
 				kinds[o.GetKind()] = true
-				if o.GetKind() == "Deployment" {
+				if o.GetKind() == "Deployment" && o.GetName() == "inferencecache-operator" {
 					containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 					require.NotEmpty(t, containers)
 					managerArgs, _, _ = unstructured.NestedSlice(containers[0].(map[string]any), "args")
@@ -107,7 +107,7 @@ func TestOverlays(t *testing.T) {
 			assert.Equal(t, 1, mwcs)
 			assert.Equal(t, 1, vwcs)
 			assert.Equal(t, 6, roles, "the operator's ClusterRole and Role, three aggregated roles, the metrics reader")
-			assert.Equal(t, 2, bindings)
+			assert.Equal(t, 3, bindings, "the operator's two, the index's auth-delegator")
 		})
 	}
 }

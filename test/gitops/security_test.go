@@ -101,7 +101,7 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 // memory limit (downward API), and metrics are served over HTTPS.
 func TestManagerMemoryLimit(t *testing.T) {
 	for _, o := range build(t, "../../kustomize/overlays/production") {
-		if o.GetKind() != "Deployment" {
+		if o.GetKind() != "Deployment" || o.GetName() != "inferencecache-operator" {
 			continue
 		}
 		d := convert[appsv1.Deployment](t, o)

@@ -45,8 +45,37 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	// Install, then upgrade in place with the same bundle: both clean.
 	first := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/dev")
 	assert.Contains(t, first, "customresourcedefinition.apiextensions.k8s.io/cachebackends.inferencecache.io serverside-applied")
+	// The KV-block index is part of the bundle.
+	index := []string{"deployment.apps/inferencecache-index", "service/inferencecache-index", "poddisruptionbudget.policy/inferencecache-index",
+		"serviceaccount/inferencecache-index", "clusterrolebinding.rbac.authorization.k8s.io/inferencecache-index-auth-delegator"}
+	for _, obj := range index {
+		assert.Contains(t, first, obj+" serverside-applied")
+	}
+	// What the second apply could change: the objects' specs (generation,
+	// which controllers' status writes do not move) and, for objects
+	// without a status, the resourceVersion.
+	state := func() string {
+		return kubectl("get", "-n", "inferencecache-system", "deployment/inferencecache-index", "poddisruptionbudget/inferencecache-index",
+			"service/inferencecache-index", "serviceaccount/inferencecache-index", "clusterrolebinding/inferencecache-index-auth-delegator",
+			"-o", `jsonpath={range .items[*]}{.kind}/{.metadata.name} generation={.metadata.generation} rv={.metadata.resourceVersion}{"\n"}{end}`)
+	}
+	stable := func(s string) string {
+		var out []string
+		for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+			if strings.HasPrefix(line, "Deployment/") || strings.HasPrefix(line, "PodDisruptionBudget/") {
+				line = line[:strings.Index(line, " rv=")]
+			}
+			out = append(out, line)
+		}
+		return strings.Join(out, "\n")
+	}
+	before := state()
+	assert.Equal(t, "2", kubectl("get", "-n", "inferencecache-system", "deployment/inferencecache-index", "-o", "jsonpath={.spec.replicas}"))
 	second := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/dev")
 	assert.NotContains(t, strings.ToLower(second), "error")
+	after := state()
+	assert.Len(t, strings.Split(strings.TrimSpace(after), "\n"), len(index))
+	assert.Equal(t, stable(before), stable(after), "the second apply changes none of the index's objects")
 	kubectl("wait", "--for=condition=Established", "crd/cachebackends.inferencecache.io", "--timeout=30s")
 
 	k8s, _ := runManager(ctx, t, work, cluster, "")

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -35,6 +38,9 @@ func TestInstallYAML(t *testing.T) {
 	built, err := ociimage.Build(ctx, ociimage.Options{RepoRoot: "../..", OutDir: images, Version: installVersion, Revision: "test", Only: []string{"manager"}})
 	require.NoError(t, err)
 	require.Len(t, built, 1)
+	// kwok runs no containers: the index's layout needs a digest to pin,
+	// not binaries (make image builds the real one).
+	indexDigest := fakeIndexLayout(t, images)
 	bundle, err := installer.Build(installer.Options{Overlay: "../../kustomize/overlays/production", ImagesDir: images, Registry: "registry.example/inferencecache", Version: installVersion})
 	require.NoError(t, err)
 	installYAML := filepath.Join(work, "install.yaml")
@@ -48,6 +54,8 @@ func TestInstallYAML(t *testing.T) {
 	kubectl("wait", "--for=condition=Established", "crd/cachebackends.inferencecache.io", "--timeout=30s")
 	image := kubectl("get", "-n", "inferencecache-system", "deployment/inferencecache-operator", "-o", "jsonpath={.spec.template.spec.containers[0].image}")
 	assert.Equal(t, "registry.example/inferencecache/inferencecache-operator@"+built[0].Digest.String(), image)
+	image = kubectl("get", "-n", "inferencecache-system", "deployment/inferencecache-index", "-o", "jsonpath={.spec.template.spec.containers[0].image}")
+	assert.Equal(t, "registry.example/inferencecache/inferencecache-cache-index@"+indexDigest, image)
 	for _, obj := range []string{"crd/cachebackends.inferencecache.io", "-n=inferencecache-system deployment/inferencecache-operator", "-n=inferencecache-system service/inferencecache-operator-metrics", "mutatingwebhookconfiguration/inferencecache-pod-injector"} {
 		args := append([]string{"get"}, strings.Fields(obj)...)
 		labels := kubectl(append(args, "-o", "jsonpath={.metadata.labels}")...)
@@ -84,4 +92,18 @@ func TestInstallYAML(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	assert.Contains(t, string(body), `inferencecache_cachebackend_condition{name="qwen-demo-cache",namespace="default",status="True",type="Ready"} 1`)
 	assert.Contains(t, string(body), `version="`+installVersion+`"`)
+}
+
+// fakeIndexLayout writes an OCI layout of the index holding one random
+// multi-platform image index, and returns its digest.
+func fakeIndexLayout(t *testing.T, dir string) string {
+	t.Helper()
+	idx, err := random.Index(64, 1, 2)
+	require.NoError(t, err)
+	lp, err := layout.Write(filepath.Join(dir, "inferencecache-cache-index"), empty.Index)
+	require.NoError(t, err)
+	require.NoError(t, lp.AppendIndex(idx))
+	d, err := idx.Digest()
+	require.NoError(t, err)
+	return d.String()
 }

@@ -1,0 +1,143 @@
+package gitops
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+const indexName = v1alpha1.IndexService
+
+// TestIndexInEveryOverlay: every overlay installs the KV-block index in
+// the operator's namespace: two restricted replicas probed on :8081, a
+// Service on the ports the manager and the sidecars use, a
+// PodDisruptionBudget, and a ServiceAccount whose only permission is
+// system:auth-delegator (TokenReview and SubjectAccessReview).
+func TestIndexInEveryOverlay(t *testing.T) {
+	overlays, err := filepath.Glob("../../kustomize/overlays/*")
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(overlays), 2)
+	for _, dir := range overlays {
+		t.Run(filepath.Base(dir), func(t *testing.T) {
+			objs := build(t, dir)
+			find := func(kind, name string) *unstructured.Unstructured {
+				for _, o := range objs {
+					if o.GetKind() == kind && o.GetName() == name {
+						return o
+					}
+				}
+				t.Fatalf("no %s %s in %s", kind, name, dir)
+				return nil
+			}
+			d := convert[appsv1.Deployment](t, find("Deployment", indexName))
+			assert.Equal(t, operatorNamespace, d.Namespace)
+			require.NotNil(t, d.Spec.Replicas)
+			assert.EqualValues(t, 2, *d.Spec.Replicas)
+			assert.Equal(t, indexName, d.Spec.Template.Spec.ServiceAccountName)
+			ps := d.Spec.Template.Spec.SecurityContext
+			require.NotNil(t, ps)
+			assert.Equal(t, true, *ps.RunAsNonRoot)
+			assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, ps.SeccompProfile.Type)
+			require.Len(t, d.Spec.Template.Spec.Containers, 1)
+			c := d.Spec.Template.Spec.Containers[0]
+			assert.Equal(t, "inferencecache/cache-index", imageName(c.Image), "the image make image builds and build-installer pins")
+			sc := c.SecurityContext
+			require.NotNil(t, sc)
+			assert.Equal(t, false, *sc.AllowPrivilegeEscalation)
+			assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
+			assert.Equal(t, true, *sc.ReadOnlyRootFilesystem)
+			assert.Nil(t, sc.Privileged)
+			for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe} {
+				require.NotNil(t, p)
+				require.NotNil(t, p.HTTPGet)
+				port := slices.IndexFunc(c.Ports, func(cp corev1.ContainerPort) bool { return cp.Name == p.HTTPGet.Port.StrVal })
+				require.GreaterOrEqual(t, port, 0)
+				assert.EqualValues(t, 8081, c.Ports[port].ContainerPort)
+			}
+			assert.Contains(t, c.Args, "--store=memory")
+			assert.Contains(t, c.Args, "--auth=tokenreview")
+			assert.Contains(t, c.Args, "--audience="+v1alpha1.IndexTokenAudience, "the audience of the sidecars' projected token")
+			assert.Contains(t, c.Args, "--cluster-reader=system:serviceaccount:inferencecache-system:inferencecache-operator")
+			assert.NotNil(t, c.Resources.Limits.Memory())
+
+			svc := convert[corev1.Service](t, find("Service", indexName))
+			assert.Equal(t, operatorNamespace, svc.Namespace)
+			ports := map[string]int32{}
+			for _, p := range svc.Spec.Ports {
+				assert.Equal(t, corev1.ProtocolTCP, p.Protocol, "protocol is set (list-map key)")
+				ports[p.Name] = p.Port
+			}
+			assert.Equal(t, map[string]int32{"grpc": v1alpha1.IndexGRPCPort, "http": v1alpha1.IndexHTTPPort}, ports)
+			assert.True(t, labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)))
+
+			pdb := convert[policyv1.PodDisruptionBudget](t, find("PodDisruptionBudget", indexName))
+			require.NotNil(t, pdb.Spec.MinAvailable)
+			assert.Equal(t, 1, pdb.Spec.MinAvailable.IntValue())
+			assert.Equal(t, d.Spec.Selector.MatchLabels, pdb.Spec.Selector.MatchLabels)
+
+			find("ServiceAccount", indexName)
+			var indexBindings []*unstructured.Unstructured
+			for _, o := range objs {
+				if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" {
+					continue
+				}
+				b := convert[rbacv1.ClusterRoleBinding](t, o)
+				for _, s := range b.Subjects {
+					if s.Kind == "ServiceAccount" && s.Name == indexName {
+						indexBindings = append(indexBindings, o)
+					}
+				}
+			}
+			require.Len(t, indexBindings, 1, "least privilege: one binding for the index")
+			b := convert[rbacv1.ClusterRoleBinding](t, indexBindings[0])
+			assert.Equal(t, "ClusterRoleBinding", indexBindings[0].GetKind())
+			assert.Equal(t, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:auth-delegator"}, b.RoleRef)
+			assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: indexName, Namespace: operatorNamespace}}, b.Subjects)
+			for _, o := range objs {
+				assert.False(t, (o.GetKind() == "ClusterRole" || o.GetKind() == "Role") && o.GetName() == indexName, "no role of its own")
+			}
+		})
+	}
+}
+
+// TestIndexRedisComponent: the component switches the index to Redis and
+// leaves the rest of it alone.
+func TestIndexRedisComponent(t *testing.T) {
+	var args []string
+	n := 0
+	for _, o := range build(t, "testdata/index-redis") {
+		if o.GetKind() == "Deployment" && o.GetName() == indexName {
+			n++
+			args = convert[appsv1.Deployment](t, o).Spec.Template.Spec.Containers[0].Args
+		}
+	}
+	require.Equal(t, 1, n)
+	assert.Contains(t, args, "--store=redis")
+	assert.NotContains(t, args, "--store=memory")
+	assert.True(t, slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-address=") && len(a) > len("--redis-address=") }))
+	assert.Contains(t, args, "--audience="+v1alpha1.IndexTokenAudience)
+}
+
+func imageName(image string) string {
+	for i := len(image) - 1; i >= 0; i-- {
+		switch image[i] {
+		case '@', ':':
+			return imageName(image[:i])
+		case '/':
+			return image
+		}
+	}
+	return image
+}
