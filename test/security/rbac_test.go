@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -102,4 +104,19 @@ func TestOperatorRBACThroughTheAPIServer(t *testing.T) {
 	assert.NoError(t, lease(operatorNamespace), "the leader-election Lease in its namespace")
 	assert.True(t, apierrors.IsForbidden(lease("tenant")), "no Lease elsewhere")
 	assert.True(t, apierrors.IsForbidden(lease("kube-system")), "no Lease in kube-system")
+
+	// The KV-block index's ServiceAccount: TokenReview and
+	// SubjectAccessReview for its callers (system:auth-delegator), and
+	// nothing of the cluster's objects.
+	ixCfg := rest.CopyConfig(cfg)
+	ixCfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + operatorNamespace + ":inferencecache-index"}
+	ix, err := client.New(ixCfg, client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	assert.NoError(t, ix.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: "not-a-token", Audiences: []string{v1alpha1.IndexTokenAudience}}}), "reviews its callers' tokens")
+	assert.NoError(t, ix.Create(ctx, &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{User: "someone",
+		ResourceAttributes: &authzv1.ResourceAttributes{Verb: "get", Resource: "pods"}}}), "asks the API server about its callers")
+	assert.True(t, apierrors.IsForbidden(ix.List(ctx, &corev1.PodList{})), "no pods")
+	assert.True(t, apierrors.IsForbidden(ix.List(ctx, &corev1.SecretList{}, client.InNamespace(operatorNamespace))), "no Secrets")
+	assert.True(t, apierrors.IsForbidden(ix.List(ctx, &v1alpha1.CacheBackendList{})), "no CacheBackends")
+	assert.True(t, apierrors.IsForbidden(ix.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: operatorNamespace, Name: "x"}})), "writes nothing")
 }
