@@ -126,7 +126,9 @@ func TestIndexRedisComponent(t *testing.T) {
 	require.Equal(t, 1, n)
 	assert.Contains(t, args, "--store=redis")
 	assert.NotContains(t, args, "--store=memory")
-	assert.True(t, slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--redis-address=") && len(a) > len("--redis-address=") }))
+	assert.True(t, slices.ContainsFunc(args, func(a string) bool {
+		return strings.HasPrefix(a, "--redis-address=") && len(a) > len("--redis-address=")
+	}))
 	assert.Contains(t, args, "--audience="+v1alpha1.IndexTokenAudience)
 }
 
