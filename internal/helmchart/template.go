@@ -143,9 +143,13 @@ func (g *generator) block(f func(prefix string, indent int) string) string {
 	return fmt.Sprintf("@@B%d@@", len(g.blocks)-1)
 }
 
-// withBlock renders key only when the value is not empty.
+// withBlock renders key only when the value is not empty (always when the
+// key starts a list item, which cannot be left out).
 func (g *generator) withBlock(ref string) string {
 	return g.block(func(prefix string, indent int) string {
+		if strings.HasPrefix(strings.TrimSpace(prefix), "- ") {
+			return fmt.Sprintf("%s\n{{- toYaml %s | nindent %d }}", prefix, ref, indent)
+		}
 		return fmt.Sprintf("{{- with %s }}\n%s\n{{- toYaml . | nindent %d }}\n{{- end }}", ref, prefix, indent)
 	})
 }
@@ -222,9 +226,7 @@ func (g *generator) workload(o map[string]any) error {
 			res = map[string]any{}
 		}
 		cv.set(nil, "resources", leaf("resources", res, "Resource requests and limits."))
-		c["resources"] = g.block(func(prefix string, indent int) string {
-			return fmt.Sprintf("%s\n{{- toYaml %s | nindent %d }}", prefix, cref("resources"), indent)
-		})
+		c["resources"] = g.withBlock(cref("resources"))
 		if args, ok := c["args"].([]any); ok {
 			lines, err := g.args(w.workload, cname, cv, cref, args)
 			if err != nil {
