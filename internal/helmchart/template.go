@@ -80,7 +80,7 @@ func (g *generator) template(o map[string]any) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	text := strings.NewReplacer("{{", `{{ "{{" }}`, "}}", `{{ "}}" }}`).Replace(string(raw))
+	text := escapeActions(string(raw))
 	text = strings.ReplaceAll(text, Namespace, "{{ $.Release.Namespace }}")
 	text, err = g.substitute(text)
 	if err != nil {
@@ -265,14 +265,14 @@ func (g *generator) args(workload, container string, cv *node, cref func(...stri
 		key := camel(name)
 		fref := cref("flags", key)
 		if flags == nil || flags.child(key) == nil {
-			if g.frozen && cv.child("flags") != nil {
-				// Only in a variant other than the default: literal.
+			// Only in a variant other than the default, or naming the
+			// namespace (an address of another object): literal.
+			if g.frozen && cv.child("flags") != nil || value != nil && strings.Contains(*value, Namespace) {
 				arg := "--" + name
 				if value != nil {
 					arg += "=" + *value
 				}
-				q, _ := json.Marshal(arg)
-				lines = append(lines, "@PAD@- "+string(q))
+				lines = append(lines, "@PAD@- "+literal(arg))
 				return
 			}
 			flags = cv.ensure("flags")
@@ -299,8 +299,7 @@ func (g *generator) args(workload, container string, cv *node, cref func(...stri
 	for _, a := range args {
 		s := fmt.Sprint(a)
 		if !strings.HasPrefix(s, "--") || len(s) == 2 {
-			q, _ := json.Marshal(s)
-			lines = append(lines, "@PAD@- "+string(q))
+			lines = append(lines, "@PAD@- "+literal(s))
 			continue
 		}
 		name, value, hasValue := strings.Cut(s[2:], "=")
@@ -332,6 +331,18 @@ func (g *generator) args(workload, container string, cv *node, cref func(...stri
 	cv.set(nil, "extraArgs", leaf("stringList", []any{}, "More arguments, after the flags."))
 	lines = append(lines, "{{- range "+cref("extraArgs")+" }}", "@PAD@- {{ . | quote }}", "{{- end }}")
 	return lines, nil
+}
+
+// literal is an argument as it stands, quoted, the overlays' namespace
+// replaced by the release's.
+func literal(arg string) string {
+	q, _ := json.Marshal(arg)
+	return strings.ReplaceAll(escapeActions(string(q)), Namespace, "{{ $.Release.Namespace }}")
+}
+
+// escapeActions makes text that Helm's template engine writes as it is.
+func escapeActions(text string) string {
+	return strings.NewReplacer("{{", `{{ "{{" }}`, "}}", `{{ "}}" }}`).Replace(text)
 }
 
 func flagLeaf(name string, value *string) *node {

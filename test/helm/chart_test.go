@@ -43,6 +43,10 @@ func render(vals map[string]any) (string, error) {
 }
 
 func renderChart(dir string, vals map[string]any) (string, error) {
+	return renderChartIn(dir, namespace, vals)
+}
+
+func renderChartIn(dir, ns string, vals map[string]any) (string, error) {
 	chrt, err := loader.Load(dir)
 	if err != nil {
 		return "", err
@@ -51,7 +55,7 @@ func renderChart(dir string, vals map[string]any) (string, error) {
 	install.DryRunStrategy = action.DryRunClient
 	install.Replace = true
 	install.ReleaseName = "inferencecache"
-	install.Namespace = namespace
+	install.Namespace = ns
 	rel, err := install.Run(chrt, vals)
 	if err != nil {
 		return "", err

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -32,7 +33,7 @@ spec:
       containers:
         - name: cache-index
           image: inferencecache/cache-index:v0.1.0
-          args: [--listen=:9090, --store=memory, --lease-seconds=30, serve]
+          args: [--listen=:9090, --store=memory, --lease-seconds=30, --peer=inferencecache-webhook.inferencecache-system.svc:443, serve]
         - name: redis-proxy
           image: registry.example/proxy@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
 ---
@@ -72,7 +73,17 @@ func TestGeneratorFollowsTheOverlays(t *testing.T) {
 	assert.EqualValues(t, 3, spec["replicas"])
 	c := spec["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
 	assert.Equal(t, "inferencecache/cache-index:v0.2.0", c["image"])
-	assert.Equal(t, []any{"--listen=:9090", "--store=redis", "--lease-seconds=30", "serve"}, c["args"])
+	assert.Equal(t, []any{"--listen=:9090", "--store=redis", "--lease-seconds=30", "--peer=inferencecache-webhook.inferencecache-system.svc:443", "serve"}, c["args"])
+	// A flag naming an object by its namespace follows the release's.
+	manifest, err := renderChartIn(chart, "elsewhere", nil)
+	require.NoError(t, err)
+	assert.True(t, strings.Contains(manifest, `"--peer=inferencecache-webhook.elsewhere.svc:443"`), "the flag names the release's namespace")
+	for _, line := range strings.Split(manifest, "\n") {
+		if strings.HasPrefix(line, "# Source: ") {
+			continue // the template's file name
+		}
+		assert.NotContains(t, line, "inferencecache-system", "the release's namespace everywhere")
+	}
 	_, err = renderChart(chart, map[string]any{"cacheIndex": map[string]any{"replica": 3}})
 	assert.ErrorContains(t, err, "replica", "the new workload's values are closed too")
 }
