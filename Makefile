@@ -96,23 +96,26 @@ proto: ## Generate the gRPC contract's Go code (internal/kvindexpb) from proto/.
 		$(PROTO_FILES)
 
 .PHONY: manifests
-manifests: ## Generate the CRD and RBAC manifests.
+manifests: ## Generate the CRD, RBAC and webhook manifests, the API reference and the Helm chart (charts/, from the kustomize overlays).
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=kustomize/base/crd
 	$(CONTROLLER_GEN) rbac:roleName=inferencecache-operator paths=./internal/... output:rbac:artifacts:config=kustomize/base/rbac
 	$(CONTROLLER_GEN) webhook paths=./internal/... output:webhook:artifacts:config=kustomize/base/webhook
 	go run ./hack/apidoc
+	go run ./hack/helmchart -kustomize kustomize -out charts/inferencecache-operator
 
 .PHONY: verify
 verify: $(GOLANGCI_LINT) ## Fail on unformatted code, vet or lint findings, or generated files that differ from the generators' output.
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	$(GOLANGCI_LINT) run ./...
+	@# The Helm chart's test module (its own go.mod, see test/helm).
+	cd test/helm && go vet ./... && $(GOLANGCI_LINT) run ./...
 	@# Run the generators on a copy of the working tree (committed or not)
 	@# and compare their output with the tree's generated files.
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$$tmp"; \
 	$(MAKE) --no-print-directory -C "$$tmp" generate manifests proto >/dev/null; \
-	status=0; for d in api kustomize docs/reference internal/kvindexpb; do diff -ru "$$d" "$$tmp/$$d" || status=1; done; \
+	status=0; for d in api kustomize docs/reference internal/kvindexpb charts; do diff -ru "$$d" "$$tmp/$$d" || status=1; done; \
 	if [ $$status -ne 0 ]; then echo "generated files differ from the generators' output: run 'make generate manifests proto'"; exit 1; fi
 
 $(GOLANGCI_LINT): hack/tools/go.mod hack/tools/go.sum
@@ -136,6 +139,8 @@ test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
 	# Test modules of their own, whose dependencies stay out of go.mod.
 	cd test/promql && go test -count=1 ./...
+	dir=$$($(INSTALL_CONTROLPLANE)); \
+	cd test/helm && CONTROLPLANE_DIR="$$dir" go test -count=1 ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
 	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
 	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
