@@ -254,6 +254,10 @@ const serverPoll = 30 * time.Second
 // polled until the backend converges; then pod events drive reconciles.
 const engineLocalPoll = 5 * time.Second
 
+// nameConflictRecheck is how often a backend stopped by a name conflict
+// looks again whether the other object is gone.
+const nameConflictRecheck = time.Minute
+
 // endpointSettleTime is how long a backend must have been Ready before its
 // engines are rolled.
 const endpointSettleTime = 3 * time.Second
@@ -334,6 +338,15 @@ func (r *CacheBackendReconciler) finalize(ctx context.Context, s *pass, p plan.P
 	}
 	if v.Reason == v1alpha1.ReasonImmutableStatefulSetStorage && (previous == nil || previous.Reason != v.Reason) {
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonImmutableStatefulSetStorage, "Apply", "%s", v.Message)
+	}
+	if v.Reason == v1alpha1.ReasonNameConflict {
+		if previous == nil || previous.Reason != v.Reason || previous.Message != v.Message {
+			r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonNameConflict, "Apply", "%s", v.Message)
+		}
+		// Removing the other object wakes no watch of this backend.
+		if requeue == 0 || requeue > nameConflictRecheck {
+			requeue = nameConflictRecheck
+		}
 	}
 	if v.Ready && (previous == nil || previous.Status != metav1.ConditionTrue) {
 		msg := v.Message
