@@ -81,7 +81,7 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Now = metav1.Now
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, endpointChanged()))).
 		Owns(&appsv1.Deployment{}).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
@@ -91,6 +91,23 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			builder.WithPredicates(podMembershipChanged())).
 		Named("cachebackend").
 		Complete(r)
+}
+
+// endpointChanged passes a change of status.endpoint, which the operator
+// alone should write: whoever else can write cachebackends/status may point
+// it elsewhere, and the reconcile restores it at once (the webhook never
+// injects it, and admits pods unwired while it differs from the spec's).
+func endpointChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*v1alpha1.CacheBackend)
+			n, ok2 := e.ObjectNew.(*v1alpha1.CacheBackend)
+			return ok1 && ok2 && o.Status.Endpoint != n.Status.Endpoint
+		},
+	}
 }
 
 // podMembershipChanged passes the pod events that can change a selector's
