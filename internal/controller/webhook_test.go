@@ -189,13 +189,31 @@ func TestReceiptEventBudget(t *testing.T) {
 
 	log := startReceiptManager(t)
 	// A pod created while the second manager runs, with the mark that used
-	// to suppress the event pre-set (the webhook leaves it: it means nothing).
+	// to suppress the event pre-set (the webhook leaves it: it means
+	// nothing), and a look-alike event its creator made in advance (they
+	// may create Events; the pod's UID, and so the real name, they cannot
+	// know yet).
+	decoy := &eventsv1.Event{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine-marked.decoy"},
+		EventTime:  metav1.NowMicro(), ReportingController: v1alpha1.ReportingController, ReportingInstance: "pod-creator",
+		Action: "Admit", Reason: v1alpha1.EventInjected, Type: corev1.EventTypeNormal, Note: "already reported",
+		Regarding: corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ns, Name: "engine-marked"},
+	}
+	require.NoError(t, k8s.Create(ctx, decoy))
 	marked := engine(ns, "engine-marked", map[string]string{"app": "engine-cache"},
 		map[string]string{"inferencecache.io/receipt-observed": v1alpha1.EventInjected})
 	require.NoError(t, k8s.Create(ctx, marked))
 	require.True(t, isWired(marked))
+	keys, err := (&receipt.KeyRing{Client: k8s, Reader: k8s, Namespace: operatorNamespace, Name: receipt.DefaultSecretName}).Keys(ctx)
+	require.NoError(t, err)
+	reported := &eventsv1.Event{}
+	testutil.Eventually(t, 15*time.Second, func() error {
+		return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: receipt.EventName(keys[0], marked.Name, string(marked.UID))}, reported)
+	})
+	assert.Equal(t, marked.UID, reported.Regarding.UID, "the operator's own event, keyed by the pod's UID")
+	assert.Equal(t, v1alpha1.EventInjected, reported.Reason)
+	require.NoError(t, k8s.Delete(ctx, decoy))
 	names = append(names, marked.Name)
-	waitPodEvent(t, ns, marked.Name, "Normal/"+v1alpha1.EventInjected)
 
 	inNS := "/namespaces/" + ns + "/"
 	testutil.Eventually(t, 15*time.Second, func() error {
