@@ -63,6 +63,9 @@ func run(args []string, stdout io.Writer) error {
 	webhookCertDir := fs.String("webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder holding the webhooks' tls.crt and tls.key; reloaded when they change")
 	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
 	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
+	indexURL := fs.String("kvindex-status-url", "http://inferencecache-index.inferencecache-system.svc:9401", "HTTP address of the KV-block index (cache-index) the controller reads status.indexParticipation from; empty disables the read (IndexSynced then says IndexUnavailable)")
+	indexToken := fs.String("kvindex-token-file", "/var/run/secrets/inferencecache.io/index/token", "bearer token for the index's HTTP API (a projected ServiceAccount token of audience inferencecache-index); empty sends none")
+	indexPoll := fs.Duration("kvindex-poll-interval", controller.DefaultIndexPoll, "how often the participation of CacheBackends with spec.observation is re-read between reconciles")
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
 	probe := fs.Bool("functional-probe", true, "before Ready=True, check that each cache server accepts TCP connections on its Service (turn off where servers do not really run, e.g. on kwok nodes)")
 	probeInterval := fs.Duration("functional-probe-interval", 30*time.Second, "at most one functional probe per backend per interval")
@@ -144,6 +147,8 @@ func run(args []string, stdout io.Writer) error {
 		Inject: inject.Options{KVEventSubscriberImage: *subscriberImage, ClusterDomain: *clusterDomain,
 			Limits: inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
 		Namespace: *namespace,
+		Index:     indexReader(*indexURL, *indexToken),
+		IndexPoll: *indexPoll,
 	}); err != nil {
 		return err
 	}
@@ -184,6 +189,14 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil
+}
+
+// indexReader reads the KV-block index over HTTP; nil when url is empty.
+func indexReader(url, tokenFile string) controller.IndexReader {
+	if url == "" {
+		return nil
+	}
+	return &controller.HTTPIndexReader{BaseURL: url, TokenFile: tokenFile}
 }
 
 // metricsOptions serves /metrics over HTTPS behind the API server's
