@@ -141,7 +141,9 @@ func TestSettle(t *testing.T) {
 		{"lag jump", func(p *v1alpha1.IndexParticipation) { p.LagP99Millis = 2000 }, true},
 		{"last event within a minute", func(p *v1alpha1.IndexParticipation) { p.LastEventTime, p.Pods[0].LastEventTime = at(30), at(59) }, false},
 		{"last event a minute later", func(p *v1alpha1.IndexParticipation) { p.LastEventTime = at(61) }, true},
-		{"pod state", func(p *v1alpha1.IndexParticipation) { p.Pods[0].State, p.LivePods, p.StalePods = v1alpha1.IndexPodStale, 0, 1 }, true},
+		{"pod state", func(p *v1alpha1.IndexParticipation) {
+			p.Pods[0].State, p.LivePods, p.StalePods = v1alpha1.IndexPodStale, 0, 1
+		}, true},
 		{"gaps", func(p *v1alpha1.IndexParticipation) { p.SequenceGaps = 1 }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
