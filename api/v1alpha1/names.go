@@ -31,6 +31,29 @@ const (
 	// AnnotationRetentionWhenDeleted on a claim records whether it goes with
 	// its CacheBackend (Delete) or outlives it (Retain).
 	AnnotationRetentionWhenDeleted = "inferencecache.io/retention-when-deleted"
+	// AnnotationKVEventsSkipped records why the webhook wired a pod's cache
+	// but added no kvevent-subscriber sidecar although the manager and the
+	// CacheBackend ask for one (e.g. the engine sets its own
+	// --kv-events-config).
+	AnnotationKVEventsSkipped = "inferencecache.io/kv-events-skipped"
+)
+
+// Names of the KV-event wiring shared by the webhook, the receipts and the
+// KV-block index. They are API.
+const (
+	// IndexTokenAudience is the audience of the projected ServiceAccount
+	// token the kvevent-subscriber sidecar presents to the KV-block index
+	// (cache-index --audience, checked with TokenReview).
+	IndexTokenAudience = "inferencecache-index"
+	// VolumeIndexToken is the pod volume the webhook adds for that token.
+	VolumeIndexToken = "inferencecache-index-token"
+	// IndexService is the install bundle's Service in front of cache-index,
+	// in the operator's namespace (kustomize/base/index).
+	IndexService = "inferencecache-index"
+	// IndexGRPCPort serves Ingest (subscribers) and Query; IndexHTTPPort
+	// the HTTP/JSON query API.
+	IndexGRPCPort = 9400
+	IndexHTTPPort = 9401
 )
 
 // Field managers. They are API: renaming one strands the fields it owns on

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/kvindex"
 	"github.com/inferencecache/operator/internal/kvindex/redisstore"
 	"github.com/inferencecache/operator/internal/version"
@@ -69,7 +70,7 @@ func run(args []string) error {
 	redisPasswordFile := fs.String("redis-password-file", "", "file holding the Redis password (e.g. a mounted Secret), with --store=redis")
 	authMode := fs.String("auth", "tokenreview", "caller authentication: tokenreview (ServiceAccount tokens checked with the API server) or none (every caller allowed; local tests only)")
 	audiences := stringList{}
-	fs.Var(&audiences, "audience", "token audience the index accepts (repeatable; default inferencecache-index)")
+	fs.Var(&audiences, "audience", "token audience the index accepts (repeatable; default "+v1alpha1.IndexTokenAudience+", the kvevent-subscriber token's)")
 	readers := stringList{}
 	fs.Var(&readers, "cluster-reader", "username allowed to query every CacheBackend, e.g. system:serviceaccount:inferencecache-system:inferencecache-operator (repeatable)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for the TokenReview API when running outside a cluster (in-cluster config otherwise)")
@@ -86,7 +87,7 @@ func run(args []string) error {
 		return nil
 	}
 	if len(audiences) == 0 {
-		audiences = stringList{"inferencecache-index"}
+		audiences = stringList{v1alpha1.IndexTokenAudience}
 	}
 	zl, err := newLogger(*development)
 	if err != nil {

@@ -63,8 +63,9 @@ func run(args []string, stdout io.Writer) error {
 	webhookCertDir := fs.String("webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder holding the webhooks' tls.crt and tls.key; reloaded when they change")
 	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
 	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
-	indexURL := fs.String("kvindex-status-url", "http://inferencecache-index.inferencecache-system.svc:9401", "HTTP address of the KV-block index (cache-index) the controller reads status.indexParticipation from; empty disables the read (IndexSynced then says IndexUnavailable)")
-	indexToken := fs.String("kvindex-token-file", "/var/run/secrets/inferencecache.io/index/token", "bearer token for the index's HTTP API (a projected ServiceAccount token of audience inferencecache-index); empty sends none")
+	indexEndpoint := fs.String("kvindex-endpoint", "", "gRPC address (host:port) of the KV-block index the kvevent-subscriber sidecars forward to; empty: the install bundle's inferencecache-index Service in --namespace, <svc>.<namespace>.svc.<cluster-domain>:9400")
+	indexURL := fs.String("kvindex-status-url", "", "HTTP base URL of the KV-block index the controller reads status.indexParticipation from; empty: the install bundle's inferencecache-index Service in --namespace, http://<svc>.<namespace>.svc.<cluster-domain>:9401")
+	indexToken := fs.String("kvindex-token-file", inject.IndexTokenPath, "bearer token for the index's HTTP API (a projected ServiceAccount token of audience inferencecache-index); empty sends none")
 	indexPoll := fs.Duration("kvindex-poll-interval", controller.DefaultIndexPoll, "how often the participation of CacheBackends with spec.observation is re-read between reconciles")
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
 	probe := fs.Bool("functional-probe", true, "before Ready=True, check that each cache server accepts TCP connections on its Service (turn off where servers do not really run, e.g. on kwok nodes)")
@@ -145,9 +146,10 @@ func run(args []string, stdout io.Writer) error {
 		Probe:    prober,
 		Webhooks: *webhooks,
 		Inject: inject.Options{KVEventSubscriberImage: *subscriberImage, ClusterDomain: *clusterDomain,
-			Limits: inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
+			IndexEndpoint: kvIndexEndpoint(*indexEndpoint, *namespace, *clusterDomain),
+			Limits:        inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
 		Namespace: *namespace,
-		Index:     indexReader(*indexURL, *indexToken),
+		Index:     indexReader(*indexURL, *indexToken, *namespace, *clusterDomain),
 		IndexPoll: *indexPoll,
 	}); err != nil {
 		return err
@@ -191,10 +193,11 @@ func run(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// indexReader reads the KV-block index over HTTP; nil when url is empty.
-func indexReader(url, tokenFile string) controller.IndexReader {
+// indexReader reads the KV-block index's HTTP API at url, by default the
+// install bundle's Service.
+func indexReader(url, tokenFile, namespace, domain string) controller.IndexReader {
 	if url == "" {
-		return nil
+		url = fmt.Sprintf("http://%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexHTTPPort)
 	}
 	return &controller.HTTPIndexReader{BaseURL: url, TokenFile: tokenFile}
 }
@@ -240,4 +243,13 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// kvIndexEndpoint is --kvindex-endpoint, or by default the install
+// bundle's index Service in the operator's namespace.
+func kvIndexEndpoint(flagValue, namespace, domain string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexGRPCPort)
 }

@@ -34,3 +34,12 @@ func TestApplyMemoryLimit(t *testing.T) {
 	_, applied = applyMemoryLimit("", 0.9)
 	assert.False(t, applied)
 }
+
+// TestKVIndexEndpoint: by default the sidecars forward to the install
+// bundle's index Service, named in the operator's namespace and the
+// cluster's domain; the flag replaces it whole.
+func TestKVIndexEndpoint(t *testing.T) {
+	assert.Equal(t, "inferencecache-index.inferencecache-system.svc.cluster.local:9400", kvIndexEndpoint("", "inferencecache-system", "cluster.local"))
+	assert.Equal(t, "inferencecache-index.ops.svc.corp.example:9400", kvIndexEndpoint("", "ops", "corp.example"))
+	assert.Equal(t, "index.example:443", kvIndexEndpoint("index.example:443", "ops", "cluster.local"))
+}

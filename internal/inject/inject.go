@@ -35,6 +35,9 @@ const (
 	AnnotationInjectedByUID = v1alpha1.AnnotationInjectedByUID
 	// AnnotationInjectedGeneration is the receipt's CacheBackend metadata.generation.
 	AnnotationInjectedGeneration = v1alpha1.AnnotationInjectedGeneration
+	// AnnotationKVEventsSkipped records why a wired pod has no
+	// kvevent-subscriber sidecar (the KVEvents* values).
+	AnnotationKVEventsSkipped = v1alpha1.AnnotationKVEventsSkipped
 )
 
 // Values of AnnotationSkipped.
@@ -89,6 +92,10 @@ type Options struct {
 	// KVEventSubscriberImage, when set, adds the kvevent-subscriber sidecar
 	// to pods whose CacheBackend has spec.observation.modelID.
 	KVEventSubscriberImage string
+	// IndexEndpoint is the KV-block index's gRPC address (host:port) the
+	// sidecar forwards to (the manager's --kvindex-endpoint); empty runs
+	// the sidecar without forwarding and without an index token.
+	IndexEndpoint string
 	// Key, when set, signs receipts (see package receipt). Without it
 	// receipts carry a digest but no signature and never verify.
 	Key *receipt.Key
@@ -120,7 +127,6 @@ const (
 	KVEventsConfigFlag     = "--kv-events-config"
 	LMCacheConnector       = "LMCacheConnectorV1"
 	SubscriberContainer    = "kvevent-subscriber"
-	kvEventsPort           = 5557
 	envRemoteURL           = "LMCACHE_REMOTE_URL"
 	envRemoteSerde         = "LMCACHE_REMOTE_SERDE"
 	envChunkSize           = "LMCACHE_CHUNK_SIZE"
@@ -236,8 +242,21 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		clearReceipts(d.Pod)
 		return skip(d, SkippedUserConfig, fmt.Sprintf("container %q already sets %s differently; the webhook never overwrites a pod's own configuration", c.Name, strings.Join(conflicts, ", ")))
 	}
-	if want.Sidecar != nil && !slices.ContainsFunc(out.Spec.Containers, func(x corev1.Container) bool { return x.Name == want.Sidecar.Name }) {
-		out.Spec.Containers = append(out.Spec.Containers, *want.Sidecar)
+	wiring, reason, msg := PlanKVEvents(cb, opts, pod, c)
+	switch {
+	case wiring != nil:
+		addFlags(c, wiring.Flags, Abbreviates(cb.Spec.Runtime))
+		if !slices.ContainsFunc(out.Spec.InitContainers, func(x corev1.Container) bool { return x.Name == SubscriberContainer }) {
+			out.Spec.InitContainers = append(out.Spec.InitContainers, wiring.Sidecar)
+		}
+		for _, v := range wiring.Volumes {
+			if !slices.ContainsFunc(out.Spec.Volumes, func(x corev1.Volume) bool { return x.Name == v.Name }) {
+				out.Spec.Volumes = append(out.Spec.Volumes, v)
+			}
+		}
+	case reason != "":
+		setAnnotation(out, AnnotationKVEventsSkipped, reason)
+		d.Message = msg
 	}
 	setAnnotation(out, AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
 	setAnnotation(out, AnnotationInjectedByUID, string(cb.UID))
@@ -249,7 +268,11 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		setAnnotation(out, receipt.AnnotationSignature, receipt.Sign(*opts.Key, claim))
 	}
 	d.Outcome = Injected
-	d.Message = fmt.Sprintf("container %q wired to CacheBackend %s/%s (generation %d)", c.Name, cb.Namespace, cb.Name, cb.Generation)
+	wired := fmt.Sprintf("container %q wired to CacheBackend %s/%s (generation %d)", c.Name, cb.Namespace, cb.Name, cb.Generation)
+	if d.Message != "" {
+		wired += "; " + d.Message
+	}
+	d.Message = wired
 	return d
 }
 
@@ -267,7 +290,7 @@ func skip(d Decision, reason, msg string) Decision {
 // clearReceipts removes every receipt annotation, so that no pod keeps a
 // stale, partial or hand-written receipt past admission.
 func clearReceipts(p *corev1.Pod) {
-	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped,
+	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped, AnnotationKVEventsSkipped,
 		receipt.AnnotationDigest, receipt.AnnotationSignature, annotationReceiptObserved} {
 		delete(p.Annotations, k)
 	}
@@ -309,33 +332,18 @@ type Config struct {
 	Env   []corev1.EnvVar
 	// ExtraArgs are engineOverrides.args, ensured as one contiguous run.
 	ExtraArgs []string
-	Sidecar   *corev1.Container
 }
 
 // Desired computes the configuration cb injects: the canonical settings of
 // its type, then integration.engineOverrides (an override env var replaces
-// a canonical one of the same name).
+// a canonical one of the same name). The KV-event wiring depends on the pod
+// too: see PlanKVEvents.
 func Desired(cb *v1alpha1.CacheBackend, opts Options) Config {
 	var cfg Config
-	sidecar := opts.KVEventSubscriberImage != "" && cb.Spec.Observation != nil && cb.Spec.Observation.ModelID != ""
 	switch cb.Spec.Type {
 	case v1alpha1.BackendTypeLMCache:
 		cfg.Flags = append(cfg.Flags, Flag{KVTransferConfigFlag, kvTransferConfig(cb.Spec.Integration.Role)})
 		cfg.Env = lmcacheEnv(cb, opts.ClusterDomain)
-		if sidecar {
-			cfg.Flags = append(cfg.Flags, Flag{KVEventsConfigFlag, fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d"}`, kvEventsPort)})
-			cfg.Sidecar = &corev1.Container{
-				Name:            SubscriberContainer,
-				Image:           opts.KVEventSubscriberImage,
-				SecurityContext: restricted(),
-				Resources:       subscriberResources(),
-				Env: []corev1.EnvVar{
-					{Name: envSubscriberModelID, Value: cb.Spec.Observation.ModelID},
-					{Name: envSubscriberEndpoint, Value: fmt.Sprintf("tcp://127.0.0.1:%d", kvEventsPort)},
-					{Name: envSubscriberNamespace, Value: cb.Namespace + "/" + cb.Name},
-				},
-			}
-		}
 	case v1alpha1.BackendTypeSGLangHiCache:
 		cfg.Flags = hiCacheFlags(cb.Spec.HiCache)
 	}

@@ -287,8 +287,9 @@ func TestDecide(t *testing.T) {
 			outcome: Injected, backend: "cache",
 			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
-				require.Len(t, out.Spec.Containers, 2)
-				assert.Equal(t, SubscriberContainer, out.Spec.Containers[1].Name)
+				require.Len(t, out.Spec.Containers, 1)
+				require.Len(t, out.Spec.InitContainers, 1)
+				assert.Equal(t, SubscriberContainer, out.Spec.InitContainers[0].Name)
 				uses := FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false)
 				require.Len(t, uses, 1)
 				assert.Contains(t, uses[0].Value, `"publisher":"zmq"`)
@@ -303,6 +304,7 @@ func TestDecide(t *testing.T) {
 			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				assert.Len(t, out.Spec.Containers, 1)
+				assert.Empty(t, out.Spec.InitContainers)
 				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
 			},
 		},

@@ -49,7 +49,8 @@ func (r *rawJSON) UnmarshalJSON(b []byte) error {
 // whole pod through the compiled Pod type, which would drop fields this
 // build does not know and rewrite ones it does. Decide changes annotations,
 // appends to the args and env of the engine container, and appends
-// containers; anything else is a bug the patch refuses to hide.
+// containers, init containers (the native sidecar) and volumes; anything
+// else is a bug the patch refuses to hide.
 func minimalPatch(pod, out *corev1.Pod, hasMetadata bool) ([]jsonpatch.Operation, error) {
 	var ops []jsonpatch.Operation
 	add := func(path string, v any) { ops = append(ops, jsonpatch.NewOperation("add", path, v)) }
@@ -88,6 +89,12 @@ func minimalPatch(pod, out *corev1.Pod, hasMetadata bool) ([]jsonpatch.Operation
 	}
 	for _, c := range out.Spec.Containers[len(pod.Spec.Containers):] {
 		add("/spec/containers/-", c)
+	}
+	if err := appendOps(&ops, "/spec/initContainers", pod.Spec.InitContainers, out.Spec.InitContainers); err != nil {
+		return nil, err
+	}
+	if err := appendOps(&ops, "/spec/volumes", pod.Spec.Volumes, out.Spec.Volumes); err != nil {
+		return nil, err
 	}
 	return ops, nil
 }

@@ -156,7 +156,8 @@ func TestSidecarIsRestricted(t *testing.T) {
 	cb := backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Spec.Observation = &v1alpha1.Observation{ModelID: "m"} })
 	d := Decide(enginePod(), []v1alpha1.CacheBackend{cb}, Options{KVEventSubscriberImage: "sub:v1"})
 	require.Equal(t, Injected, d.Outcome)
-	c := d.Pod.Spec.Containers[1]
+	require.Len(t, d.Pod.Spec.InitContainers, 1)
+	c := d.Pod.Spec.InitContainers[0]
 	require.Equal(t, SubscriberContainer, c.Name)
 	sc := c.SecurityContext
 	require.NotNil(t, sc)
@@ -165,8 +166,12 @@ func TestSidecarIsRestricted(t *testing.T) {
 	assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
 	assert.Empty(t, sc.Capabilities.Add)
 	assert.Equal(t, ptr.To(true), sc.RunAsNonRoot)
+	assert.Equal(t, ptr.To(true), sc.ReadOnlyRootFilesystem)
 	assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, sc.SeccompProfile.Type)
 	assert.Nil(t, sc.Privileged)
+	if sc.RunAsUser != nil {
+		assert.NotZero(t, *sc.RunAsUser)
+	}
 	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		assert.Contains(t, c.Resources.Requests, r)
 		assert.Contains(t, c.Resources.Limits, r)

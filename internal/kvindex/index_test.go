@@ -21,11 +21,13 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/kvindex"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
-const audience = "inferencecache-index"
+// audience is the one the webhook's projected token carries.
+const audience = v1alpha1.IndexTokenAudience
 
 // fakeReviewer answers TokenReviews from a token → username table, and
 // counts the reviews it was asked for.

@@ -90,7 +90,10 @@ func Sign(k Key, c Claim) string {
 // change on a running pod. A container the webhook never touched counts
 // too: an init container can rewrite what the engine reads (a shared
 // volume, a wrapper script), so a receipt copied onto a pod with another
-// init container does not verify.
+// init container does not verify. Of the pod's volumes it covers those the
+// webhook adds (v1alpha1.VolumeIndexToken), so that a receipt copied onto a
+// pod whose token volume has another audience or source does not verify;
+// a pod without them digests as before they existed.
 func Digest(pod *corev1.Pod) string {
 	strip := func(cs []corev1.Container) []corev1.Container {
 		out := make([]corev1.Container, len(cs))
@@ -100,10 +103,17 @@ func Digest(pod *corev1.Pod) string {
 		}
 		return out
 	}
+	var volumes []corev1.Volume
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == v1alpha1.VolumeIndexToken {
+			volumes = append(volumes, v)
+		}
+	}
 	raw, _ := json.Marshal(struct {
 		Init       []corev1.Container `json:"i"`
 		Containers []corev1.Container `json:"c"`
-	}{strip(pod.Spec.InitContainers), strip(pod.Spec.Containers)})
+		Volumes    []corev1.Volume    `json:"v,omitempty"`
+	}{strip(pod.Spec.InitContainers), strip(pod.Spec.Containers), volumes})
 	sum := sha256.Sum256(raw)
 	return "sha256:" + hex.EncodeToString(sum[:])
 }

@@ -9,6 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
 func signedPod(k Key) (*corev1.Pod, Claim) {
@@ -111,4 +113,27 @@ func TestDigestCoversTheWholeSpec(t *testing.T) {
 	resized := base.DeepCopy()
 	resized.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
 	assert.Equal(t, d, Digest(resized), "an in-place resize keeps the receipt valid")
+}
+
+// TestDigestCoversTheWebhooksVolumes: the index-token volume the webhook
+// adds is part of the digest (another audience or source breaks the
+// receipt); volumes the webhook never adds are not, so receipts of pods
+// admitted before the KV-event wiring keep verifying.
+func TestDigestCoversTheWebhooksVolumes(t *testing.T) {
+	token := func(audience string) corev1.Volume {
+		return corev1.Volume{Name: v1alpha1.VolumeIndexToken, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: audience, Path: "token"}}}}}}
+	}
+	base := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
+	plain := Digest(base)
+	withUserVolume := base.DeepCopy()
+	withUserVolume.Spec.Volumes = []corev1.Volume{{Name: "models"}}
+	assert.Equal(t, plain, Digest(withUserVolume), "a pod's own volumes are not part of the digest")
+
+	wired := base.DeepCopy()
+	wired.Spec.Volumes = []corev1.Volume{token(v1alpha1.IndexTokenAudience)}
+	assert.NotEqual(t, plain, Digest(wired), "the token volume is part of the digest")
+	other := base.DeepCopy()
+	other.Spec.Volumes = []corev1.Volume{token("https://kubernetes.default.svc")}
+	assert.NotEqual(t, Digest(wired), Digest(other), "a token of another audience does not verify")
 }

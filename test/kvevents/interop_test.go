@@ -231,14 +231,45 @@ func eventually(t *testing.T, what string, logs string, nudge func(), cond func(
 // events with topic-carrying replay replies (vLLM ≥ mid-2026), and
 // tagged-array events with the legacy [seq, payload] replies.
 func TestInteroperability(t *testing.T) {
-	for _, tc := range []struct{ name, events, gen, replay string }{
-		{"map events, replies with topic", "map", "spec", "new"},
-		{"array events, legacy replies", "array", "group", "legacy"},
+	for _, tc := range []struct {
+		name, events, gen, replay string
+		abstract                  bool
+	}{
+		{"map events, replies with topic", "map", "spec", "new", false},
+		{"array events, legacy replies", "array", "group", "legacy", false},
+		// The webhook's endpoints with data-parallel size 1
+		// (inject.KVEventsPubIPC): abstract-namespace ipc://@ sockets,
+		// libzmq binding, go-zeromq connecting.
+		{"abstract ipc sockets, as the webhook wires them", "map", "newest", "new", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			endpoints, coreOnly = tcpEndpoints, false
+			if tc.abstract {
+				// The transport only: late join, live events and a
+				// replay; the rest of the scenario is transport-blind.
+				endpoints, coreOnly = abstractEndpoints, true
+			}
 			interop(t, startCacheIndex, "buffer_steps=8", "block_size=4", "topic=kv", "events="+tc.events, "gen="+tc.gen, "replay="+tc.replay)
 		})
 	}
+	endpoints, coreOnly = tcpEndpoints, false
+}
+
+// endpoints are the publisher's PUB and replay endpoints for interop;
+// coreOnly stops the scenario after the first replayed gap.
+var (
+	endpoints = tcpEndpoints
+	coreOnly  bool
+)
+
+func tcpEndpoints(t *testing.T) (string, string) {
+	return fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)), fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+}
+
+// abstractEndpoints are Linux abstract-namespace Unix sockets, unique to
+// this process.
+func abstractEndpoints(*testing.T) (string, string) {
+	return fmt.Sprintf("ipc://@interop-%d-pub", os.Getpid()), fmt.Sprintf("ipc://@interop-%d-replay", os.Getpid())
 }
 
 // TestInteroperabilityContract runs the scenario against an index written
@@ -252,8 +283,7 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 	dir := t.TempDir()
 	_, bin := binaries(t)
 
-	pubEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	routerEP := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	pubEP, routerEP := endpoints(t)
 	indexAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	ix := newIndex(t, indexAddr)
 	defer func() { ix.stop() }()
@@ -329,6 +359,9 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		settles(t, "a replay recovered the gap", func() bool { return counter(`replay_requests_total{rank="0",result="ok"}`) > okBefore })
 	})
 
+	if coreOnly {
+		return
+	}
 	t.Run("publisher restart is a new epoch", func(t *testing.T) {
 		epochs := counter(`epoch_resets_total{rank="0"}`)
 		// The engine process exits and a new one binds the same endpoints:
