@@ -86,14 +86,15 @@ func (h *HTTPIndexReader) Participation(ctx context.Context, namespace, name str
 }
 
 // wiredForIndex lists the pods of pods that are wired to cb (they carry
-// its receipt) and not terminating: with observation and a subscriber
-// image, the pods that carry the kvevent-subscriber sidecar.
+// its receipt), not stamped kv-events-skipped and not terminating: with
+// observation and a subscriber image, the pods that carry the
+// kvevent-subscriber sidecar.
 func wiredForIndex(cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadata) []evaluate.IndexPod {
 	key := cb.Namespace + "/" + cb.Name
 	var out []evaluate.IndexPod
 	for i := range pods {
 		p := &pods[i]
-		if p.DeletionTimestamp.IsZero() && p.Annotations[v1alpha1.AnnotationInjectedBy] == key {
+		if p.DeletionTimestamp.IsZero() && p.Annotations[v1alpha1.AnnotationInjectedBy] == key && p.Annotations[v1alpha1.AnnotationKVEventsSkipped] == "" {
 			out = append(out, evaluate.IndexPod{Name: p.Name, UID: string(p.UID)})
 		}
 	}
@@ -112,7 +113,7 @@ func (r *CacheBackendReconciler) indexView(ctx context.Context, cb *v1alpha1.Cac
 	}
 	if f.GateOpen() {
 		if r.Index == nil {
-			f.ReadErr = errors.New("the manager has no index address (--kvindex-status-url)")
+			f.ReadErr = errors.New("the manager has no index reader")
 		} else {
 			f.Summary, f.ReadErr = r.Index.Participation(ctx, cb.Namespace, cb.Name)
 		}
