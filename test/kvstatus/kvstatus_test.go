@@ -535,17 +535,29 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 		}
 	})
 
-	t.Run("the pod's stream stops: Stale and PodsStale", func(t *testing.T) {
-		// The engine and its sidecar are gone (a lost node): the index hears
-		// nothing more of the pod. Stopping the publisher alone does not
-		// make the pod Stale, see docs/operations.md.
+	t.Run("the publisher stops: Stale and PodsStale", func(t *testing.T) {
+		// The engine is gone (crashed, restarting) while its sidecar runs:
+		// the subscriber's stream ends and its heartbeats say so.
 		pub.stop()
-		sub.stop()
 		got := c.waitBackend(t, key, indexSynced(metav1.ConditionFalse, v1alpha1.ReasonPodsStale))
 		p := got.Status.IndexParticipation
-		if p.StalePods != 1 || p.LivePods != 0 || p.Indexed != "0/1" || p.Pods[0].State != v1alpha1.IndexPodStale {
+		if p.StalePods != 1 || p.LivePods != 0 || p.Indexed != "0/1" || p.Pods[0].State != v1alpha1.IndexPodStale ||
+			!strings.Contains(p.Pods[0].Message, "event stream ended") {
 			t.Fatalf("indexParticipation %+v", p)
 		}
+	})
+
+	t.Run("the sidecar stops too: still Stale", func(t *testing.T) {
+		// Now the index hears nothing of the pod at all (a lost node).
+		sub.stop()
+		before := reader.n.Load()
+		testutil.Eventually(t, statusWait, func() error {
+			if reader.n.Load() < before+5 { // past the index's stale period of 3 heartbeats
+				return fmt.Errorf("waiting for reads")
+			}
+			return nil
+		})
+		c.waitBackend(t, key, indexSynced(metav1.ConditionFalse, v1alpha1.ReasonPodsStale))
 	})
 
 	t.Run("the index is killed: IndexUnavailable, Ready stays True", func(t *testing.T) {
