@@ -17,7 +17,7 @@ GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 # The packages whose tests need no control plane (no KUBEBUILDER_ASSETS):
 # everything but the integration (internal/controller) and end-to-end
 # (test/e2e, test/install) suites.
-UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security)
+UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus)
 
 # The version every binary prints with --version (internal/version), from
 # the nearest tag; "dev" outside a git checkout.

@@ -519,6 +519,11 @@ type CacheBackendStatus struct {
 	// FirstAvailableAt is when the cache server first served.
 	// +optional
 	FirstAvailableAt *metav1.Time `json:"firstAvailableAt,omitempty"`
+
+	// IndexParticipation is the KV-block index's view of the engine pods
+	// (KV-event observation). Set only while spec.observation is set.
+	// +optional
+	IndexParticipation *IndexParticipation `json:"indexParticipation,omitempty"`
 }
 
 // CacheBackend wires a shared KV cache into the LLM engine pods its selector
@@ -532,6 +537,7 @@ type CacheBackendStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
 // +kubebuilder:printcolumn:name="Matched",type=integer,JSONPath=`.status.matchedEnginePods`
+// +kubebuilder:printcolumn:name="Indexed",type=string,JSONPath=`.status.indexParticipation.indexed`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS-1035 label of at most 63 characters (lower-case letters, digits and '-', starting with a letter): it names the cache-server Service"

@@ -129,3 +129,32 @@ const (
 	// live CacheBackend (hand-written, copied, or of a deleted backend).
 	EventReceiptMismatch = "ReceiptMismatch"
 )
+
+// The KV-event observation condition and its reasons (present only while
+// spec.observation is set; evaluated only behind the KV-event gate, see
+// docs/design/cachebackend-api.md).
+const (
+	// ConditionIndexSynced: every wired engine pod streams its KV-cache
+	// events to the KV-block index in order.
+	ConditionIndexSynced = "IndexSynced"
+	// ReasonAllPodsLive: every expected pod is live in the index.
+	ReasonAllPodsLive = "AllPodsLive"
+	// ReasonAwaitingWorkload: the gate is closed: the cache server is not
+	// available yet, or no matched pod carries the subscriber sidecar.
+	ReasonAwaitingWorkload = "AwaitingWorkload"
+	// ReasonIndexUnavailable: the index could not be read (fail-open:
+	// Ready is not affected).
+	ReasonIndexUnavailable = "IndexUnavailable"
+	// ReasonSubscriberMissing: a wired pod's subscriber never reached the
+	// index, or the manager runs without a subscriber image.
+	ReasonSubscriberMissing = "SubscriberMissing"
+	// ReasonHashMismatch: the engines' block hashes cannot be reproduced
+	// with the configured scheme; token-ID queries would never match.
+	ReasonHashMismatch = "HashMismatch"
+	// ReasonPodsUnsynced: a pod lost events it cannot recover.
+	ReasonPodsUnsynced = "PodsUnsynced"
+	// ReasonPodsStale: a pod's subscriber went silent.
+	ReasonPodsStale = "PodsStale"
+	// ReasonPodsResyncing: a pod is connecting or catching up.
+	ReasonPodsResyncing = "PodsResyncing"
+)

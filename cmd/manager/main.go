@@ -65,6 +65,9 @@ func run(args []string, stdout io.Writer) error {
 	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
 	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
 	indexEndpoint := fs.String("kvindex-endpoint", "", "gRPC address (host:port) of the KV-block index the kvevent-subscriber sidecars forward to; empty: the install bundle's inferencecache-index Service in --namespace, <svc>.<namespace>.svc.<cluster-domain>:9400")
+	indexURL := fs.String("kvindex-status-url", "", "HTTP base URL of the KV-block index the controller reads status.indexParticipation from; empty: the install bundle's inferencecache-index Service in --namespace, http://<svc>.<namespace>.svc.<cluster-domain>:9401")
+	indexToken := fs.String("kvindex-token-file", inject.IndexTokenPath, "bearer token for the index's HTTP API (a projected ServiceAccount token of audience inferencecache-index); empty sends none")
+	indexPoll := fs.Duration("kvindex-poll-interval", controller.DefaultIndexPoll, "how often the participation of CacheBackends with spec.observation is re-read between reconciles")
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
 	probe := fs.Bool("functional-probe", true, "before Ready=True, check that each cache server accepts TCP connections on its Service (turn off where servers do not really run, e.g. on kwok nodes)")
 	probeInterval := fs.Duration("functional-probe-interval", 30*time.Second, "at most one functional probe per backend per interval")
@@ -149,6 +152,8 @@ func run(args []string, stdout io.Writer) error {
 			Limits:        inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
 		Namespace:           *namespace,
 		ReceiptEventHorizon: *receiptHorizon,
+		Index:               indexReader(*indexURL, *indexToken, *namespace, *clusterDomain),
+		IndexPoll:           *indexPoll,
 	}); err != nil {
 		return err
 	}
@@ -189,6 +194,15 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("running manager: %w", err)
 	}
 	return nil
+}
+
+// indexReader reads the KV-block index's HTTP API at url, by default the
+// install bundle's Service.
+func indexReader(url, tokenFile, namespace, domain string) controller.IndexReader {
+	if url == "" {
+		url = fmt.Sprintf("http://%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexHTTPPort)
+	}
+	return &controller.HTTPIndexReader{BaseURL: url, TokenFile: tokenFile}
 }
 
 // metricsOptions serves /metrics over HTTPS behind the API server's

@@ -196,3 +196,49 @@ func TestKubernetesMinor(t *testing.T) {
 		})
 	}
 }
+
+// TestExplainIndexState guards explain pod's index line: read from the
+// backend's status.indexParticipation per-pod list.
+func TestExplainIndexState(t *testing.T) {
+	key := receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	base := v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", UID: types.UID("uid-1"), Generation: 1},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Runtime: v1alpha1.RuntimeVLLM,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen"}}},
+		Status: v1alpha1.CacheBackendStatus{Endpoint: "lm://cache.llm.svc.cluster.local:65432"},
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "p", Labels: map[string]string{"app": "qwen"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "v"}}}}
+	injected := inject.Decide(pod, []v1alpha1.CacheBackend{base}, inject.Options{Key: &key}).Pod
+	observed := func(p *v1alpha1.IndexParticipation) v1alpha1.CacheBackend {
+		cb := *base.DeepCopy()
+		cb.Spec.Observation = &v1alpha1.Observation{ModelID: "m"}
+		cb.Status.IndexParticipation = p
+		if p != nil {
+			cb.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionIndexSynced, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPodsStale, Message: "1 pod(s) sent nothing"}}
+		}
+		return cb
+	}
+	stale := &v1alpha1.IndexParticipation{Indexed: "1/2", Pods: []v1alpha1.PodIndexParticipation{
+		{Name: "q", State: v1alpha1.IndexPodUnsynced}, {Name: "p", State: v1alpha1.IndexPodStale, Blocks: 12, Message: "no heartbeat"}}}
+	truncated := &v1alpha1.IndexParticipation{Indexed: "30/40", PodsTruncated: true, Pods: []v1alpha1.PodIndexParticipation{{Name: "q", State: v1alpha1.IndexPodReplaying}}}
+	for name, tc := range map[string]struct {
+		backend v1alpha1.CacheBackend
+		state   string
+		line    string
+	}{
+		"no observation":      {base, IndexNotObserved, "Index:        not-observed"},
+		"not published":       {observed(nil), IndexNotPublished, "not published yet"},
+		"listed":              {observed(stale), string(v1alpha1.IndexPodStale), "index state: Stale, 12 blocks: no heartbeat"},
+		"not among the worst": {observed(truncated), IndexNotListed, "at least Replaying"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := explain(injected, []v1alpha1.CacheBackend{tc.backend}, []receipt.Key{key}, nil)
+			assert.Equal(t, ExplainInjected, e.Outcome)
+			assert.Equal(t, tc.state, e.IndexState)
+			var buf bytes.Buffer
+			e.Print(&buf)
+			assert.Contains(t, buf.String(), tc.line)
+		})
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -57,6 +58,9 @@ type Explanation struct {
 	// Generation is GenerationCurrent or GenerationStale when the receipt
 	// names the live CacheBackend, empty otherwise.
 	Generation string
+	// IndexState is the pod's state in the KV-block index, from the
+	// backend's status.indexParticipation (empty without observation).
+	IndexState string
 	Lines      []string
 }
 
@@ -65,6 +69,9 @@ func (e Explanation) Print(w io.Writer) {
 	fmt.Fprintf(w, "Outcome:      %s\n", e.Outcome)
 	if e.Backend != "" {
 		fmt.Fprintf(w, "CacheBackend: %s\n", e.Backend)
+	}
+	if e.IndexState != "" {
+		fmt.Fprintf(w, "Index:        %s\n", e.IndexState)
 	}
 	for _, l := range e.Lines {
 		fmt.Fprintf(w, "  %s\n", l)
@@ -126,6 +133,9 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 			e.Outcome = ExplainForged
 			e.Lines = append(e.Lines, j.Message)
 		}
+		if e.Outcome == ExplainInjected {
+			e.IndexState = indexState(pod, cb, &e)
+		}
 		return e
 	}
 	matched := inject.Select(pod.Labels, backends)
@@ -164,6 +174,70 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 		e.Lines = append(e.Lines, fmt.Sprintf("CacheBackend %s selects %s", cb.Name, labelString(cb.Spec.EngineSelector.MatchLabels)))
 	}
 	return e
+}
+
+// Index states of Explanation.IndexState beyond the v1alpha1.IndexPodState
+// values.
+const (
+	// IndexNotObserved: the backend has no spec.observation.
+	IndexNotObserved = "not-observed"
+	// IndexNotPublished: observation is set but the status carries no
+	// participation yet (the KV-event gate is closed or the index was
+	// never read).
+	IndexNotPublished = "unknown"
+	// IndexNotListed: the pod is not among the worst pods listed; it is at
+	// least as healthy as the last one listed.
+	IndexNotListed = "not-listed"
+)
+
+// indexState reads the pod's line of the backend's indexParticipation (the
+// CLI needs no access to the index itself) and explains it.
+func indexState(pod *corev1.Pod, cb *v1alpha1.CacheBackend, e *Explanation) string {
+	if cb.Spec.Observation == nil {
+		return IndexNotObserved
+	}
+	cond := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionIndexSynced)
+	p := cb.Status.IndexParticipation
+	if cond != nil {
+		e.Lines = append(e.Lines, fmt.Sprintf("KV-block index: %s pods live, IndexSynced=%s (%s): %s", valueOr(p), cond.Status, cond.Reason, cond.Message))
+	}
+	if p == nil {
+		e.Lines = append(e.Lines, "index state: not published yet")
+		return IndexNotPublished
+	}
+	for _, pp := range p.Pods {
+		if pp.Name != pod.Name {
+			continue
+		}
+		line := fmt.Sprintf("index state: %s, %d blocks", pp.State, pp.Blocks)
+		if pp.LagMillis > 0 {
+			line += fmt.Sprintf(", lag %d ms", pp.LagMillis)
+		}
+		if pp.SequenceGaps > 0 || pp.Resyncs > 0 {
+			line += fmt.Sprintf(", %d gaps, %d resyncs", pp.SequenceGaps, pp.Resyncs)
+		}
+		if pp.HashCompatibility != "" {
+			line += ", hashes " + string(pp.HashCompatibility)
+		}
+		if pp.Message != "" {
+			line += ": " + pp.Message
+		}
+		e.Lines = append(e.Lines, line)
+		return string(pp.State)
+	}
+	if len(p.Pods) > 0 && p.PodsTruncated {
+		e.Lines = append(e.Lines, fmt.Sprintf("index state: not among the %d worst pods listed, so at least %s", len(p.Pods), p.Pods[len(p.Pods)-1].State))
+		return IndexNotListed
+	}
+	e.Lines = append(e.Lines, "index state: not listed (the pod was not expected in the index when the status was written)")
+	return IndexNotListed
+}
+
+func valueOr(p *v1alpha1.IndexParticipation) string {
+	if p == nil || p.Indexed == "" {
+		return "?"
+	}
+	return p.Indexed
 }
 
 func labelString(m map[string]string) string {

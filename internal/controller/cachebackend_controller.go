@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
@@ -62,6 +63,12 @@ type CacheBackendReconciler struct {
 	Prober *Prober
 	// Now returns the current time; tests may replace it.
 	Now func() metav1.Time
+	// Index reads the KV-block index's participation of observed backends
+	// (nil: IndexSynced says IndexUnavailable once the gate opens).
+	Index IndexReader
+	// IndexPoll is how often observed backends' participation is re-read
+	// between reconciles (DefaultIndexPoll when zero).
+	IndexPoll time.Duration
 
 	// unmatchedReported holds, per backend (NamespacedName → UID), that this
 	// process recorded EngineSelectorUnmatched for the current run of zero
@@ -80,8 +87,16 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = metav1.Now
 	}
+	poller := &IndexPoller{r: r, Period: r.IndexPoll, events: make(chan event.GenericEvent)}
+	if poller.Period <= 0 {
+		poller.Period = DefaultIndexPoll
+	}
+	if err := mgr.Add(poller); err != nil {
+		return err
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, endpointChanged()))).
+		WatchesRawSource(source.Channel(poller.events, &handler.EnqueueRequestForObject{})).
 		Owns(&appsv1.Deployment{}).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
@@ -169,6 +184,7 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
 	}
 	v := r.evaluate(s, obs, facts)
+	r.publishIndex(ctx, s, obs.wired, v.Available || (p.EngineLocal && v.Ready))
 	requeue, err := r.followServer(ctx, s, p, facts, v, srv)
 	if err != nil {
 		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)

@@ -37,6 +37,9 @@ type observation struct {
 	// matchedKnown is false when they could not be listed.
 	matched      int32
 	matchedKnown bool
+	// wired are the matched pods that carry cb's receipt (the pods the
+	// KV-block index should know, with observation).
+	wired []evaluate.IndexPod
 	// plan is the plan's input (server-backed backends).
 	plan plan.Input
 	// enginePods and keys are an engine-local backend's full engine pods,
@@ -49,18 +52,16 @@ type observation struct {
 func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheBackend) (observation, error) {
 	var obs observation
 	sel := cb.Spec.EngineSelector.MatchLabels
-	if len(sel) > 0 {
-		pods := &metav1.PartialObjectMetadataList{}
-		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-		if err := r.Client.List(ctx, pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
-			return obs, fmt.Errorf("listing engine pods: %w", err)
-		}
-		for i := range pods.Items {
-			if pods.Items[i].DeletionTimestamp.IsZero() {
-				obs.matched++
-			}
+	pods, err := r.matchedPods(ctx, cb)
+	if err != nil {
+		return obs, err
+	}
+	for i := range pods {
+		if pods[i].DeletionTimestamp.IsZero() {
+			obs.matched++
 		}
 	}
+	obs.wired = wiredForIndex(cb, pods)
 	obs.matchedKnown = true
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
 		// Without a pod list or keys there is no trustworthy verdict: the

@@ -34,6 +34,11 @@ type Options struct {
 	// manager that did not report them before (DefaultReceiptEventHorizon
 	// when zero; keep it at most the API server's --event-ttl).
 	ReceiptEventHorizon time.Duration
+	// Index reads the KV-block index for status.indexParticipation (the
+	// manager's --kvindex-status-url); IndexPoll is how often observed
+	// backends are re-read (DefaultIndexPoll when zero).
+	Index     IndexReader
+	IndexPoll time.Duration
 }
 
 // Setup registers every reconciler (and, with opts.Webhooks, the webhooks)
@@ -56,6 +61,8 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Keys:      keys,
 		Inject:    opts.Inject,
 		Prober:    opts.Probe,
+		Index:     opts.Index,
+		IndexPoll: opts.IndexPoll,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the CacheBackend controller: %w", err)

@@ -507,14 +507,19 @@ func (ix *Index) podState(rec PodRecord, ranksKnown int, now time.Time) pb.PodSt
 	if now.Sub(rec.LastSeen) > ix.opt.StaleAfter {
 		return pb.PodState_POD_STATE_STALE
 	}
-	replaying := len(rec.AwaitSnapshot) > 0
+	replaying, stale := len(rec.AwaitSnapshot) > 0, false
 	for _, r := range rec.Ranks {
 		switch pb.PodState(r.State) {
 		case pb.PodState_POD_STATE_UNSYNCED:
 			return pb.PodState_POD_STATE_UNSYNCED
+		case pb.PodState_POD_STATE_STALE:
+			stale = true // the subscriber's engine stream ended
 		case pb.PodState_POD_STATE_REPLAYING:
 			replaying = true
 		}
+	}
+	if stale {
+		return pb.PodState_POD_STATE_STALE
 	}
 	if replaying {
 		return pb.PodState_POD_STATE_REPLAYING

@@ -85,7 +85,10 @@ type Rank struct {
 
 	mu     sync.Mutex
 	health pb.RankHealth
-	lags   lagRing
+	// engineGone explains, while the engine's PUB stream has ended and the
+	// rank dials it again, why the rank reports itself Stale.
+	engineGone string
+	lags       lagRing
 }
 
 // NewRank returns a rank subscriber that sends deltas to out.
@@ -131,7 +134,19 @@ func (r *Rank) Health() *pb.RankHealth {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.health.LagP50Millis, r.health.LagP99Millis = r.lags.percentiles()
-	return proto.Clone(&r.health).(*pb.RankHealth)
+	h := proto.Clone(&r.health).(*pb.RankHealth)
+	if r.engineGone != "" && h.State != pb.PodState_POD_STATE_UNSYNCED {
+		// An idle engine sends nothing either; only a stream that ended
+		// says the engine is gone (it crashed or is restarting).
+		h.State, h.Message = pb.PodState_POD_STATE_STALE, r.engineGone
+	}
+	return h
+}
+
+func (r *Rank) setEngineGone(msg string) {
+	r.mu.Lock()
+	r.engineGone = msg
+	r.mu.Unlock()
 }
 
 // HashCompatibility is the rank's hash verdict.
@@ -207,6 +222,9 @@ func (r *Rank) receive(ctx context.Context, live chan<- message) {
 		if err == nil {
 			err = sub.SetOption(zmq4.OptionSubscribe, r.cfg.Topic)
 		}
+		if err == nil {
+			r.setEngineGone("")
+		}
 		for err == nil {
 			var msg zmq4.Msg
 			msg, err = sub.Recv()
@@ -234,6 +252,7 @@ func (r *Rank) receive(ctx context.Context, live chan<- message) {
 		_ = sub.Close()
 		if ctx.Err() == nil {
 			r.log.Info("event stream ended; dialing again", "endpoint", r.cfg.Endpoint, "error", err.Error())
+			r.setEngineGone("the engine's event stream ended; dialing it again")
 			select {
 			case <-ctx.Done():
 			case <-time.After(250 * time.Millisecond):

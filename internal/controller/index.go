@@ -1,0 +1,216 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/evaluate"
+	pb "github.com/inferencecache/operator/internal/kvindexpb"
+)
+
+// IndexReader reads a CacheBackend's participation summary from the
+// KV-block index (cmd/cache-index). HTTPIndexReader is the shipped one;
+// unit tests use a stub.
+type IndexReader interface {
+	Participation(ctx context.Context, namespace, name string) (*pb.ParticipationSummary, error)
+}
+
+// HTTPIndexReader reads GET /v1/backends/{ns}/{name}/participation of the
+// index's HTTP API.
+type HTTPIndexReader struct {
+	// BaseURL is the index's HTTP address, e.g.
+	// http://inferencecache-index.inferencecache-system.svc:9401.
+	BaseURL string
+	// TokenFile, when set, holds the bearer token sent to the index (a
+	// projected ServiceAccount token of the index's audience), read on
+	// every request so that a rotated token is used at once.
+	TokenFile string
+	// Client is the HTTP client (a 5 s timeout when nil).
+	Client *http.Client
+}
+
+// maxParticipationBody bounds the summary read (32 pods of a few hundred bytes).
+const maxParticipationBody = 1 << 20
+
+// Participation implements IndexReader.
+func (h *HTTPIndexReader) Participation(ctx context.Context, namespace, name string) (*pb.ParticipationSummary, error) {
+	u := strings.TrimSuffix(h.BaseURL, "/") + "/v1/backends/" + url.PathEscape(namespace) + "/" + url.PathEscape(name) + "/participation?maxPods=32"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building the participation request: %w", err)
+	}
+	if h.TokenFile != "" {
+		tok, err := os.ReadFile(h.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the index token: %w", err)
+		}
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	}
+	c := h.Client
+	if c == nil {
+		c = &http.Client{Timeout: 5 * time.Second}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading participation: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxParticipationBody))
+	if err != nil {
+		return nil, fmt.Errorf("reading participation: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("the index answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	var sum pb.ParticipationSummary
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, &sum); err != nil {
+		return nil, fmt.Errorf("decoding participation: %w", err)
+	}
+	return &sum, nil
+}
+
+// wiredForIndex lists the pods of pods that are wired to cb (they carry
+// its receipt), not stamped kv-events-skipped and not terminating: with
+// observation and a subscriber image, the pods that carry the
+// kvevent-subscriber sidecar.
+func wiredForIndex(cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadata) []evaluate.IndexPod {
+	key := cb.Namespace + "/" + cb.Name
+	var out []evaluate.IndexPod
+	for i := range pods {
+		p := &pods[i]
+		if p.DeletionTimestamp.IsZero() && p.Annotations[v1alpha1.AnnotationInjectedBy] == key && p.Annotations[v1alpha1.AnnotationKVEventsSkipped] == "" {
+			out = append(out, evaluate.IndexPod{Name: p.Name, UID: string(p.UID)})
+		}
+	}
+	return out
+}
+
+// indexView reads the index for cb when the KV-event gate is open and
+// evaluates IndexSynced. The participation is settled against the
+// published one: jitter alone returns the published value, so that the
+// status is written only on a meaningful change.
+func (r *CacheBackendReconciler) indexView(ctx context.Context, cb *v1alpha1.CacheBackend, wired []evaluate.IndexPod, available bool) (*v1alpha1.IndexParticipation, evaluate.IndexVerdict) {
+	f := evaluate.IndexFacts{Observed: cb.Spec.Observation != nil, SubscriberImage: r.Inject.KVEventSubscriberImage != "",
+		WorkloadAvailable: available, Expected: wired}
+	if cb.Spec.Observation != nil {
+		f.ModelID = cb.Spec.Observation.ModelID
+	}
+	if f.GateOpen() {
+		if r.Index == nil {
+			f.ReadErr = errors.New("the manager has no index reader")
+		} else {
+			f.Summary, f.ReadErr = r.Index.Participation(ctx, cb.Namespace, cb.Name)
+		}
+		if f.ReadErr != nil {
+			log.FromContext(ctx).V(1).Info("the KV-block index could not be read", "cachebackend", client.ObjectKeyFromObject(cb), "error", f.ReadErr.Error())
+		}
+	}
+	p, v := evaluate.Index(f)
+	return evaluate.Settle(cb.Status.IndexParticipation, p), v
+}
+
+// publishIndex puts the index view into the status being built.
+func (r *CacheBackendReconciler) publishIndex(ctx context.Context, s *pass, wired []evaluate.IndexPod, available bool) {
+	p, v := r.indexView(ctx, s.cb, wired, available)
+	s.st.IndexParticipation = p
+	evaluate.SetIndexCondition(s.st, s.cb.Generation, v, s.cb.Spec.Observation != nil)
+}
+
+// gateAvailable reads the gate's "backend serves" from a published
+// status: the endpoint for server-backed backends, Ready for engine-local
+// ones.
+func gateAvailable(cb *v1alpha1.CacheBackend) bool {
+	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+		return meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
+	}
+	return cb.Status.Endpoint != ""
+}
+
+// IndexPoller reads the index for every observed CacheBackend once per
+// Period and wakes the backend's reconcile only when the result differs
+// meaningfully from the published status. A poll costs one HTTP GET per
+// observed backend whose gate is open, and nothing of the API server: the
+// backends and their pods' metadata come from the manager's cache.
+type IndexPoller struct {
+	r      *CacheBackendReconciler
+	Period time.Duration
+	events chan event.GenericEvent
+}
+
+// DefaultIndexPoll is how often observed backends' participation is read.
+const DefaultIndexPoll = 30 * time.Second
+
+// Start implements manager.Runnable (it runs on the leader only).
+func (p *IndexPoller) Start(ctx context.Context) error {
+	t := time.NewTicker(p.Period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			p.poll(ctx)
+		}
+	}
+}
+
+func (p *IndexPoller) poll(ctx context.Context) {
+	var list v1alpha1.CacheBackendList
+	if err := p.r.Client.List(ctx, &list); err != nil {
+		log.FromContext(ctx).Error(err, "listing CacheBackends for the index poll")
+		return
+	}
+	for i := range list.Items {
+		cb := &list.Items[i]
+		if cb.Spec.Observation == nil || !cb.DeletionTimestamp.IsZero() {
+			continue
+		}
+		wired, err := p.r.matchedPods(ctx, cb)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "listing engine pods for the index poll", "cachebackend", client.ObjectKeyFromObject(cb))
+			continue
+		}
+		part, v := p.r.indexView(ctx, cb, wiredForIndex(cb, wired), gateAvailable(cb))
+		cur := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionIndexSynced)
+		if evaluate.ParticipationEqual(part, cb.Status.IndexParticipation) && cur != nil &&
+			cur.Status == v.Status && cur.Reason == v.Reason && cur.Message == v.Message {
+			continue
+		}
+		select {
+		case p.events <- event.GenericEvent{Object: cb}:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// matchedPods lists the metadata of the pods cb's engine selector matches,
+// from the manager's cache.
+func (r *CacheBackendReconciler) matchedPods(ctx context.Context, cb *v1alpha1.CacheBackend) ([]metav1.PartialObjectMetadata, error) {
+	sel := cb.Spec.EngineSelector.MatchLabels
+	if len(sel) == 0 {
+		return nil, nil
+	}
+	pods := &metav1.PartialObjectMetadataList{}
+	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+	if err := r.Client.List(ctx, pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
+		return nil, fmt.Errorf("listing engine pods: %w", err)
+	}
+	return pods.Items, nil
+}
