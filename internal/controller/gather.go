@@ -29,7 +29,14 @@ var Cascades = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Engine Deployments rolled because their cache server was replaced or restarted, by namespace and CacheBackend.",
 }, []string{"namespace", "cachebackend"})
 
-func init() { metrics.Registry.MustRegister(Cascades) }
+// Heals counts engine workloads rolled because their pods were admitted
+// before the endpoint existed.
+var Heals = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_engine_heals_total",
+	Help: "Engine Deployments and StatefulSets rolled because their pods were admitted before the cache endpoint existed, by namespace and CacheBackend.",
+}, []string{"namespace", "cachebackend"})
+
+func init() { metrics.Registry.MustRegister(Cascades, Heals) }
 
 // observation is what a reconcile reads before it plans.
 type observation struct {
@@ -37,6 +44,12 @@ type observation struct {
 	// matchedKnown is false when they could not be listed.
 	matched      int32
 	matchedKnown bool
+	// engines are the matched pods' metadata (labels and annotations are
+	// what the wiring report reads).
+	engines []metav1.PartialObjectMetadata
+	// keysErr is why the receipt keys could not be read (server-backed
+	// backends: only the wiring report needs them).
+	keysErr error
 	// plan is the plan's input (server-backed backends).
 	plan plan.Input
 	// enginePods and keys are an engine-local backend's full engine pods,
@@ -58,6 +71,7 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 		for i := range pods.Items {
 			if pods.Items[i].DeletionTimestamp.IsZero() {
 				obs.matched++
+				obs.engines = append(obs.engines, pods.Items[i])
 			}
 		}
 	}
@@ -77,6 +91,10 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 			return obs, fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
 		}
 		obs.keys = keys
+	} else if len(obs.engines) > 0 {
+		// Only the wiring report needs the keys: without them it says
+		// Unknown, and the reconcile goes on.
+		obs.keys, obs.keysErr = r.Keys.Keys(ctx)
 	}
 	in, err := plan.Gather(ctx, r.Client, r.APIReader, cb)
 	obs.plan = in

@@ -130,10 +130,23 @@ func ClaimOf(a map[string]string) Claim {
 // Verify checks that pod's receipt claim c was signed by one of keys and
 // that the pod's containers are the ones it was signed for.
 func Verify(keys []Key, pod *corev1.Pod, c Claim) error {
+	if err := VerifySignature(keys, pod.Annotations, c); err != nil {
+		return err
+	}
+	if Digest(pod) != c.Digest {
+		return ErrConfigMismatch
+	}
+	return nil
+}
+
+// VerifySignature checks that claim c, read from a pod's annotations, was
+// signed by one of keys. It does not compare the pod's containers with the
+// signed digest (Verify does).
+func VerifySignature(keys []Key, annotations map[string]string, c Claim) error {
 	if c.Backend == "" || c.UID == "" || c.Generation == "" || c.Digest == "" {
 		return ErrIncompleteClaims
 	}
-	sig := pod.Annotations[AnnotationSignature]
+	sig := annotations[AnnotationSignature]
 	if sig == "" {
 		return ErrUnsigned
 	}
@@ -147,9 +160,6 @@ func Verify(keys []Key, pod *corev1.Pod, c Claim) error {
 		}
 		if !hmac.Equal([]byte(Sign(k, c)), []byte(sig)) {
 			return ErrBadSignature
-		}
-		if Digest(pod) != c.Digest {
-			return ErrConfigMismatch
 		}
 		return nil
 	}
