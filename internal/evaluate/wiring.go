@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 )
 
@@ -19,9 +20,9 @@ type Wiring struct {
 	// Wired counts pods whose receipt signature verifies for the backend
 	// (receipt.JudgeMetadata: the metadata cache holds no containers).
 	Wired int32
-	// Skipped counts pods the webhook left unwired on purpose
-	// (inferencecache.io/inject-skipped): they are never counted unwired
-	// and never rolled.
+	// Skipped counts pods left unwired on purpose (the webhook's
+	// inferencecache.io/inject-skipped, or the pod's own truthy
+	// inferencecache.io/skip-inject): never counted unwired, never rolled.
 	Skipped int32
 	// Early are the unwired pods without any receipt that were created
 	// before the endpoint settled: admitted while the webhook had no
@@ -52,7 +53,9 @@ func TallyWiring(cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadata,
 			continue
 		}
 		a := p.Annotations
-		if a[v1alpha1.AnnotationInjectSkipped] != "" && a[v1alpha1.AnnotationInjectedBy] == "" {
+		// A pod that asks for skip-inject is skipped even without the
+		// webhook's stamp (admitted before the webhook knew the backend).
+		if (a[v1alpha1.AnnotationInjectSkipped] != "" || inject.SkipRequested(a[v1alpha1.AnnotationSkipInject])) && a[v1alpha1.AnnotationInjectedBy] == "" {
 			w.Skipped++
 			continue
 		}

@@ -45,6 +45,8 @@ func TestTallyWiring(t *testing.T) {
 		{"a pod without a receipt while no endpoint exists", []metav1.PartialObjectMetadata{pod("a", since.Add(time.Hour), nil)}, []receipt.Key{key}, nil, 0, 0, 1, 0, false},
 		{"a pod without a receipt after the endpoint settled", []metav1.PartialObjectMetadata{pod("a", since.Add(time.Second), nil)}, []receipt.Key{key}, &since, 0, 0, 0, 1, false},
 		{"a skipped pod is never unwired", []metav1.PartialObjectMetadata{pod("a", t0, skipped)}, []receipt.Key{key}, &since, 0, 1, 0, 0, false},
+		{"a pod asking skip-inject without the webhook's stamp is skipped", []metav1.PartialObjectMetadata{pod("a", t0, map[string]string{v1alpha1.AnnotationSkipInject: "true"})}, []receipt.Key{key}, &since, 0, 1, 0, 0, false},
+		{"skip-inject=false is no skip", []metav1.PartialObjectMetadata{pod("a", t0, map[string]string{v1alpha1.AnnotationSkipInject: "false"})}, []receipt.Key{key}, &since, 0, 0, 1, 0, false},
 		{"a forged receipt is unwired but never early", []metav1.PartialObjectMetadata{pod("a", t0, forged)}, []receipt.Key{key}, &since, 0, 0, 0, 1, false},
 		{"a terminating pod is not counted", []metav1.PartialObjectMetadata{terminating}, []receipt.Key{key}, &since, 0, 0, 0, 0, false},
 		{"no keys: receipts cannot be counted", []metav1.PartialObjectMetadata{pod("a", t0, signed(key))}, nil, &since, 0, 0, 0, 0, true},
