@@ -33,7 +33,8 @@ type Wiring struct {
 	// deleted backend). Reported only: a roll would not be known to help,
 	// and a pod's own annotations must never trigger one.
 	Late []metav1.PartialObjectMetadata
-	// KeysUnavailable: no receipt could be verified.
+	// KeysUnavailable: a receipt naming the backend could not be verified
+	// for want of keys.
 	KeysUnavailable bool
 }
 
@@ -44,9 +45,10 @@ func (w Wiring) Unwired() int32 { return int32(len(w.Early) + len(w.Late)) }
 // matches. endpointSince is when the endpoint became usable by the webhook
 // (the backend's Ready transition plus the settle time), nil while cb
 // publishes none; a pod created before it was admitted with no endpoint to
-// inject. keys nil means they could not be read.
+// inject. keys nil means they could not be read (only receipts naming cb
+// need them).
 func TallyWiring(cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadata, keys []receipt.Key, endpointSince *time.Time) Wiring {
-	w := Wiring{KeysUnavailable: keys == nil}
+	var w Wiring
 	for i := range pods {
 		p := &pods[i]
 		if !p.DeletionTimestamp.IsZero() {
@@ -65,6 +67,7 @@ func TallyWiring(cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadata,
 			w.Wired++
 		case keys == nil && j.Verdict == receipt.Unverified:
 			// Not countable either way until the keys are read.
+			w.KeysUnavailable = true
 		case j.Verdict == receipt.Absent && (endpointSince == nil || p.CreationTimestamp.Time.Before(*endpointSince)):
 			w.Early = append(w.Early, *p)
 		default:

@@ -50,6 +50,7 @@ func TestTallyWiring(t *testing.T) {
 		{"a forged receipt is unwired but never early", []metav1.PartialObjectMetadata{pod("a", t0, forged)}, []receipt.Key{key}, &since, 0, 0, 0, 1, false},
 		{"a terminating pod is not counted", []metav1.PartialObjectMetadata{terminating}, []receipt.Key{key}, &since, 0, 0, 0, 0, false},
 		{"no keys: receipts cannot be counted", []metav1.PartialObjectMetadata{pod("a", t0, signed(key))}, nil, &since, 0, 0, 0, 0, true},
+		{"no keys and no receipt to check", []metav1.PartialObjectMetadata{pod("a", t0, nil)}, nil, &since, 0, 0, 1, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := TallyWiring(cb, tc.pods, tc.keys, tc.since)
