@@ -2,6 +2,7 @@ package apply
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -76,4 +77,40 @@ func TestRollEnginesVerifiesReceipts(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []Workload{{Kind: "Deployment", Name: "wired"}}, rolled)
 	assert.Len(t, applied, 1, "one roll, for the verified pod only")
+}
+
+// TestRollOncePerValue: Roll writes the value on the pod template of
+// Deployments and StatefulSets alike, and leaves a workload that already
+// carries it alone (once per pod template and value).
+func TestRollOncePerValue(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(s))
+	carried := map[string]string{v1alpha1.AnnotationServerInstance: "v1"}
+	objs := []client.Object{
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "fresh"}},
+		&appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "fresh"}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "rolled"},
+			Spec: appsv1.DeploymentSpec{Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Annotations: carried}}}},
+	}
+	var kinds []string
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build(), interceptor.Funcs{
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			o := &client.ApplyOptions{}
+			o.ApplyOptions(opts)
+			assert.Equal(t, v1alpha1.FieldManagerRollout, o.FieldManager)
+			raw, err := json.Marshal(obj)
+			require.NoError(t, err)
+			assert.Contains(t, string(raw), `"inferencecache.io/server-instance":"v1"`)
+			var m struct{ Kind string }
+			require.NoError(t, json.Unmarshal(raw, &m))
+			kinds = append(kinds, m.Kind)
+			return nil
+		},
+	})
+	ws := []Workload{{"Deployment", "fresh"}, {"StatefulSet", "fresh"}, {"Deployment", "rolled"}, {"Deployment", "gone"}}
+	rolled, carrying, err := New(c).Roll(context.Background(), c, "llm", ws, "v1")
+	require.NoError(t, err)
+	assert.Equal(t, []Workload{{"Deployment", "fresh"}, {"StatefulSet", "fresh"}}, rolled)
+	assert.Equal(t, []Workload{{"Deployment", "rolled"}}, carrying)
+	assert.Equal(t, []string{"Deployment", "StatefulSet"}, kinds)
 }
