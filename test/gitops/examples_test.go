@@ -32,7 +32,7 @@ func TestFluxDependsOn(t *testing.T) {
 	type ks struct {
 		Metadata struct{ Name string }
 		Spec     struct {
-			DependsOn    []struct{ Name string } `json:"dependsOn"`
+			DependsOn    []struct{ Name string }       `json:"dependsOn"`
 			HealthChecks []struct{ Kind, Name string } `json:"healthChecks"`
 			Wait         bool
 			Patches      []struct{ Patch string }
