@@ -156,7 +156,7 @@ func TestOneSyncWiresEnginesWithoutManualStep(t *testing.T) {
 	})
 	require.Empty(t, first.Annotations[v1alpha1.AnnotationInjectedBy], "the first engine pod was admitted before the endpoint existed")
 
-	cb, readyAt := readyBackend(t, key)
+	_, readyAt := readyBackend(t, key)
 	deadline := readyAt.Add(60 * time.Second)
 	var pods []corev1.Pod
 	testutil.Eventually(t, time.Until(deadline), func() error {
@@ -181,7 +181,7 @@ func TestOneSyncWiresEnginesWithoutManualStep(t *testing.T) {
 	assert.Equal(t, int64(2), engine.Generation, "the engine Deployment rolled exactly once")
 	assert.NotEmpty(t, engine.Spec.Template.Annotations[v1alpha1.AnnotationServerInstance])
 
-	cb = reconcileAfter(t, key, map[string]string{"app": "qwen-demo"}, time.Now(), 0)
+	cb := reconcileAfter(t, key, map[string]string{"app": "qwen-demo"}, time.Now(), 0)
 	testutil.Eventually(t, 30*time.Second, func() error {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err

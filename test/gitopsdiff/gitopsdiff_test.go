@@ -210,9 +210,10 @@ func desired(t *testing.T, ns string, mutate func(*unstructured.Unstructured)) [
 	require.NoError(t, err)
 	var out []*unstructured.Unstructured
 	for _, r := range res.Resources() {
-		m, err := r.Map()
+		raw, err := r.MarshalJSON()
 		require.NoError(t, err)
-		u := &unstructured.Unstructured{Object: m}
+		u := &unstructured.Unstructured{}
+		require.NoError(t, u.UnmarshalJSON(raw), "integers as int64, as from the API server")
 		u.SetNamespace(ns)
 		if mutate != nil {
 			mutate(u)
@@ -363,7 +364,7 @@ func nudge(t *testing.T, ns string, times int) {
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 		}
 		require.NoError(t, env.Client.Create(ctx, p))
-		testutil.Eventually(t, 30*time.Second, func() error {
+		testutil.Eventually(t, 60*time.Second, func() error {
 			cb := &v1alpha1.CacheBackend{}
 			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}, cb); err != nil {
 				return err
@@ -372,8 +373,14 @@ func nudge(t *testing.T, ns string, times int) {
 			if err := env.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-demo"}); err != nil {
 				return err
 			}
-			if int(cb.Status.MatchedEnginePods) != len(pods.Items) {
-				return fmt.Errorf("matched %d, %d pods", cb.Status.MatchedEnginePods, len(pods.Items))
+			live := 0
+			for _, p := range pods.Items {
+				if p.DeletionTimestamp.IsZero() {
+					live++
+				}
+			}
+			if int(cb.Status.MatchedEnginePods) != live || cb.Status.MatchedEnginePods < 2 {
+				return fmt.Errorf("%s: matched %d published (generation %d observed %d), %d live pods", ns, cb.Status.MatchedEnginePods, cb.Generation, cb.Status.ObservedGeneration, live)
 			}
 			return nil
 		})
