@@ -530,6 +530,18 @@ func TestNoDriftAfterSyncReconcilesAutoscalingAndCascade(t *testing.T) {
 	waitWired(t, "argo")
 	waitWired(t, "flux")
 	check("after a restart cascade", argoObjs, fluxObjs)
+
+	// The control: a change in Git (two engine replicas) is drift for both.
+	twoReplicas := func(u *unstructured.Unstructured) {
+		autoscale(u)
+		if u.GetKind() == "Deployment" {
+			utilruntime.Must(unstructured.SetNestedField(u.Object, int64(2), "spec", "replicas"))
+		}
+	}
+	changed := argoDrift(t, dyn, parser, desired(t, "argo", twoReplicas), normalizer(docs))
+	assert.Contains(t, changed["Deployment"], "/spec/replicas", "Argo CD sees a change in Git")
+	assert.NotContains(t, changed, "CacheBackend")
+	assert.Equal(t, ssa.ConfiguredAction, fluxDrift(t, desired(t, "flux", func(u *unstructured.Unstructured) { fluxLabels(u); twoReplicas(u) }))["Deployment"], "Flux sees a change in Git")
 }
 
 func pointersOf(docs []ignored, kind string) []string {
