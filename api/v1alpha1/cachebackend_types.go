@@ -153,8 +153,12 @@ type CacheBackendSpec struct {
 	// EngineRestartPolicy: with OnServerChange (default) the operator rolls
 	// the engine Deployments wired to this backend, the way kubectl rollout
 	// restart does, when a cache-server pod is replaced or its container
-	// restarts: engines otherwise keep dead connections to it. Never turns
-	// that off. Type LMCache only.
+	// restarts: engines otherwise keep dead connections to it. It also
+	// heals a sync that applied engines before the endpoint existed: the
+	// Deployments and StatefulSets of matched pods admitted unwired before
+	// then are rolled once the endpoint has settled (condition
+	// EnginesWired). Never turns both off and leaves only the report. Type
+	// LMCache only.
 	// +kubebuilder:default=OnServerChange
 	// +optional
 	EngineRestartPolicy EngineRestartPolicy `json:"engineRestartPolicy,omitempty"`
@@ -492,6 +496,17 @@ type CacheBackendStatus struct {
 	// +optional
 	MatchedEnginePods int32 `json:"matchedEnginePods"`
 
+	// WiredEnginePods counts the matched pods whose injection receipt
+	// verifies (HMAC with the operator's keys) for this CacheBackend.
+	// +optional
+	WiredEnginePods int32 `json:"wiredEnginePods"`
+
+	// UnwiredEnginePods counts the matched pods admitted without wiring and
+	// without a skip (inferencecache.io/inject-skipped): no receipt, or one
+	// that does not verify. Condition EnginesWired says why.
+	// +optional
+	UnwiredEnginePods int32 `json:"unwiredEnginePods"`
+
 	// EngineSelectorMessage explains a selector that matches no pod.
 	// +optional
 	EngineSelectorMessage string `json:"engineSelectorMessage,omitempty"`
@@ -538,6 +553,8 @@ type CacheBackendStatus struct {
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
 // +kubebuilder:printcolumn:name="Matched",type=integer,JSONPath=`.status.matchedEnginePods`
 // +kubebuilder:printcolumn:name="Indexed",type=string,JSONPath=`.status.indexParticipation.indexed`
+// +kubebuilder:printcolumn:name="Wired",type=integer,JSONPath=`.status.wiredEnginePods`
+// +kubebuilder:printcolumn:name="Unwired",type=integer,JSONPath=`.status.unwiredEnginePods`,priority=1
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS-1035 label of at most 63 characters (lower-case letters, digits and '-', starting with a letter): it names the cache-server Service"

@@ -158,3 +158,45 @@ const (
 	// ReasonPodsResyncing: a pod is connecting or catching up.
 	ReasonPodsResyncing = "PodsResyncing"
 )
+
+// ConditionEnginesWired says whether every engine pod the selector matches
+// (pods skipped on purpose excluded) carries a verified injection receipt.
+// It is a report beside Ready: Ready keeps its meaning (the cache server
+// serves), and neither kstatus nor the shipped Argo CD health check turn
+// EnginesWired=False into "not ready" (docs/operations.md says why).
+const ConditionEnginesWired = "EnginesWired"
+
+// Reasons of the EnginesWired condition. They are API.
+const (
+	// ReasonAllEnginesWired: every matched, non-skipped pod is wired
+	// (vacuously true when the selector matches none).
+	ReasonAllEnginesWired = "AllEnginesWired"
+	// ReasonEnginesAdmittedBeforeEndpoint: pods were admitted unwired
+	// because the endpoint did not exist yet (applied together with the
+	// CacheBackend, or while the server was unavailable). With
+	// engineRestartPolicy OnServerChange the operator rolls their
+	// workloads once the endpoint has settled.
+	ReasonEnginesAdmittedBeforeEndpoint = "EnginesAdmittedBeforeEndpoint"
+	// ReasonEnginesRollingForWiring: the operator rolled the workloads of
+	// pods admitted before the endpoint; their unwired pods are being
+	// replaced.
+	ReasonEnginesRollingForWiring = "EnginesRollingForWiring"
+	// ReasonEnginesAdmittedUnwired: pods were admitted unwired while the
+	// endpoint existed (webhook unavailable with failurePolicy Ignore, a
+	// fail-open reason, a receipt that does not verify), or the backend is
+	// observation-only (SGLangHiCache): reported, never rolled.
+	ReasonEnginesAdmittedUnwired = "EnginesAdmittedUnwired"
+	// ReasonReceiptKeysUnavailable: the receipt keys could not be read, so
+	// no receipt could be verified (EnginesWired=Unknown).
+	ReasonReceiptKeysUnavailable = "ReceiptKeysUnavailable"
+)
+
+// Event reasons of the wiring report and its healing.
+const (
+	// EventEnginesUnwired (Warning): matched engine pods run unwired; the
+	// message names their Deployments and StatefulSets.
+	EventEnginesUnwired = "EnginesUnwired"
+	// EventEnginesRestartedForWiring: workloads whose pods were admitted
+	// before the endpoint existed were rolled, once per pod template.
+	EventEnginesRestartedForWiring = "EnginesRestartedForWiring"
+)

@@ -9,11 +9,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/receipt"
 )
 
 // InstanceHash is the value of AnnotationServerInstance for a server
@@ -24,59 +26,134 @@ func InstanceHash(inst string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// RollEngines rolls, once, every Deployment whose pods carry cb's receipt,
-// by applying AnnotationServerInstance=InstanceHash(inst) on its pod
-// template with the rollout field manager, as kubectl rollout restart does
-// with its own annotation. A Deployment that already carries the value is
-// not touched again, so a roll is idempotent across manager restarts.
-// Pods are listed through c (metadata), ReplicaSets and Deployments read
-// through r. It returns the names of the rolled Deployments, sorted.
-func (a *Applier) RollEngines(ctx context.Context, r client.Reader, cb *v1alpha1.CacheBackend, inst string) ([]string, error) {
-	value := InstanceHash(inst)
+// Workload is an engine workload the operator may roll: a Deployment or a
+// StatefulSet of the backend's namespace.
+type Workload struct {
+	Kind string
+	Name string
+}
+
+func (w Workload) String() string { return w.Kind + "/" + w.Name }
+
+// EngineWorkload resolves the Deployment (through its ReplicaSet, read
+// with r) or StatefulSet that controls pod. ok is false for a pod of
+// neither (a bare pod, a Job's), or whose ReplicaSet is gone or is not the
+// one its owner reference names (by UID).
+func EngineWorkload(ctx context.Context, r client.Reader, pod metav1.Object) (Workload, bool, error) {
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return Workload{}, false, nil
+	}
+	switch ref.Kind {
+	case "StatefulSet":
+		return Workload{Kind: "StatefulSet", Name: ref.Name}, true, nil
+	case "ReplicaSet":
+		rs := &metav1.PartialObjectMetadata{}
+		rs.SetGroupVersionKind(appsv1.SchemeGroupVersion.WithKind("ReplicaSet"))
+		if err := r.Get(ctx, client.ObjectKey{Namespace: pod.GetNamespace(), Name: ref.Name}, rs); err != nil {
+			if apierrors.IsNotFound(err) {
+				return Workload{}, false, nil // gone with a rollout already under way
+			}
+			return Workload{}, false, fmt.Errorf("reading ReplicaSet %s/%s: %w", pod.GetNamespace(), ref.Name, err)
+		}
+		if rs.UID != ref.UID {
+			return Workload{}, false, nil
+		}
+		if d := metav1.GetControllerOf(rs); d != nil && d.Kind == "Deployment" {
+			return Workload{Kind: "Deployment", Name: d.Name}, true, nil
+		}
+	}
+	return Workload{}, false, nil
+}
+
+// RollEngines is the restart cascade: it rolls, once, every Deployment or
+// StatefulSet with a pod wired to cb, by Roll with InstanceHash(inst). A
+// pod counts as wired only when receipt.Judge verifies its receipt against
+// cb and keys (HMAC and the digest of its containers, on the full pod read
+// through r): a pod carrying a forged or copied receipt never causes a
+// roll. Pods are listed as metadata through the applier's client;
+// candidates whose metadata already fails the signature are not read in
+// full. It returns the rolled workloads, sorted.
+func (a *Applier) RollEngines(ctx context.Context, r client.Reader, cb *v1alpha1.CacheBackend, keys []receipt.Key, inst string) ([]Workload, error) {
 	pods := &metav1.PartialObjectMetadataList{}
 	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
 	if err := a.client.List(ctx, pods, client.InNamespace(cb.Namespace)); err != nil {
 		return nil, fmt.Errorf("listing engine pods: %w", err)
 	}
-	deployments := map[string]bool{}
+	set := map[Workload]bool{}
 	for i := range pods.Items {
-		an := pods.Items[i].Annotations
-		if an[v1alpha1.AnnotationInjectedBy] != cb.Namespace+"/"+cb.Name || an[v1alpha1.AnnotationInjectedByUID] != string(cb.UID) {
+		p := &pods.Items[i]
+		if !p.DeletionTimestamp.IsZero() || receipt.JudgeMetadata(p.Namespace, p.Annotations, cb, keys).Verdict != receipt.Valid {
 			continue
 		}
-		ref := metav1.GetControllerOf(&pods.Items[i])
-		if ref == nil || ref.Kind != "ReplicaSet" {
+		w, ok, err := EngineWorkload(ctx, r, p)
+		if err != nil {
+			return nil, err
+		}
+		if !ok || set[w] {
 			continue
 		}
-		rs := &appsv1.ReplicaSet{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: cb.Namespace, Name: ref.Name}, rs); err != nil {
-			continue // gone with a rollout already under way
+		full := &corev1.Pod{}
+		if err := r.Get(ctx, client.ObjectKeyFromObject(p), full); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, fmt.Errorf("reading engine pod %s: %w", p.Name, err)
 		}
-		if d := metav1.GetControllerOf(rs); d != nil && d.Kind == "Deployment" {
-			deployments[d.Name] = true
+		if receipt.Judge(full, cb, keys).Verdict == receipt.Valid {
+			set[w] = true
 		}
 	}
-	var rolled []string
-	for name := range deployments {
-		dep := &appsv1.Deployment{}
-		if err := r.Get(ctx, client.ObjectKey{Namespace: cb.Namespace, Name: name}, dep); err != nil {
+	ws := make([]Workload, 0, len(set))
+	for w := range set {
+		ws = append(ws, w)
+	}
+	rolled, _, err := a.Roll(ctx, r, cb.Namespace, ws, InstanceHash(inst))
+	return rolled, err
+}
+
+// Roll writes AnnotationServerInstance=value on the pod template of each
+// workload, with the rollout field manager, as kubectl rollout restart
+// does with its own annotation. A workload that already carries value is
+// not written again (it is returned in carrying): a roll happens once per
+// value and survives manager restarts. Workloads are read through r. It
+// returns the rolled and the already-carrying workloads, each sorted.
+func (a *Applier) Roll(ctx context.Context, r client.Reader, namespace string, ws []Workload, value string) (rolled, carrying []Workload, err error) {
+	ws = append([]Workload(nil), ws...)
+	sort.Slice(ws, func(i, j int) bool { return ws[i].String() < ws[j].String() })
+	for _, w := range ws {
+		var template map[string]string
+		switch w.Kind {
+		case "Deployment":
+			d := &appsv1.Deployment{}
+			if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: w.Name}, d); err != nil {
+				continue
+			}
+			template = d.Spec.Template.Annotations
+		case "StatefulSet":
+			s := &appsv1.StatefulSet{}
+			if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: w.Name}, s); err != nil {
+				continue
+			}
+			template = s.Spec.Template.Annotations
+		default:
 			continue
 		}
-		if dep.Spec.Template.Annotations[v1alpha1.AnnotationServerInstance] == value {
+		if template[v1alpha1.AnnotationServerInstance] == value {
+			carrying = append(carrying, w)
 			continue
 		}
 		u := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "apps/v1", "kind": "Deployment",
-			"metadata": map[string]any{"name": name, "namespace": cb.Namespace},
+			"apiVersion": "apps/v1", "kind": w.Kind,
+			"metadata": map[string]any{"name": w.Name, "namespace": namespace},
 			"spec": map[string]any{"template": map[string]any{"metadata": map[string]any{
 				"annotations": map[string]any{v1alpha1.AnnotationServerInstance: value},
 			}}},
 		}}
 		if err := a.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(v1alpha1.FieldManagerRollout), client.ForceOwnership); err != nil {
-			return rolled, fmt.Errorf("rolling engine Deployment %s: %w", name, err)
+			return rolled, carrying, fmt.Errorf("rolling engine %s: %w", w, err)
 		}
-		rolled = append(rolled, name)
+		rolled = append(rolled, w)
 	}
-	sort.Strings(rolled)
-	return rolled, nil
+	return rolled, carrying, nil
 }

@@ -70,6 +70,11 @@ type CacheBackendReconciler struct {
 	// between reconciles (DefaultIndexPoll when zero).
 	IndexPoll time.Duration
 
+	// unwiredReported holds, per backend (NamespacedName), the UID and
+	// EnginesWired reason this process last recorded EnginesUnwired for,
+	// for the same reason as unmatchedReported.
+	unwiredReported sync.Map
+
 	// unmatchedReported holds, per backend (NamespacedName → UID), that this
 	// process recorded EngineSelectorUnmatched for the current run of zero
 	// matches. The published status says the same, but the cache this
@@ -189,6 +194,11 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if err != nil {
 		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
 	}
+	healAfter, err := r.wire(ctx, s, p, facts, v, srv, obs)
+	if err != nil {
+		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
+	}
+	requeue = sooner(requeue, healAfter)
 	return r.finalize(ctx, s, p, facts, v, requeue, errors.Join(applyErr, res.MarkErr))
 }
 
@@ -207,11 +217,13 @@ func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectK
 	if err := r.Client.Get(ctx, key, cb); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.unmatchedReported.Delete(key)
+			r.unwiredReported.Delete(key)
 		}
 		return nil, client.IgnoreNotFound(err)
 	}
 	if !cb.DeletionTimestamp.IsZero() {
 		r.unmatchedReported.Delete(key)
+		r.unwiredReported.Delete(key)
 		return nil, nil
 	}
 	return cb, nil
@@ -321,12 +333,16 @@ func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p pl
 		if !canRoll || !srv.settled {
 			return 2 * time.Second, nil
 		}
-		rolled, err := r.Applier.RollEngines(ctx, r.APIReader, s.cb, srv.change.Instance)
+		keys, err := r.Keys.Keys(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("reading receipt keys to verify the wired engines: %w", err)
+		}
+		rolled, err := r.Applier.RollEngines(ctx, r.APIReader, s.cb, keys, srv.change.Instance)
 		if len(rolled) > 0 {
 			Cascades.WithLabelValues(s.cb.Namespace, s.cb.Name).Add(float64(len(rolled)))
-			log.FromContext(ctx).Info("rolled engines after a cache-server change", "deployments", rolled)
+			log.FromContext(ctx).Info("rolled engines after a cache-server change", "workloads", joinWorkloads(rolled))
 			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Rollout",
-				"cache server replaced or restarted: rolled engine Deployment(s) %s so they reconnect", strings.Join(rolled, ", "))
+				"cache server replaced or restarted: rolled engine workload(s) %s so they reconnect", joinWorkloads(rolled))
 		}
 		if err != nil {
 			return 0, err

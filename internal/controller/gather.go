@@ -29,7 +29,14 @@ var Cascades = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Engine Deployments rolled because their cache server was replaced or restarted, by namespace and CacheBackend.",
 }, []string{"namespace", "cachebackend"})
 
-func init() { metrics.Registry.MustRegister(Cascades) }
+// Heals counts engine workloads rolled because their pods were admitted
+// before the endpoint existed.
+var Heals = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_engine_heals_total",
+	Help: "Engine Deployments and StatefulSets rolled because their pods were admitted before the cache endpoint existed, by namespace and CacheBackend.",
+}, []string{"namespace", "cachebackend"})
+
+func init() { metrics.Registry.MustRegister(Cascades, Heals) }
 
 // observation is what a reconcile reads before it plans.
 type observation struct {
@@ -40,6 +47,12 @@ type observation struct {
 	// wired are the matched pods that carry cb's receipt (the pods the
 	// KV-block index should know, with observation).
 	wired []evaluate.IndexPod
+	// engines are the matched pods' metadata (labels and annotations are
+	// what the wiring report reads).
+	engines []metav1.PartialObjectMetadata
+	// keysErr is why the receipt keys could not be read (server-backed
+	// backends: only the wiring report needs them).
+	keysErr error
 	// plan is the plan's input (server-backed backends).
 	plan plan.Input
 	// enginePods and keys are an engine-local backend's full engine pods,
@@ -59,6 +72,7 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 	for i := range pods {
 		if pods[i].DeletionTimestamp.IsZero() {
 			obs.matched++
+			obs.engines = append(obs.engines, pods[i])
 		}
 	}
 	obs.wired = wiredForIndex(cb, pods)
@@ -78,6 +92,10 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 			return obs, fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
 		}
 		obs.keys = keys
+	} else if len(obs.engines) > 0 {
+		// Only the wiring report needs the keys: without them it says
+		// Unknown, and the reconcile goes on.
+		obs.keys, obs.keysErr = r.Keys.Keys(ctx)
 	}
 	in, err := plan.Gather(ctx, r.Client, r.APIReader, cb)
 	obs.plan = in

@@ -140,17 +140,23 @@ func ClaimOf(a map[string]string) Claim {
 // Verify checks that pod's receipt claim c was signed by one of keys and
 // that the pod's containers are the ones it was signed for.
 func Verify(keys []Key, pod *corev1.Pod, c Claim) error {
-	return verify(keys, pod, c, func() string { return Digest(pod) })
+	if err := VerifySignature(keys, pod.Annotations, c); err != nil {
+		return err
+	}
+	if Digest(pod) != c.Digest {
+		return ErrConfigMismatch
+	}
+	return nil
 }
 
-// verify is Verify with the digest of the pod's containers computed by
-// digest (only once the signature verifies): the receipt controller works
-// from a cached view of the pod that holds the digest, not the containers.
-func verify(keys []Key, pod *corev1.Pod, c Claim, digest func() string) error {
+// VerifySignature checks that claim c, read from a pod's annotations, was
+// signed by one of keys. It does not compare the pod's containers with the
+// signed digest (Verify does).
+func VerifySignature(keys []Key, annotations map[string]string, c Claim) error {
 	if c.Backend == "" || c.UID == "" || c.Generation == "" || c.Digest == "" {
 		return ErrIncompleteClaims
 	}
-	sig := pod.Annotations[AnnotationSignature]
+	sig := annotations[AnnotationSignature]
 	if sig == "" {
 		return ErrUnsigned
 	}
@@ -164,9 +170,6 @@ func verify(keys []Key, pod *corev1.Pod, c Claim, digest func() string) error {
 		}
 		if !hmac.Equal([]byte(Sign(k, c)), []byte(sig)) {
 			return ErrBadSignature
-		}
-		if digest() != c.Digest {
-			return ErrConfigMismatch
 		}
 		return nil
 	}

@@ -49,9 +49,19 @@ type Judgement struct {
 // judged for (nil when the one the receipt names does not exist). With nil
 // keys the signature is not checked (Unverified instead of Valid). It is the
 // one receipt verdict of the operator: the receipts controller, the
-// engine-local readiness and the CLI's explain all call it.
+// engine-local readiness, the restart cascade and the CLI's explain all call
+// it.
 func Judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key) Judgement {
-	return judge(pod, cb, keys, func() string { return Digest(pod) })
+	return judge(pod.Namespace, pod.Annotations, cb, keys, func(c Claim) error { return Verify(keys, pod, c) })
+}
+
+// JudgeMetadata is Judge on a pod's metadata only (what a metadata cache
+// holds): the signature is verified with keys, but the pod's containers
+// are not compared with the signed digest. A receipt copied whole onto a
+// pod with other containers is Valid here and Untrusted under Judge: use
+// Judge (the full pod) before acting on a pod; JudgeMetadata is for counts.
+func JudgeMetadata(namespace string, annotations map[string]string, cb *v1alpha1.CacheBackend, keys []Key) Judgement {
+	return judge(namespace, annotations, cb, keys, func(c Claim) error { return VerifySignature(keys, annotations, c) })
 }
 
 // JudgeObserved is Judge for a pod whose containers are not at hand, only
@@ -60,11 +70,19 @@ func Judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key) Judgement {
 // that judging a receipt costs no request for the full pod. pod supplies
 // the namespace and annotations.
 func JudgeObserved(pod *corev1.Pod, digest string, cb *v1alpha1.CacheBackend, keys []Key) Judgement {
-	return judge(pod, cb, keys, func() string { return digest })
+	return judge(pod.Namespace, pod.Annotations, cb, keys, func(c Claim) error {
+		if err := VerifySignature(keys, pod.Annotations, c); err != nil {
+			return err
+		}
+		if digest != c.Digest {
+			return ErrConfigMismatch
+		}
+		return nil
+	})
 }
 
-func judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key, digest func() string) Judgement {
-	c := ClaimOf(pod.Annotations)
+func judge(namespace string, annotations map[string]string, cb *v1alpha1.CacheBackend, keys []Key, verify func(Claim) error) Judgement {
+	c := ClaimOf(annotations)
 	j := Judgement{Claim: c}
 	switch {
 	case c.Backend == "" && c.UID == "":
@@ -75,7 +93,7 @@ func judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key, digest func()
 		j.Message = fmt.Sprintf("the receipt is incomplete: %s=%q, %s=%q", v1alpha1.AnnotationInjectedBy, c.Backend, v1alpha1.AnnotationInjectedByUID, c.UID)
 		return j
 	}
-	if ns, name, ok := strings.Cut(c.Backend, "/"); !ok || ns != pod.Namespace || name == "" {
+	if ns, name, ok := strings.Cut(c.Backend, "/"); !ok || ns != namespace || name == "" {
 		j.Verdict = Foreign
 		j.Message = fmt.Sprintf("receipt %s=%q does not name a CacheBackend of this namespace", v1alpha1.AnnotationInjectedBy, c.Backend)
 		return j
@@ -100,7 +118,7 @@ func judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key, digest func()
 		j.Message = fmt.Sprintf("receipt names the live CacheBackend %s (generation %s); signature not checked", c.Backend, c.Generation)
 		return j
 	}
-	if err := verify(keys, pod, c, digest); err != nil {
+	if err := verify(c); err != nil {
 		j.Verdict, j.Err = Untrusted, err
 		j.Message = fmt.Sprintf("receipt for CacheBackend %s not trusted: %v", c.Backend, err)
 		return j

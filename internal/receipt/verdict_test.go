@@ -31,6 +31,8 @@ func TestJudge(t *testing.T) {
 	bare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm"}}
 	tampered := signed("llm/hicache", "uid-1")
 	tampered.Spec.Containers[0].Args = nil
+	forged := signed("llm/hicache", "uid-1")
+	forged.Annotations[AnnotationSignature] = Sign(NewKey([]byte("another key, not the operator's!")), ClaimOf(forged.Annotations))
 
 	cases := []struct {
 		name string
@@ -38,23 +40,28 @@ func TestJudge(t *testing.T) {
 		cb   *v1alpha1.CacheBackend
 		keys []Key
 		want Verdict
+		// meta is JudgeMetadata's verdict, which cannot see the containers.
+		meta Verdict
 	}{
-		{"no receipt", bare, cb, []Key{key}, Absent},
-		{"injected-by without injected-by-uid", signed("llm/hicache", ""), cb, []Key{key}, Incomplete},
-		{"injected-by-uid without injected-by", signed("", "uid-1"), cb, []Key{key}, Incomplete},
-		{"another namespace", signed("other/hicache", "uid-1"), cb, []Key{key}, Foreign},
-		{"another backend", signed("llm/other", "uid-1"), cb, []Key{key}, Foreign},
-		{"a backend that does not exist", signed("llm/hicache", "uid-1"), nil, []Key{key}, NoBackend},
-		{"another uid", signed("llm/hicache", "uid-2"), cb, []Key{key}, WrongUID},
-		{"a configuration that differs", tampered, cb, []Key{key}, Untrusted},
-		{"no keys to check", signed("llm/hicache", "uid-1"), cb, nil, Unverified},
-		{"valid", signed("llm/hicache", "uid-1"), cb, []Key{key}, Valid},
+		{"no receipt", bare, cb, []Key{key}, Absent, Absent},
+		{"injected-by without injected-by-uid", signed("llm/hicache", ""), cb, []Key{key}, Incomplete, Incomplete},
+		{"injected-by-uid without injected-by", signed("", "uid-1"), cb, []Key{key}, Incomplete, Incomplete},
+		{"another namespace", signed("other/hicache", "uid-1"), cb, []Key{key}, Foreign, Foreign},
+		{"another backend", signed("llm/other", "uid-1"), cb, []Key{key}, Foreign, Foreign},
+		{"a backend that does not exist", signed("llm/hicache", "uid-1"), nil, []Key{key}, NoBackend, NoBackend},
+		{"another uid", signed("llm/hicache", "uid-2"), cb, []Key{key}, WrongUID, WrongUID},
+		{"a configuration that differs", tampered, cb, []Key{key}, Untrusted, Valid},
+		{"no keys to check", signed("llm/hicache", "uid-1"), cb, nil, Unverified, Unverified},
+		{"a signature by another key", forged, cb, []Key{key}, Untrusted, Untrusted},
+		{"valid", signed("llm/hicache", "uid-1"), cb, []Key{key}, Valid, Valid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			j := Judge(tc.pod, tc.cb, tc.keys)
 			assert.Equal(t, tc.want, j.Verdict, j.Message)
 			assert.NotEmpty(t, j.Message)
+			m := JudgeMetadata(tc.pod.Namespace, tc.pod.Annotations, tc.cb, tc.keys)
+			assert.Equal(t, tc.meta, m.Verdict, m.Message)
 		})
 	}
 }

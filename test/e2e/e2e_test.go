@@ -35,16 +35,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
-	"github.com/inferencecache/operator/test/manifests"
+	"github.com/inferencecache/operator/test/localcluster/operator"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -61,85 +57,20 @@ func run(m *testing.M) int {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(testutil.ZapLevel())))
-	bin, err := controlplane.Dir()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "end-to-end tests need the local control plane:", err)
-		return 1
-	}
-	kubectl = filepath.Join(bin, "kubectl")
-	work, err := os.MkdirTemp("", "inferencecache-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	start := time.Now()
-	cluster, err = localcluster.Start(ctx, localcluster.Options{
-		BinDir: bin, WorkDir: work, Nodes: 1, CRDDir: "../../kustomize/base/crd",
-	})
+	env, err := operator.Start(context.Background(), filepath.Join("..", ".."), scheme)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting the local cluster:", err)
+		fmt.Fprintln(os.Stderr, "end-to-end tests need the local cluster and the operator:", err)
 		return 1
 	}
-	defer cluster.Stop()
-	fmt.Fprintf(os.Stderr, "local cluster up in %s (work dir %s)\n", time.Since(start).Round(time.Millisecond), work)
-	k8s, err = client.New(cluster.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	// The webhooks are served by this process on 127.0.0.1 with a
-	// self-signed certificate; the install bundle's webhook configurations
-	// are pointed at it.
-	port, err := localcluster.FreePort()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	certDir := filepath.Join(work, "webhook-certs")
-	ca, err := localcluster.WebhookServing(certDir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	mwc, vwc, err := manifests.Webhooks("../../kustomize/base")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := localcluster.InstallWebhooks(ctx, cluster.Config, fmt.Sprintf("https://127.0.0.1:%d", port), ca, mwc, vwc); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-system"}}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	mgr, err := ctrl.NewManager(cluster.Config, ctrl.Options{
-		Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		WebhookServer: webhook.NewServer(webhook.Options{Host: "127.0.0.1", Port: port, CertDir: certDir}),
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := controller.Setup(mgr, controller.Options{Webhooks: true}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	stop := testutil.RunManager(ctx, mgr)
-	code := 1
-	if err := localcluster.WaitServing(ctx, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second); err != nil {
-		fmt.Fprintln(os.Stderr, "webhook server:", err)
-	} else {
-		code = m.Run()
-	}
-	stop()
+	fmt.Fprintf(os.Stderr, "local cluster and operator up in %s (work dir %s)\n", time.Since(start).Round(time.Millisecond), env.WorkDir)
+	cluster, k8s, kubectl = env.Cluster, env.Client, filepath.Join(env.BinDir, "kubectl")
+	code := m.Run()
+	env.Stop()
 	if code == 0 {
-		_ = os.RemoveAll(work)
+		_ = os.RemoveAll(env.WorkDir)
 	} else {
-		fmt.Fprintf(os.Stderr, "component logs kept in %s\n", work)
+		fmt.Fprintf(os.Stderr, "component logs kept in %s\n", env.WorkDir)
 	}
 	return code
 }
@@ -208,11 +139,10 @@ func TestQuickstartBecomesReady(t *testing.T) {
 	assert.NotNil(t, cb.Status.FirstAvailableAt)
 
 	// Lifecycle step 3 on the whole cluster. The engine Deployment was
-	// applied together with the CacheBackend, so its first pod may have been
-	// admitted before the endpoint existed (fail-open). The seed's recovery,
-	// a rollout restart, admits new pods that the webhook wires.
-	kubectlRun(t, "rollout", "restart", "-n", ns, "deployment/qwen-engine")
-	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
+	// applied together with the CacheBackend, so its first pod was admitted
+	// before the endpoint existed (fail-open). The operator rolls it once
+	// the endpoint has settled (TestOneSyncWiresEnginesWithoutManualStep);
+	// the new pods are wired by the webhook.
 	var engine corev1.Pod
 	testutil.Eventually(t, 60*time.Second, func() error {
 		var list corev1.PodList

@@ -106,6 +106,9 @@ func TestKstatusOfTheSameStates(t *testing.T) {
 		"testdata/degraded.yaml":         status.FailedStatus,
 		"testdata/stale-generation.yaml": status.InProgressStatus,
 		"testdata/hicache-ready.yaml":    status.CurrentStatus,
+		// EnginesWired=False is a report: kstatus reads Ready, Reconciling
+		// and Stalled only.
+		"testdata/ready-engines-unwired.yaml": status.CurrentStatus,
 	}
 	for path, st := range want {
 		t.Run(path, func(t *testing.T) {
