@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -62,7 +63,11 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	if opts.Webhooks {
 		srv := mgr.GetWebhookServer()
-		srv.Register(inject.MutatePath, inject.Guard(&webhook.Admission{Handler: &inject.Handler{Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}}, opts.Inject.Limits))
+		idx, err := inject.IndexBackends(context.Background(), mgr.GetCache())
+		if err != nil {
+			return err
+		}
+		srv.Register(inject.MutatePath, inject.Guard(&webhook.Admission{Handler: &inject.Handler{Backends: idx, Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}}, opts.Inject.Limits))
 		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
 	}
 	return nil

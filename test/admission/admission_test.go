@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -215,9 +216,17 @@ func review(tb testing.TB, pod *corev1.Pod) []byte {
 }
 
 // served is the pod webhook as the manager serves it (see
-// controller.Setup), reading CacheBackends from the informer cache.
-func served() http.Handler {
-	return inject.Guard(&webhook.Admission{Handler: &inject.Handler{Reader: reader}}, inject.Limits{})
+// controller.Setup): CacheBackends selected by the index the informer
+// keeps, the cache as the fallback reader.
+func served(tb testing.TB) http.Handler {
+	idx, err := inject.IndexBackends(context.Background(), reader)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if !toolscache.WaitForCacheSync(make(chan struct{}), idx.Synced) {
+		tb.Fatal("the index did not sync")
+	}
+	return inject.Guard(&webhook.Admission{Handler: &inject.Handler{Backends: idx, Reader: reader}}, inject.Limits{})
 }
 
 // recorder is a reusable ResponseWriter, so that the measurement counts
@@ -284,7 +293,7 @@ var cases = []pods{{"wired", "qwen", true}, {"unmatched", "nothing-selects-this"
 // BenchmarkServedAdmission: one pod CREATE served end to end, at each size,
 // for a pod the last CacheBackend wires and one no CacheBackend matches.
 func BenchmarkServedAdmission(b *testing.B) {
-	h := served()
+	h := served(b)
 	for _, n := range sizes {
 		for _, c := range cases {
 			body := review(b, vllmPod(namespace(n), c.app))
@@ -310,4 +319,48 @@ func intstrPort(p int) intstr.IntOrString { return intstr.FromInt(p) }
 
 func authUser() authenticationv1.UserInfo {
 	return authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:replicaset-controller", UID: "f3c1", Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"}}
+}
+
+// Budgets of one served admission, in allocations (issue 12: at most 400
+// for a wired pod, the same from 1 to 1,000 CacheBackends in the
+// namespace; a pod nothing matches far below).
+const (
+	wiredAllocs     = 400
+	unmatchedAllocs = 150
+)
+
+func TestServedAdmissionBudget(t *testing.T) {
+	h := served(t)
+	allocs := map[string]float64{}
+	for _, n := range sizes {
+		for _, c := range cases {
+			body := review(t, vllmPod(namespace(n), c.app))
+			if got := outcome(t, h, body); got != c.patched {
+				t.Fatalf("%s pod with %d CacheBackends: patched=%v, want %v", c.name, n, got, c.patched)
+			}
+			w := &recorder{h: http.Header{}}
+			req, _ := http.NewRequest(http.MethodPost, "https://webhook/mutate-v1-pod?timeout=5s", nil)
+			req.Header.Set("Content-Type", "application/json")
+			req.ContentLength = int64(len(body))
+			r := bytes.NewReader(body)
+			a := testing.AllocsPerRun(50, func() { serve(h, w, req, r) })
+			t.Logf("%s pod, %d CacheBackends: %.0f allocs", c.name, n, a)
+			allocs[fmt.Sprintf("%s/%d", c.name, n)] = a
+		}
+	}
+	for _, c := range cases {
+		budget := float64(wiredAllocs)
+		if !c.patched {
+			budget = unmatchedAllocs
+		}
+		for _, n := range sizes {
+			if a := allocs[fmt.Sprintf("%s/%d", c.name, n)]; a > budget {
+				t.Errorf("%s pod with %d CacheBackends: %.0f allocs, budget %.0f", c.name, n, a, budget)
+			}
+		}
+		// Flat: a few allocations of slack for map growth and the like.
+		if one, most := allocs[c.name+"/1"], allocs[fmt.Sprintf("%s/%d", c.name, sizes[len(sizes)-1])]; most > one+5 {
+			t.Errorf("%s pod: %.0f allocs with 1 CacheBackend, %.0f with %d: selection costs per CacheBackend", c.name, one, most, sizes[len(sizes)-1])
+		}
+	}
 }
