@@ -45,14 +45,23 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(keys); err != nil {
 		return err
 	}
+	servers, err := NewServerCache(mgr)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(servers); err != nil {
+		return err
+	}
 	r := &CacheBackendReconciler{
-		Client:    mgr.GetClient(),
-		Applier:   apply.New(mgr.GetClient()),
-		Recorder:  rec,
-		APIReader: mgr.GetAPIReader(),
-		Keys:      keys,
-		Inject:    opts.Inject,
-		Prober:    opts.Probe,
+		Client:       mgr.GetClient(),
+		Applier:      apply.New(mgr.GetClient()),
+		Recorder:     rec,
+		APIReader:    mgr.GetAPIReader(),
+		Servers:      servers,
+		ServerEvents: WatchServerPods(servers),
+		Keys:         keys,
+		Inject:       opts.Inject,
+		Prober:       opts.Probe,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the CacheBackend controller: %w", err)
