@@ -264,9 +264,10 @@ func (r *CacheBackendReconciler) evaluate(s *pass, obs observation, f evaluate.F
 	return evaluate.Server(f, render.IsStatefulSet(s.cb))
 }
 
-// engineLocalPoll is how often a non-ready engine-local backend is checked.
-// Pod readiness is not watched (no cache of full pod objects), so it is
-// polled until the backend converges; then pod events drive reconciles.
+// engineLocalPoll is how often a non-ready engine-local backend with
+// matched pods is checked. Pod readiness is not watched (no cache of full
+// pod objects), so it is polled until the backend converges; then pod
+// events drive reconciles.
 const engineLocalPoll = 5 * time.Second
 
 // endpointSettleTime is how long a backend must have been Ready before its
@@ -281,7 +282,9 @@ const endpointSettleTime = 3 * time.Second
 // an early re-check requested. It returns when to reconcile again.
 func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p plan.Plan, f evaluate.Facts, v evaluate.Verdict, srv serverObservation) (time.Duration, error) {
 	if p.EngineLocal {
-		if !v.Ready {
+		if !v.Ready && s.st.MatchedEnginePods > 0 {
+			// Readiness of matched pods is polled; without a matched pod
+			// only a pod event (watched) can change the verdict.
 			return engineLocalPoll, nil
 		}
 		return 0, nil
