@@ -44,10 +44,9 @@ import (
 var sizes = []int{1, 100, 1000}
 
 var (
-	cfg     *rest.Config
-	k8s     client.Client
-	reader  cache.Cache
-	stopped = func() {}
+	cfg    *rest.Config
+	k8s    client.Client
+	reader cache.Cache
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
