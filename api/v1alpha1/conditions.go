@@ -72,6 +72,15 @@ const (
 	ReasonProgressingWithRetry = "ProgressingWithRetry"
 )
 
+// Reasons of a backend whose children cannot be written.
+const (
+	// ReasonNameConflict: an object exists under a name the backend's
+	// children need (the Service, the workload, the autoscaler, a claim)
+	// and the backend does not control it. The operator never adopts it:
+	// nothing is applied until it is renamed or deleted.
+	ReasonNameConflict = "NameConflict"
+)
+
 // Reasons of a StatefulSet backend's storage.
 const (
 	// ReasonImmutableStatefulSetStorage: the spec's storage differs from the

@@ -18,9 +18,6 @@ const (
 	AnnotationInjectedConfigDigest = "inferencecache.io/injected-config-digest"
 	// AnnotationReceiptSignature is <key-id>:<hex HMAC-SHA256> of the receipt.
 	AnnotationReceiptSignature = "inferencecache.io/receipt-signature"
-	// AnnotationReceiptObserved records on a pod which receipt event was
-	// recorded, so that it is recorded once, also across manager restarts.
-	AnnotationReceiptObserved = "inferencecache.io/receipt-observed"
 	// AnnotationServerInstance is written on the pod template of engine
 	// Deployments the operator rolls: a hash of the cache-server instance
 	// they must reconnect to.
@@ -47,8 +44,6 @@ const (
 	FieldManagerPVCWarnings = "inferencecache-operator-pvc-warnings"
 	// FieldManagerRollout owns AnnotationServerInstance on engine Deployments.
 	FieldManagerRollout = "inferencecache-operator-rollout"
-	// FieldManagerReceipts owns AnnotationReceiptObserved on pods.
-	FieldManagerReceipts = "inferencecache-operator-receipts"
 	// FieldManagerCABundle owns the webhook configurations' caBundle (dev
 	// overlay's self-provisioned certificate).
 	FieldManagerCABundle = "inferencecache-operator-cabundle"

@@ -70,6 +70,7 @@ func run(args []string, stdout io.Writer) error {
 	certSecret := fs.String("webhook-cert-secret", "inferencecache-webhook-cert", "Secret of the self-signed webhook certificate, in --namespace")
 	webhookService := fs.String("webhook-service", "inferencecache-webhook", "Service in front of the webhooks; names the self-signed certificate")
 	certHosts := fs.String("webhook-cert-hosts", "", "extra comma-separated DNS names or IPs for the self-signed certificate (e.g. 127.0.0.1 when the manager runs outside the cluster)")
+	receiptHorizon := fs.Duration("receipt-event-horizon", controller.DefaultReceiptEventHorizon, "a manager that did not report a pod's receipt event (after a restart) reports it only while the pod is younger than this; keep it at most the API server's --event-ttl, or pods may be reported twice")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -145,7 +146,8 @@ func run(args []string, stdout io.Writer) error {
 		Webhooks: *webhooks,
 		Inject: inject.Options{KVEventSubscriberImage: *subscriberImage, ClusterDomain: *clusterDomain,
 			Limits: inject.Limits{MaxRequestBytes: *maxRequest, MaxConcurrent: *maxConcurrent}},
-		Namespace: *namespace,
+		Namespace:           *namespace,
+		ReceiptEventHorizon: *receiptHorizon,
 	}); err != nil {
 		return err
 	}

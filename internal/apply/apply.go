@@ -16,6 +16,7 @@ import (
 
 	"github.com/fluxcd/pkg/ssa"
 	"github.com/fluxcd/pkg/ssa/utils"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -218,12 +219,26 @@ func (a *Applier) handOff(ctx context.Context, h plan.Handoff) error {
 	return nil
 }
 
+// RecordOnce creates ev, an event whose name is deterministic for what it
+// reports (see receipt.EventName). It reports false, without error, when an
+// event of that name exists already: whoever created it reported it. The
+// create is the only request: no read, no update of an aggregated series.
+func RecordOnce(ctx context.Context, c client.Client, ev *eventsv1.Event) (bool, error) {
+	if err := c.Create(ctx, ev); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("creating event %s/%s: %w", ev.Namespace, ev.Name, err)
+	}
+	return true, nil
+}
+
 // Annotate server-side applies one annotation on a core/v1 object with its
 // own field manager, guarded by the object's UID so that a recreated object
 // of the same name is never marked. A non-empty resourceVersion is a
 // precondition as well: the API server answers Conflict when the object
 // changed since that version, so a caller working from a cache that lags
-// its own earlier mark finds out instead of marking (and reporting) twice.
+// its own earlier mark finds out instead of marking twice.
 func Annotate(ctx context.Context, c client.Client, kind, namespace, name string, uid types.UID, resourceVersion, key, value, manager string) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("v1")

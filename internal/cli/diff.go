@@ -82,6 +82,9 @@ func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend) (Diff
 	if err != nil {
 		return res, err
 	}
+	if msg := p.ConflictMessage(); msg != "" {
+		return res, fmt.Errorf("a reconcile would apply nothing (NameConflict): %s", msg)
+	}
 	res.Preview, err = apply.New(c).Preview(ctx, p)
 	return res, err
 }

@@ -90,7 +90,7 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		r.Now = metav1.Now
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, endpointChanged()))).
 		Owns(&appsv1.Deployment{}).
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
@@ -110,6 +110,23 @@ func (r *CacheBackendReconciler) servers() client.Reader {
 		return r.Servers
 	}
 	return r.APIReader
+}
+
+// endpointChanged passes a change of status.endpoint, which the operator
+// alone should write: whoever else can write cachebackends/status may point
+// it elsewhere, and the reconcile restores it at once (the webhook never
+// injects it, and admits pods unwired while it differs from the spec's).
+func endpointChanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(event.CreateEvent) bool { return false },
+		DeleteFunc:  func(event.DeleteEvent) bool { return false },
+		GenericFunc: func(event.GenericEvent) bool { return false },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*v1alpha1.CacheBackend)
+			n, ok2 := e.ObjectNew.(*v1alpha1.CacheBackend)
+			return ok1 && ok2 && o.Status.Endpoint != n.Status.Endpoint
+		},
+	}
 }
 
 // podMembershipChanged passes the pod events that can change a selector's
@@ -270,6 +287,10 @@ func (r *CacheBackendReconciler) evaluate(s *pass, obs observation, f evaluate.F
 // events drive reconciles.
 const engineLocalPoll = 5 * time.Second
 
+// nameConflictRecheck is how often a backend stopped by a name conflict
+// looks again whether the other object is gone.
+const nameConflictRecheck = time.Minute
+
 // endpointSettleTime is how long a backend must have been Ready before its
 // engines are rolled.
 const endpointSettleTime = 3 * time.Second
@@ -350,6 +371,15 @@ func (r *CacheBackendReconciler) finalize(ctx context.Context, s *pass, p plan.P
 	}
 	if v.Reason == v1alpha1.ReasonImmutableStatefulSetStorage && (previous == nil || previous.Reason != v.Reason) {
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonImmutableStatefulSetStorage, "Apply", "%s", v.Message)
+	}
+	if v.Reason == v1alpha1.ReasonNameConflict {
+		if previous == nil || previous.Reason != v.Reason || previous.Message != v.Message {
+			r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonNameConflict, "Apply", "%s", v.Message)
+		}
+		// Removing the other object wakes no watch of this backend.
+		if requeue == 0 || requeue > nameConflictRecheck {
+			requeue = nameConflictRecheck
+		}
 	}
 	if v.Ready && (previous == nil || previous.Status != metav1.ConditionTrue) {
 		msg := v.Message

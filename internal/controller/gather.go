@@ -94,9 +94,9 @@ type serverObservation struct {
 // pruned, is never advertised), its serving pods, the live status when it
 // is needed, and the functional probe's result.
 func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass, p plan.Plan, applyErr error) (evaluate.Facts, serverObservation, error) {
-	f := evaluate.Facts{ApplyErr: applyErr, StorageNote: p.StorageNote}
+	f := evaluate.Facts{ApplyErr: applyErr, StorageNote: p.StorageNote, NameConflict: p.ConflictMessage()}
 	var srv serverObservation
-	if p.EngineLocal || applyErr != nil {
+	if p.EngineLocal || applyErr != nil || f.NameConflict != "" {
 		return f, srv, nil
 	}
 	cb := s.cb

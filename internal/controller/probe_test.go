@@ -81,14 +81,14 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 		markDeploymentRolling(t, key)
 		cleared(key)
 	})
-	t.Run("apply failed", func(t *testing.T) {
+	t.Run("name conflict", func(t *testing.T) {
 		cb := newBackend(ns, "applyfail")
 		require.NoError(t, k8s.Create(ctx, cb))
 		key := ready(cb, false)
 		// A foreign StatefulSet holds the name the switched kind needs.
 		require.NoError(t, k8s.Create(ctx, foreignStatefulSet(ns, "applyfail")))
 		updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
+		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
 		cleared(key)
 	})
 	t.Run("immutable StatefulSet storage", func(t *testing.T) {

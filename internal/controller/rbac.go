@@ -13,9 +13,8 @@ package controller
 //     OwnerReferencesPermissionEnforcement admission plugin is on.
 //   - tokenreviews and subjectaccessreviews create: the metrics endpoint
 //     authenticates and authorizes its scrapers through the API server.
-//
-// The receipt controller still patches pods (its receipt-observed mark);
-// see docs/security.md.
+//   - Pods: read only (get, list, watch). The receipt controller records
+//     one event per pod and never writes to the pod (docs/security.md).
 
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch;update
@@ -25,7 +24,7 @@ package controller
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=inferencecache-system,resources=leases,verbs=get;list;watch;create;update;patch;delete

@@ -3,103 +3,216 @@ package controller
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/receipt"
 )
 
+// DefaultReceiptEventHorizon is how old a pod may be and still get its
+// receipt event from a manager that did not see it before (after a
+// restart). It equals the API server's default --event-ttl (1 h): an event
+// recorded for a younger pod still exists, so creating it again fails with
+// AlreadyExists instead of reporting twice.
+const DefaultReceiptEventHorizon = time.Hour
+
 // ReceiptReconciler turns the webhook's receipts into events on the pods.
 // The events come from a controller, not from the webhook, because a pod
 // has no UID while it is being admitted: an event about it would not show
 // under kubectl describe pod.
+//
+// Per pod it sends one request, the create of the event, and never writes
+// to or reads the pod itself: it works from its own view of pods (see
+// NewReceiptPodCache), which holds the digest of their containers. The
+// event's name is deterministic per pod and keyed (receipt.EventName), so
+// the event is recorded once across replicas and restarts: a second create
+// answers AlreadyExists.
 type ReceiptReconciler struct {
-	Client   client.Client
-	Recorder events.EventRecorder
-	// APIReader reads the full pod (once per receipt) to check its
-	// configuration against the signed digest.
-	APIReader client.Reader
-	Keys      *receipt.KeyRing
+	// Client creates the events and reads CacheBackends.
+	Client client.Client
+	// Pods reads the receipt view of pods (NewReceiptPodCache).
+	Pods client.Reader
+	Keys *receipt.KeyRing
+	// Horizon: pods created longer ago than this are not reported by a
+	// manager that did not report them (DefaultReceiptEventHorizon when
+	// zero); it must not exceed the API server's --event-ttl.
+	Horizon time.Duration
+	// Instance is the events' reportingInstance (the host name when empty).
+	Instance string
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+
+	// reported holds the UID of every pod this manager reported, so that
+	// the pod's later updates send nothing.
+	reported sync.Map // types.NamespacedName -> types.UID
 }
 
-// SetupWithManager watches pod metadata only, and only pods with a receipt
-// or a skip stamp that has not been reported yet.
-func (r *ReceiptReconciler) SetupWithManager(mgr ctrl.Manager) error {
+// receiptDigestKey holds, in the receipt view of a pod only, the digest of
+// the containers the pod was observed with. It is outside the
+// inferencecache.io/ prefix, whose annotations alone the view keeps from
+// the API object, so a pod cannot carry it in.
+const receiptDigestKey = "receipts.view.inferencecache.internal/observed-digest"
+
+// receiptView is the receipt controller's cache transform: a pod reduced to
+// its identity, its inferencecache.io/ annotations and, for a pod with a
+// receipt, the digest of its containers. A cached pod costs a few hundred
+// bytes whatever its spec.
+func receiptView(obj any) (any, error) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	view := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+		CreationTimestamp: pod.CreationTimestamp, DeletionTimestamp: pod.DeletionTimestamp,
+	}}
+	for k, v := range pod.Annotations {
+		if strings.HasPrefix(k, "inferencecache.io/") {
+			if view.Annotations == nil {
+				view.Annotations = map[string]string{}
+			}
+			view.Annotations[k] = v
+		}
+	}
+	if view.Annotations[receipt.AnnotationDigest] != "" {
+		view.Annotations[receiptDigestKey] = receipt.Digest(pod)
+	}
+	return view, nil
+}
+
+// NewReceiptPodCache is the receipt controller's own informer cache of pods,
+// reduced by receiptView as they arrive. It is separate from the manager's
+// cache so that the manager's other pod watches keep their own options.
+func NewReceiptPodCache(mgr ctrl.Manager) (cache.Cache, error) {
+	c, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(),
+		Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}: {Transform: receiptView},
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating the receipt controller's pod cache: %w", err)
+	}
+	return c, nil
+}
+
+// SetupWithManager watches pods through pods (NewReceiptPodCache, which
+// the caller adds to the manager), only those with a receipt or a skip
+// stamp.
+func (r *ReceiptReconciler) SetupWithManager(mgr ctrl.Manager, pods cache.Cache) error {
+	if r.Pods == nil {
+		r.Pods = pods
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("receipts").
-		For(&corev1.Pod{}, builder.OnlyMetadata, builder.WithPredicates(predicate.NewPredicateFuncs(needsReport))).
+		WatchesRawSource(source.Kind(pods, &corev1.Pod{}, &handler.TypedEnqueueRequestForObject[*corev1.Pod]{},
+			predicate.NewTypedPredicateFuncs(func(p *corev1.Pod) bool { return needsReport(p) }))).
 		Complete(r)
 }
 
 func needsReport(o client.Object) bool {
 	a := o.GetAnnotations()
-	if a[v1alpha1.AnnotationReceiptObserved] != "" {
-		return false
-	}
 	return a[v1alpha1.AnnotationInjectedBy] != "" || a[v1alpha1.AnnotationInjectSkipped] != ""
 }
 
-// Reconcile records one event for the pod and marks it reported.
+// Reconcile records the pod's one receipt event.
 func (r *ReceiptReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	pod := &metav1.PartialObjectMetadata{}
-	pod.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
-	if err := r.Client.Get(ctx, req.NamespacedName, pod); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	pod := &corev1.Pod{}
+	if err := r.Pods.Get(ctx, req.NamespacedName, pod); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.reported.Delete(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	if uid, ok := r.reported.Load(req.NamespacedName); ok && uid == pod.UID {
+		return ctrl.Result{}, nil
 	}
 	if !needsReport(pod) || !pod.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
-	evType, reason, related, note, err := r.verdict(ctx, pod)
+	logger := log.FromContext(ctx)
+	if age := r.now().Sub(pod.CreationTimestamp.Time); age > r.horizon() {
+		// Its event, if it was recorded, may have expired: recording it
+		// again could report the pod twice.
+		r.reported.Store(req.NamespacedName, pod.UID)
+		logger.V(1).Info("receipt not reported: the pod is older than the event horizon", "age", age.Round(time.Second), "horizon", r.horizon())
+		return ctrl.Result{}, nil
+	}
+	keys, err := r.Keys.Keys(ctx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	// Mark first: a crash between the two loses one event rather than
-	// repeating it after every restart.
-	if err := r.markReported(ctx, pod, reason); err != nil {
-		switch {
-		case apierrors.IsNotFound(err):
-			return ctrl.Result{}, nil
-		case apierrors.IsConflict(err):
-			// The pod changed since the cached copy this reconcile read:
-			// possibly by an earlier reconcile's mark that the cache does not
-			// show yet. Look again once it has caught up; report nothing now.
-			return ctrl.Result{RequeueAfter: time.Second}, nil
-		}
+	if len(keys) == 0 {
+		return ctrl.Result{}, fmt.Errorf("no receipt key to name the event with")
+	}
+	ev, err := r.event(ctx, pod, keys)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if related != nil {
-		r.Recorder.Eventf(pod, related, evType, reason, "Admit", "%s", note)
-	} else {
-		// A typed nil would reach the recorder as a non-nil related object.
-		r.Recorder.Eventf(pod, nil, evType, reason, "Admit", "%s", note)
+	created, err := apply.RecordOnce(ctx, r.Client, ev)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-	log.FromContext(ctx).V(1).Info("receipt reported", "reason", reason)
+	r.reported.Store(req.NamespacedName, pod.UID)
+	logger.V(1).Info("receipt reported", "reason", ev.Reason, "event", ev.Name, "created", created)
 	return ctrl.Result{}, nil
 }
 
+// event is the pod's receipt event, named by receipt.EventName with the
+// current key.
+func (r *ReceiptReconciler) event(ctx context.Context, pod *corev1.Pod, keys []receipt.Key) (*eventsv1.Event, error) {
+	evType, reason, related, note, err := r.verdict(ctx, pod, keys)
+	if err != nil {
+		return nil, err
+	}
+	ev := &eventsv1.Event{
+		ObjectMeta:          metav1.ObjectMeta{Namespace: pod.Namespace, Name: receipt.EventName(keys[0], pod.Name, string(pod.UID))},
+		EventTime:           metav1.NewMicroTime(r.now()),
+		ReportingController: v1alpha1.ReportingController,
+		ReportingInstance:   r.instance(),
+		Action:              "Admit",
+		Reason:              reason,
+		Type:                evType,
+		Note:                note,
+		Regarding: corev1.ObjectReference{
+			APIVersion: "v1", Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+		},
+	}
+	if related != nil {
+		ev.Related = &corev1.ObjectReference{
+			APIVersion: v1alpha1.GroupVersion.String(), Kind: "CacheBackend",
+			Namespace: related.Namespace, Name: related.Name, UID: related.UID,
+		}
+	}
+	return ev, nil
+}
+
 // verdict judges the pod's receipt against the live CacheBackend it names,
-// with receipt.Judge (the verdict engine-local readiness and the CLI share).
-func (r *ReceiptReconciler) verdict(ctx context.Context, pod *metav1.PartialObjectMetadata) (string, string, *v1alpha1.CacheBackend, string, error) {
+// with receipt.JudgeObserved (the verdict engine-local readiness and the
+// CLI share, on the digest the pod view holds).
+func (r *ReceiptReconciler) verdict(ctx context.Context, pod *corev1.Pod, keys []receipt.Key) (string, string, *v1alpha1.CacheBackend, string, error) {
 	a := pod.Annotations
 	if skipped := a[v1alpha1.AnnotationInjectSkipped]; skipped != "" && a[v1alpha1.AnnotationInjectedBy] == "" {
 		return corev1.EventTypeNormal, v1alpha1.EventSkipped, nil,
 			fmt.Sprintf("pod left unwired by the inferencecache webhook: %s", skipped), nil
-	}
-	full := &corev1.Pod{}
-	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pod), full); err != nil {
-		return "", "", nil, "", fmt.Errorf("reading pod: %w", err)
 	}
 	var cb *v1alpha1.CacheBackend
 	if ns, name, ok := strings.Cut(a[v1alpha1.AnnotationInjectedBy], "/"); ok && ns == pod.Namespace && name != "" {
@@ -111,11 +224,7 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *metav1.PartialObje
 			cb = nil
 		}
 	}
-	keys, err := r.Keys.Keys(ctx)
-	if err != nil {
-		return "", "", nil, "", err
-	}
-	j := receipt.Judge(full, cb, keys)
+	j := receipt.JudgeObserved(pod, a[receiptDigestKey], cb, keys)
 	if j.Verdict != receipt.Valid {
 		if j.Verdict == receipt.NoBackend || j.Verdict == receipt.Foreign || j.Verdict == receipt.Incomplete {
 			cb = nil
@@ -125,6 +234,27 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *metav1.PartialObje
 	return corev1.EventTypeNormal, v1alpha1.EventInjected, cb, j.Message, nil
 }
 
-func (r *ReceiptReconciler) markReported(ctx context.Context, pod *metav1.PartialObjectMetadata, reason string) error {
-	return apply.Annotate(ctx, r.Client, "Pod", pod.Namespace, pod.Name, pod.UID, pod.ResourceVersion, v1alpha1.AnnotationReceiptObserved, reason, v1alpha1.FieldManagerReceipts)
+func (r *ReceiptReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *ReceiptReconciler) horizon() time.Duration {
+	if r.Horizon > 0 {
+		return r.Horizon
+	}
+	return DefaultReceiptEventHorizon
+}
+
+func (r *ReceiptReconciler) instance() string {
+	if r.Instance != "" {
+		return r.Instance
+	}
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "unknown"
+	}
+	return v1alpha1.ReportingController + "-" + host
 }

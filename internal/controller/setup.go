@@ -31,6 +31,10 @@ type Options struct {
 	Probe *Prober
 	// KeyRefresh is how often the receipt key Secret is re-read (30 s when zero).
 	KeyRefresh time.Duration
+	// ReceiptEventHorizon: pods older than this get no receipt event from a
+	// manager that did not report them before (DefaultReceiptEventHorizon
+	// when zero; keep it at most the API server's --event-ttl).
+	ReceiptEventHorizon time.Duration
 }
 
 // Setup registers every reconciler (and, with opts.Webhooks, the webhooks)
@@ -66,8 +70,15 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the CacheBackend controller: %w", err)
 	}
-	rr := &ReceiptReconciler{Client: mgr.GetClient(), Recorder: rec, APIReader: mgr.GetAPIReader(), Keys: keys}
-	if err := rr.SetupWithManager(mgr); err != nil {
+	pods, err := NewReceiptPodCache(mgr)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(pods); err != nil {
+		return err
+	}
+	rr := &ReceiptReconciler{Client: mgr.GetClient(), Keys: keys, Horizon: opts.ReceiptEventHorizon}
+	if err := rr.SetupWithManager(mgr, pods); err != nil {
 		return fmt.Errorf("setting up the receipt controller: %w", err)
 	}
 	if opts.Webhooks {

@@ -237,8 +237,8 @@ func TestKindSwitches(t *testing.T) {
 }
 
 // TestFailedReplacementShowsNoEndpoint: when the StatefulSet replacing a
-// Deployment cannot be applied (a foreign StatefulSet holds the name with
-// another selector), the status has no endpoint and is not Ready.
+// Deployment cannot be applied (a foreign StatefulSet holds the name), the
+// status has no endpoint and is not Ready (NameConflict, naming it).
 func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -250,9 +250,9 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 
 	require.NoError(t, k8s.Create(ctx, foreignStatefulSet(ns, "cache")))
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
 	assert.Empty(t, got.Status.Endpoint)
-	assert.True(t, strings.Contains(meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "StatefulSet"))
+	assert.True(t, strings.Contains(meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "StatefulSet cache"))
 }
 
 // TestSharedClaimChangesThatCannotApply: a storage class change of the

@@ -3,6 +3,7 @@ package controller_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -15,10 +16,11 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
@@ -109,58 +111,140 @@ func TestPodCreateIsWired(t *testing.T) {
 	}
 
 	waitPodEvent(t, ns, "engine", "Normal/"+v1alpha1.EventInjected)
-	testutil.Eventually(t, 10*time.Second, func() error {
+}
+
+// requestLog records the API requests of one manager, as a client-side
+// transport sees them.
+type requestLog struct {
+	mu   sync.Mutex
+	reqs []string // "<METHOD> <path>"
+}
+
+func (l *requestLog) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		l.mu.Lock()
+		l.reqs = append(l.reqs, req.Method+" "+req.URL.Path)
+		l.mu.Unlock()
+		return rt.RoundTrip(req)
+	})
+}
+
+// count returns how many requests match.
+func (l *requestLog) count(match func(method, path string) bool) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.reqs {
+		m, p, _ := strings.Cut(r, " ")
+		if match(m, p) {
+			n++
+		}
+	}
+	return n
+}
+
+// startReceiptManager runs a second manager with only the receipt
+// controller, as shipped (its own pod view, the key ring), against the
+// same API server, recording every request it sends.
+func startReceiptManager(t *testing.T) *requestLog {
+	t.Helper()
+	log := &requestLog{}
+	rcfg := rest.CopyConfig(cfg)
+	rcfg.Wrap(log.wrap)
+	mgr, err := ctrl.NewManager(rcfg, ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	require.NoError(t, err)
+	keys := &receipt.KeyRing{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: operatorNamespace, Name: receipt.DefaultSecretName}
+	require.NoError(t, mgr.Add(keys))
+	pods, err := controller.NewReceiptPodCache(mgr)
+	require.NoError(t, err)
+	require.NoError(t, mgr.Add(pods))
+	r := &controller.ReceiptReconciler{Client: mgr.GetClient(), Keys: keys, Instance: "second-manager"}
+	require.NoError(t, r.SetupWithManager(mgr, pods))
+	t.Cleanup(testutil.RunManager(context.Background(), mgr))
+	return log
+}
+
+// TestReceiptEventBudget: issue 12's per-pod budget and the once-per-pod
+// event across managers. A wired pod costs the operator one API request,
+// the create of its event, and nothing on the pod (no write, no GET); a
+// second manager (as after a restart, or a second replica) reports no pod
+// a second time: its one create per pod answers AlreadyExists. A pod that
+// carries the old receipt-observed mark is reported all the same.
+func TestReceiptEventBudget(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	servingBackend(t, ns, "cache")
+	names := []string{"engine-0", "engine-1", "engine-2"}
+	for _, name := range names {
+		require.NoError(t, k8s.Create(ctx, engine(ns, name, map[string]string{"app": "engine-cache"}, nil)))
+	}
+	for _, name := range names {
+		waitPodEvent(t, ns, name, "Normal/"+v1alpha1.EventInjected)
+	}
+
+	log := startReceiptManager(t)
+	// A pod created while the second manager runs, with the mark that used
+	// to suppress the event pre-set (the webhook leaves it: it means nothing).
+	marked := engine(ns, "engine-marked", map[string]string{"app": "engine-cache"},
+		map[string]string{"inferencecache.io/receipt-observed": v1alpha1.EventInjected})
+	require.NoError(t, k8s.Create(ctx, marked))
+	require.True(t, isWired(marked))
+	names = append(names, marked.Name)
+	waitPodEvent(t, ns, marked.Name, "Normal/"+v1alpha1.EventInjected)
+
+	inNS := "/namespaces/" + ns + "/"
+	testutil.Eventually(t, 15*time.Second, func() error {
+		n := log.count(func(method, path string) bool {
+			return method == http.MethodPost && strings.Contains(path, inNS+"events")
+		})
+		if n < len(names) {
+			return fmt.Errorf("the second manager sent %d event creates, want one per pod (%d)", n, len(names))
+		}
+		return nil
+	})
+	// Updates of the pods after their report send nothing more: touch each.
+	for _, name := range names {
 		p := &corev1.Pod{}
-		if err := k8s.Get(ctx, client.ObjectKeyFromObject(pod), p); err != nil {
-			return err
-		}
-		if p.Annotations[v1alpha1.AnnotationReceiptObserved] != v1alpha1.EventInjected {
-			return fmt.Errorf("receipt not marked observed: %v", p.Annotations)
+		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p))
+		p.Labels["touched"] = "yes"
+		require.NoError(t, k8s.Update(ctx, p))
+	}
+	// A sentinel pod created last: once the second manager reported it, it
+	// has seen the updates above (one watch, in order).
+	sentinel := engine(ns, "sentinel", map[string]string{"app": "engine-cache"}, nil)
+	require.NoError(t, k8s.Create(ctx, sentinel))
+	names = append(names, sentinel.Name)
+	testutil.Eventually(t, 15*time.Second, func() error {
+		n := log.count(func(method, path string) bool {
+			return method == http.MethodPost && strings.Contains(path, inNS+"events")
+		})
+		if n < len(names) {
+			return fmt.Errorf("the second manager sent %d event creates, want %d", n, len(names))
 		}
 		return nil
 	})
-
-	// A fresh receipt controller, as after a manager restart, records nothing new.
-	fresh := &controller.ReceiptReconciler{Client: k8s, Recorder: events.NewFakeRecorder(10)}
-	_, err := fresh.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)})
-	require.NoError(t, err)
-	assert.Empty(t, fresh.Recorder.(*events.FakeRecorder).Events, "no second event after a restart")
-	// A reconcile woken by an update that its cache shows from before the
-	// mark (the cache lags the mark it just applied) must not report again:
-	// the mark is applied with the cached resourceVersion as a precondition.
-	stale := &metav1.PartialObjectMetadata{ObjectMeta: *pod.ObjectMeta.DeepCopy()} // as created: no mark
-	stale.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Pod"))
-	lagging := &controller.ReceiptReconciler{
-		Client:    staleCache{Client: k8s, pod: stale},
-		APIReader: k8s,
-		Recorder:  events.NewFakeRecorder(10),
-		Keys:      &receipt.KeyRing{Client: k8s, Reader: k8s, Namespace: operatorNamespace, Name: receipt.DefaultSecretName},
-	}
-	res, err := lagging.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(pod)})
-	require.NoError(t, err)
-	assert.Positive(t, res.RequeueAfter, "looks again once the cache caught up")
-	assert.Empty(t, lagging.Recorder.(*events.FakeRecorder).Events, "no second event from a lagging cache")
-	testutil.Eventually(t, 5*time.Second, func() error {
-		if n := podEvents(t, ns, "engine")["Normal/"+v1alpha1.EventInjected]; n != 1 {
-			return fmt.Errorf("%d %s events, want one per pod", n, v1alpha1.EventInjected)
-		}
-		return nil
+	writes := log.count(func(method, path string) bool {
+		return method != http.MethodGet && strings.Contains(path, inNS)
 	})
-}
-
-// staleCache answers Gets of one pod's metadata with an old copy, as an
-// informer cache that has not yet seen the latest write does.
-type staleCache struct {
-	client.Client
-	pod *metav1.PartialObjectMetadata
-}
-
-func (c staleCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
-	if m, ok := obj.(*metav1.PartialObjectMetadata); ok && key == client.ObjectKeyFromObject(c.pod) {
-		c.pod.DeepCopyInto(m)
-		return nil
+	podWrites := log.count(func(method, path string) bool {
+		return method != http.MethodGet && strings.Contains(path, inNS+"pods")
+	})
+	podGets := log.count(func(method, path string) bool {
+		return method == http.MethodGet && strings.Contains(path, inNS+"pods/")
+	})
+	t.Logf("second manager, %d wired pods: %d writes, %d pod writes, %d pod GETs", len(names), writes, podWrites, podGets)
+	assert.LessOrEqual(t, writes, len(names), "at most one write (the event) per wired pod")
+	assert.Zero(t, podWrites, "no write to a pod")
+	assert.Zero(t, podGets, "no GET of a pod")
+	for _, name := range names {
+		waitPodEvent(t, ns, name, "Normal/"+v1alpha1.EventInjected)
+		assert.Equal(t, map[string]int{"Normal/" + v1alpha1.EventInjected: 1}, podEvents(t, ns, name), "pod %s: one event across two managers", name)
 	}
-	return c.Client.Get(ctx, key, obj, opts...)
 }
 
 // TestRelabelledPodIsNotWired: the failure-modes row "labelled after
@@ -305,6 +389,8 @@ func TestWebhookUnreachable(t *testing.T) {
 
 		forged := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
 			inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "00000000-copied-from-another-pod", inject.AnnotationInjectedGeneration: "1",
+			// The mark that used to suppress the event, pre-set: it means nothing.
+			"inferencecache.io/receipt-observed": v1alpha1.EventInjected,
 		})
 		require.NoError(t, k8s.Create(ctx, forged))
 		assert.False(t, isWired(forged))

@@ -27,6 +27,9 @@ func (c Chain[T]) Evaluate(facts T) Verdict {
 // Facts is what the server-backed (LMCache) evaluation looks at: what the
 // reconcile applied and observed, all of it values.
 type Facts struct {
+	// NameConflict describes the objects under the children's names that
+	// the backend does not own (plan.Plan.ConflictMessage), "" when none.
+	NameConflict string
 	// ApplyErr is the error of executing the plan, if any.
 	ApplyErr error
 	// StorageHold is the StatefulSet hold's message when the plan held the
@@ -69,10 +72,13 @@ func WorkloadKindVerdict(w client.Object, statefulSet bool) Verdict {
 }
 
 // serverChain is the precedence of a server-backed backend's reasons: a
-// failed apply, then held storage, then the workload's own state, then the
+// name conflict (nothing was applied), a failed apply, then held storage, then the workload's own state, then the
 // functional probe.
 func serverChain(statefulSet bool) Chain[Facts] {
 	return Chain[Facts]{
+		func(f Facts) (Verdict, bool) {
+			return Verdict{Reason: v1alpha1.ReasonNameConflict, Message: f.NameConflict, Degraded: true, Stalled: true}, f.NameConflict != ""
+		},
 		func(f Facts) (Verdict, bool) {
 			if f.ApplyErr == nil {
 				return Verdict{}, false

@@ -12,7 +12,7 @@ import (
 )
 
 // TestServerChain: the order of the chain is the precedence of the
-// reasons: a failed apply, then held storage, then the workload's own
+// reasons: a name conflict, a failed apply, then held storage, then the workload's own
 // state, then the functional probe.
 func TestServerChain(t *testing.T) {
 	ready := dep(1, 1, 1, 1, 1, availableTrue, progressDone)
@@ -29,7 +29,8 @@ func TestServerChain(t *testing.T) {
 		{"the probe fails", Facts{Workload: ready, Probed: true, ProbeErr: probeErr}, v1alpha1.ReasonFunctionalProbeFailed, false},
 		{"the workload beats the probe", Facts{Workload: rolling, Probed: true, ProbeErr: probeErr}, v1alpha1.ReasonRolloutInProgress, false},
 		{"held storage beats the workload", Facts{Workload: ready, StorageHold: "storage cannot change"}, v1alpha1.ReasonImmutableStatefulSetStorage, false},
-		{"a failed apply beats everything", Facts{Workload: ready, StorageHold: "held", ApplyErr: errors.New("refused")}, v1alpha1.ReasonApplyFailed, false},
+		{"a failed apply beats the rest", Facts{Workload: ready, StorageHold: "held", ApplyErr: errors.New("refused")}, v1alpha1.ReasonApplyFailed, false},
+		{"a name conflict beats everything", Facts{Workload: ready, StorageHold: "held", ApplyErr: errors.New("refused"), NameConflict: "Service cache exists"}, v1alpha1.ReasonNameConflict, false},
 		{"no workload yet", Facts{}, v1alpha1.ReasonRolloutInProgress, false},
 	}
 	for _, tc := range cases {

@@ -118,7 +118,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 // strippedAnnotations are the annotations the webhook removes from every
 // pod it admits, matched or not (see clearReceipts).
 var strippedAnnotations = []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped,
-	receipt.AnnotationDigest, receipt.AnnotationSignature, annotationReceiptObserved}
+	receipt.AnnotationDigest, receipt.AnnotationSignature}
 
 // candidates returns the CacheBackends Admit decides among. With a synced
 // Index it reads only the pod's metadata and hands Admit the one backend

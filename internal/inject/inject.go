@@ -55,13 +55,6 @@ const (
 	SkippedOverrideNotAllowed = "override-not-allowed"
 )
 
-// annotationReceiptObserved is the receipt controller's mark that it
-// recorded a pod's receipt event. The webhook strips it at admission, so a
-// pod creator cannot pre-set it to suppress the event (ReceiptMismatch
-// for a forged receipt). It is API: keep it equal to
-// controller.AnnotationReceiptObserved.
-const annotationReceiptObserved = "inferencecache.io/receipt-observed"
-
 // Fail-open reasons: the pod is admitted unwired and without annotations.
 const (
 	FailOpenNoEndpoint = "no-endpoint"

@@ -173,18 +173,6 @@ func TestSidecarIsRestricted(t *testing.T) {
 	}
 }
 
-func TestReceiptObservedCannotBePreset(t *testing.T) {
-	for _, cbs := range [][]v1alpha1.CacheBackend{{backend("cache")}, nil} {
-		pod := enginePod(forgedReceipt, withAnnotations(annotationReceiptObserved, "InjectedByCacheBackend"))
-		raw, err := json.Marshal(pod)
-		require.NoError(t, err)
-		d, ops, err := Admit(raw, cbs, Options{})
-		require.NoError(t, err)
-		assert.NotContains(t, d.Pod.Annotations, annotationReceiptObserved)
-		assertPatchApplies(t, raw, ops, d.Pod)
-	}
-}
-
 // TestStatusEndpointIsNeverInjected: status.endpoint only gates; the
 // address injected is derived from the spec, and a status naming another
 // address wires nothing.

@@ -16,10 +16,12 @@ import (
 	"github.com/inferencecache/operator/internal/render"
 )
 
-// Gather reads the Input of cb's plan: the workload and the prunable
-// children through c (the controller's cache), the claims through claims
-// (the API server: claims are not cached). It is the only place where a
-// plan's input is read, for the controller and the CLI alike.
+// Gather reads the Input of cb's plan: the workload, the prunable children
+// and the objects under the children's names through c (the controller's
+// cache, which must hold these kinds unfiltered: an object missing from it
+// would be applied over), the claims through claims (the API server:
+// claims are not cached). It is the only place where a plan's input is
+// read, for the controller and the CLI alike.
 func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBackend) (Input, error) {
 	in := Input{Backend: cb}
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
@@ -30,11 +32,25 @@ func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBack
 		return in, err
 	}
 	in.Workload = w
+	// Every claim of the namespace, not only those labelled for cb: a
+	// claim under a child's name that is not cb's must be seen to be left
+	// alone.
 	var pvcs corev1.PersistentVolumeClaimList
-	if err := claims.List(ctx, &pvcs, client.InNamespace(cb.Namespace), client.MatchingLabels{render.LabelCacheBackend: cb.Name}); err != nil {
+	if err := claims.List(ctx, &pvcs, client.InNamespace(cb.Namespace)); err != nil {
 		return in, fmt.Errorf("listing claims: %w", err)
 	}
-	in.Claims = pvcs.Items
+	for i := range pvcs.Items {
+		pvc := &pvcs.Items[i]
+		if pvc.Labels[render.LabelCacheBackend] == cb.Name {
+			in.Claims = append(in.Claims, *pvc)
+		}
+		if pvc.Name == render.PVCName(cb) || IsReplicaClaim(cb, pvc.Name) {
+			in.Existing = append(in.Existing, existing("PersistentVolumeClaim", pvc))
+		}
+	}
+	if err := gatherExisting(ctx, c, cb, &in); err != nil {
+		return in, err
+	}
 	for _, k := range []struct {
 		kind string
 		list client.ObjectList
@@ -60,6 +76,42 @@ func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBack
 		}
 	}
 	return in, nil
+}
+
+// gatherExisting reads the objects under the names of the children cb
+// renders (claims aside: Gather lists them).
+func gatherExisting(ctx context.Context, c client.Reader, cb *v1alpha1.CacheBackend, in *Input) error {
+	objs, err := render.Objects(render.Render(cb))
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		var live client.Object
+		switch o.GetKind() {
+		case "Deployment":
+			live = &appsv1.Deployment{}
+		case "StatefulSet":
+			live = &appsv1.StatefulSet{}
+		case "Service":
+			live = &corev1.Service{}
+		case "HorizontalPodAutoscaler":
+			live = &autoscalingv2.HorizontalPodAutoscaler{}
+		default:
+			continue
+		}
+		switch err := c.Get(ctx, client.ObjectKey{Namespace: cb.Namespace, Name: o.GetName()}, live); {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("reading %s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+		in.Existing = append(in.Existing, existing(o.GetKind(), live))
+	}
+	return nil
+}
+
+func existing(kind string, o metav1.Object) Child {
+	return Child{Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(), UID: o.GetUID(), Controller: metav1.GetControllerOf(o), Labels: o.GetLabels()}
 }
 
 // Workload returns the cache-server workload of the kind cb asks for, if it

@@ -42,6 +42,10 @@ type Input struct {
 	// Children are the live objects of the prunable kinds labelled with
 	// Backend's name, whoever controls them.
 	Children []Child
+	// Existing are the live objects under the names the plan writes (every
+	// child it renders, and the StatefulSet's per-replica claims), whoever
+	// controls them and whatever their labels.
+	Existing []Child
 }
 
 // Child is one live object of a prunable kind.
@@ -52,6 +56,16 @@ type Child struct {
 	UID       types.UID
 	// Controller is the object's controller reference, nil without one.
 	Controller *metav1.OwnerReference
+	// Labels are the object's labels (Existing only).
+	Labels map[string]string
+}
+
+// Conflict is an object under a child's name that the backend does not
+// own: the plan writes nothing while there is one.
+type Conflict struct {
+	Kind    string
+	Name    string
+	Message string
 }
 
 // Subject names a child for people, e.g. "Deployment/ns/name".
@@ -111,6 +125,23 @@ type Plan struct {
 	StorageNote string
 	// Capacity is the bound shared claim's capacity (Deployment kind only).
 	Capacity *resource.Quantity
+	// Conflicts are the objects under the children's names that the
+	// backend does not own. With any, the plan applies, prunes and warns
+	// about nothing.
+	Conflicts []Conflict
+}
+
+// ConflictMessage describes the conflicts for the Ready condition, "" when
+// there are none.
+func (p Plan) ConflictMessage() string {
+	if len(p.Conflicts) == 0 {
+		return ""
+	}
+	msgs := make([]string, len(p.Conflicts))
+	for i, c := range p.Conflicts {
+		msgs[i] = c.Message
+	}
+	return strings.Join(msgs, "; ") + "; the operator does not adopt objects it did not create: rename the CacheBackend, or delete or rename the object"
 }
 
 // StatefulSetHold returns the hold of the StatefulSet (its storage drifted
@@ -130,6 +161,9 @@ func Build(in Input) (Plan, error) {
 	p := Plan{Backend: cb}
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
 		p.EngineLocal = true
+		return p, nil
+	}
+	if p.Conflicts = Conflicts(cb, in.Existing); len(p.Conflicts) > 0 {
 		return p, nil
 	}
 	children := render.Render(cb)
@@ -184,6 +218,61 @@ func Prunable(cb *v1alpha1.CacheBackend, live []Child, want []*unstructured.Unst
 	}
 	slices.SortFunc(out, func(a, b Child) int { return strings.Compare(a.Subject(), b.Subject()) })
 	return out
+}
+
+// Conflicts returns the objects of existing, found under the names of cb's
+// children, that cb does not own. An object is cb's when cb controls it
+// (controller owner reference with cb's UID). Claims outlive their
+// CacheBackend (retention Retain) and the StatefulSet controller, not the
+// operator, creates the per-replica ones, so a claim is also cb's when it
+// carries the operator's labels for cb's name and no controller other than
+// cb (or, for a per-replica claim, the StatefulSet of cb's name): a
+// re-created CacheBackend takes back the claims its predecessor retained.
+// A claim with another controller, or without those labels, is a conflict.
+func Conflicts(cb *v1alpha1.CacheBackend, existing []Child) []Conflict {
+	var out []Conflict
+	for _, c := range existing {
+		ref := c.Controller
+		var owned bool
+		switch {
+		case c.Kind != "PersistentVolumeClaim":
+			owned = controlledBy(c, cb)
+		case controlledBy(c, cb):
+			owned = true
+		case !render.LabelledFor(cb, c.Labels):
+			owned = false
+		case ref == nil:
+			owned = true
+		default:
+			owned = c.Name != render.PVCName(cb) && ref.Kind == "StatefulSet" && ref.APIVersion == "apps/v1" && ref.Name == cb.Name
+		}
+		if owned {
+			continue
+		}
+		by := "no controller"
+		if ref != nil {
+			by = fmt.Sprintf("controlled by %s %s", ref.Kind, ref.Name)
+		}
+		out = append(out, Conflict{Kind: c.Kind, Name: c.Name,
+			Message: fmt.Sprintf("%s %s exists and is not owned by this CacheBackend (%s)", c.Kind, c.Name, by)})
+	}
+	slices.SortFunc(out, func(a, b Conflict) int { return strings.Compare(a.Kind+"/"+a.Name, b.Kind+"/"+b.Name) })
+	return out
+}
+
+// IsReplicaClaim reports whether name is a per-replica claim of cb's
+// StatefulSet: <DataVolumeName>-<name>-<ordinal>.
+func IsReplicaClaim(cb *v1alpha1.CacheBackend, name string) bool {
+	ordinal, ok := strings.CutPrefix(name, render.DataVolumeName+"-"+cb.Name+"-")
+	if !ok || ordinal == "" {
+		return false
+	}
+	for _, r := range ordinal {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func controlledBy(c Child, cb *v1alpha1.CacheBackend) bool {

@@ -265,3 +265,74 @@ func TestEngineLocalPlansNothing(t *testing.T) {
 	assert.Empty(t, p.Apply)
 	assert.Empty(t, p.Prune)
 }
+
+// TestConflicts: which objects under a child's name the backend owns. It
+// never adopts: only what it controls (by UID), and claims carrying its
+// name's label without a foreign controller (retained by an earlier
+// CacheBackend of the same name, or created by its StatefulSet).
+func TestConflicts(t *testing.T) {
+	cb := backend(v1alpha1.DeploymentKindDeployment, "1Gi")
+	mine := controller(cb)
+	other := &metav1.OwnerReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "CacheBackend", Name: "cache", UID: "uid-previous", Controller: ptr.To(true)}
+	sts := &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "cache", UID: "uid-sts", Controller: ptr.To(true)}
+	otherSts := &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "db", UID: "uid-db", Controller: ptr.To(true)}
+	labelled := map[string]string{render.LabelCacheBackend: "cache"}
+	cases := []struct {
+		name     string
+		existing Child
+		conflict bool
+	}{
+		{"our Service", Child{Kind: "Service", Name: "cache", Controller: mine}, false},
+		{"a Service without owner", Child{Kind: "Service", Name: "cache"}, true},
+		{"a Service with our labels but no owner", Child{Kind: "Service", Name: "cache", Labels: labelled}, true},
+		{"a Service of a CacheBackend of the same name, deleted", Child{Kind: "Service", Name: "cache", Controller: other}, true},
+		{"a Deployment of someone else", Child{Kind: "Deployment", Name: "cache", Controller: otherSts}, true},
+		{"our HPA", Child{Kind: "HorizontalPodAutoscaler", Name: "cache", Controller: mine}, false},
+		{"our shared claim (retention Delete)", Child{Kind: "PersistentVolumeClaim", Name: "cache-data", Controller: mine}, false},
+		{"a shared claim retained earlier", Child{Kind: "PersistentVolumeClaim", Name: "cache-data", Labels: labelled}, false},
+		{"a shared claim without our label", Child{Kind: "PersistentVolumeClaim", Name: "cache-data"}, true},
+		{"a shared claim labelled for another name", Child{Kind: "PersistentVolumeClaim", Name: "cache-data", Labels: map[string]string{render.LabelCacheBackend: "other"}}, true},
+		{"a shared claim of a previous backend, not yet collected", Child{Kind: "PersistentVolumeClaim", Name: "cache-data", Labels: labelled, Controller: other}, true},
+		{"a shared claim controlled by a StatefulSet", Child{Kind: "PersistentVolumeClaim", Name: "cache-data", Labels: labelled, Controller: sts}, true},
+		{"a replica claim of our StatefulSet", Child{Kind: "PersistentVolumeClaim", Name: "cache-data-cache-0", Labels: labelled, Controller: sts}, false},
+		{"a replica claim retained earlier", Child{Kind: "PersistentVolumeClaim", Name: "cache-data-cache-1", Labels: labelled}, false},
+		{"a replica claim of another StatefulSet", Child{Kind: "PersistentVolumeClaim", Name: "cache-data-cache-0", Labels: labelled, Controller: otherSts}, true},
+		{"a replica claim without our label", Child{Kind: "PersistentVolumeClaim", Name: "cache-data-cache-0"}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := Conflicts(cb, []Child{c.existing})
+			if !c.conflict {
+				assert.Empty(t, got)
+				return
+			}
+			require.Len(t, got, 1)
+			assert.Contains(t, got[0].Message, c.existing.Kind+" "+c.existing.Name)
+		})
+	}
+}
+
+// TestBuildStopsAtAConflict: with a conflict the plan writes nothing: no
+// apply, no prune, no claim warning.
+func TestBuildStopsAtAConflict(t *testing.T) {
+	cb := backend(v1alpha1.DeploymentKindDeployment, "1Gi")
+	p, err := Build(Input{Backend: cb,
+		Existing: []Child{{Kind: "Service", Namespace: "llm", Name: "cache"}},
+		Children: []Child{{Kind: "StatefulSet", Namespace: "llm", Name: "cache", Controller: controller(cb)}},
+	})
+	require.NoError(t, err)
+	assert.Empty(t, p.Apply)
+	assert.Empty(t, p.Prune)
+	assert.Empty(t, p.ClaimWarnings)
+	assert.Contains(t, p.ConflictMessage(), "Service cache exists and is not owned by this CacheBackend (no controller)")
+}
+
+func TestIsReplicaClaim(t *testing.T) {
+	cb := backend(v1alpha1.DeploymentKindStatefulSet, "1Gi")
+	for name, want := range map[string]bool{
+		"cache-data-cache-0": true, "cache-data-cache-12": true, "cache-data-cache-": false,
+		"cache-data-cache-x-0": false, "cache-data": false, "data-cache-0": false,
+	} {
+		assert.Equal(t, want, IsReplicaClaim(cb, name), name)
+	}
+}

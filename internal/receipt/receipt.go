@@ -130,6 +130,13 @@ func ClaimOf(a map[string]string) Claim {
 // Verify checks that pod's receipt claim c was signed by one of keys and
 // that the pod's containers are the ones it was signed for.
 func Verify(keys []Key, pod *corev1.Pod, c Claim) error {
+	return verify(keys, pod, c, func() string { return Digest(pod) })
+}
+
+// verify is Verify with the digest of the pod's containers computed by
+// digest (only once the signature verifies): the receipt controller works
+// from a cached view of the pod that holds the digest, not the containers.
+func verify(keys []Key, pod *corev1.Pod, c Claim, digest func() string) error {
 	if c.Backend == "" || c.UID == "" || c.Generation == "" || c.Digest == "" {
 		return ErrIncompleteClaims
 	}
@@ -148,10 +155,31 @@ func Verify(keys []Key, pod *corev1.Pod, c Claim) error {
 		if !hmac.Equal([]byte(Sign(k, c)), []byte(sig)) {
 			return ErrBadSignature
 		}
-		if Digest(pod) != c.Digest {
+		if digest() != c.Digest {
 			return ErrConfigMismatch
 		}
 		return nil
 	}
 	return fmt.Errorf("%w: key %s", ErrUnknownKey, id)
+}
+
+// EventName is the name of the one receipt event the operator records for
+// the pod with this name and UID: <pod name>.<20 hex digits of an
+// HMAC-SHA256, keyed by k, over the pod's UID>. The name is the same for
+// every manager (and after a restart), so creating the event a second time
+// fails with AlreadyExists instead of reporting twice. The UID is assigned
+// by the API server when the pod is created and the key is the operator's
+// secret, so a pod creator, who may create Events in the namespace, cannot
+// take the name in advance to suppress the report.
+func EventName(k Key, podName string, uid string) string {
+	m := hmac.New(sha256.New, k.Secret)
+	m.Write([]byte("inferencecache.io/receipt-event/v1\x00"))
+	m.Write([]byte(uid))
+	suffix := hex.EncodeToString(m.Sum(nil))[:20]
+	// An event name is a DNS subdomain (at most 253 characters).
+	const maxPrefix = 253 - 1 - 20
+	if len(podName) > maxPrefix {
+		podName = strings.TrimRight(podName[:maxPrefix], ".-")
+	}
+	return podName + "." + suffix
 }

@@ -2,6 +2,7 @@ package receipt
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -9,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func signedPod(k Key) (*corev1.Pod, Claim) {
@@ -111,4 +113,32 @@ func TestDigestCoversTheWholeSpec(t *testing.T) {
 	resized := base.DeepCopy()
 	resized.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
 	assert.Equal(t, d, Digest(resized), "an in-place resize keeps the receipt valid")
+}
+
+// TestEventName: the receipt event's name is the same for a pod wherever
+// it is computed, differs per pod UID, and cannot be derived without the
+// operator's key (a pod creator who knows the UID still cannot take it).
+func TestEventName(t *testing.T) {
+	k := NewKey([]byte("operator secret"))
+	other := NewKey([]byte("guessed secret"))
+	long := strings.Repeat("p", 253)
+	cases := []struct {
+		name string
+		a, b string
+		same bool
+	}{
+		{"deterministic", EventName(k, "engine", "uid-1"), EventName(k, "engine", "uid-1"), true},
+		{"per pod UID", EventName(k, "engine", "uid-1"), EventName(k, "engine", "uid-2"), false},
+		{"keyed", EventName(k, "engine", "uid-1"), EventName(other, "engine", "uid-1"), false},
+		{"not the unkeyed hash", EventName(k, "engine", "uid-1"), EventName(Key{}, "engine", "uid-1"), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.same, c.a == c.b, "%s vs %s", c.a, c.b)
+			assert.True(t, strings.HasPrefix(c.a, "engine."), c.a)
+		})
+	}
+	n := EventName(k, long, "uid-1")
+	assert.LessOrEqual(t, len(n), 253, "a DNS subdomain")
+	assert.Empty(t, validation.IsDNS1123Subdomain(n))
 }

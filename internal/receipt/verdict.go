@@ -51,6 +51,19 @@ type Judgement struct {
 // one receipt verdict of the operator: the receipts controller, the
 // engine-local readiness and the CLI's explain all call it.
 func Judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key) Judgement {
+	return judge(pod, cb, keys, func() string { return Digest(pod) })
+}
+
+// JudgeObserved is Judge for a pod whose containers are not at hand, only
+// their Digest, computed when the pod was observed: the receipt
+// controller's view of pods keeps the digest and drops the containers, so
+// that judging a receipt costs no request for the full pod. pod supplies
+// the namespace and annotations.
+func JudgeObserved(pod *corev1.Pod, digest string, cb *v1alpha1.CacheBackend, keys []Key) Judgement {
+	return judge(pod, cb, keys, func() string { return digest })
+}
+
+func judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key, digest func() string) Judgement {
 	c := ClaimOf(pod.Annotations)
 	j := Judgement{Claim: c}
 	switch {
@@ -87,7 +100,7 @@ func Judge(pod *corev1.Pod, cb *v1alpha1.CacheBackend, keys []Key) Judgement {
 		j.Message = fmt.Sprintf("receipt names the live CacheBackend %s (generation %s); signature not checked", c.Backend, c.Generation)
 		return j
 	}
-	if err := Verify(keys, pod, c); err != nil {
+	if err := verify(keys, pod, c, digest); err != nil {
 		j.Verdict, j.Err = Untrusted, err
 		j.Message = fmt.Sprintf("receipt for CacheBackend %s not trusted: %v", c.Backend, err)
 		return j

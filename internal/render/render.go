@@ -104,6 +104,14 @@ func objectLabels(cb *v1alpha1.CacheBackend) map[string]string {
 	return l
 }
 
+// LabelledFor reports whether labels carry LabelCacheBackend for cb's
+// name, as every claim made for a CacheBackend of that name does (by the
+// operator, or by the StatefulSet controller from the claim template),
+// also one retained after that CacheBackend was deleted.
+func LabelledFor(cb *v1alpha1.CacheBackend, labels map[string]string) bool {
+	return labels[LabelCacheBackend] == cb.Name
+}
+
 // ServiceName is the name of the cache-server Service (and of the workload).
 func ServiceName(cb *v1alpha1.CacheBackend) string { return cb.Name }
 

@@ -69,6 +69,14 @@ func TestLeastPrivilegeRBAC(t *testing.T) {
 			assert.NotEmpty(t, grants(operator.Rules, "authentication.k8s.io", "tokenreviews", "create"), "metrics authentication")
 			assert.NotEmpty(t, grants(operator.Rules, "authorization.k8s.io", "subjectaccessreviews", "create"), "metrics authorization")
 			assert.Empty(t, grants(operator.Rules, "", "secrets", "get"), "no cluster-wide Secrets")
+			// The receipt controller records events and never writes to pods.
+			for _, verb := range []string{"patch", "update", "create", "delete", "*"} {
+				for _, res := range []string{"pods", "*"} {
+					assert.Empty(t, grants(operator.Rules, "", res, verb), "no cluster-wide pods %s", verb)
+					assert.Empty(t, grants(role.Rules, "", res, verb), "no pods %s in the operator's namespace either", verb)
+				}
+			}
+			assert.NotEmpty(t, grants(operator.Rules, "", "pods", "watch"), "pods are watched (read only)")
 			for _, verb := range []string{"get", "update", "patch", "delete", "list", "watch"} {
 				for _, r := range grants(role.Rules, "", "secrets", verb) {
 					assert.NotEmpty(t, r.ResourceNames, "Secrets %s only by resourceNames", verb)

@@ -1,0 +1,118 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
+)
+
+// TestNeverAdoptsForeignObjects: issue 13 item 1 through the API server. A
+// Service and a claim of someone else exist under the names a new
+// CacheBackend's children need: the backend stops with Ready=False
+// NameConflict naming them and a Warning event, and neither object changes
+// at all (selector, type, labels, owner references, resourceVersion). Once
+// they are gone the backend proceeds.
+func TestNeverAdoptsForeignObjects(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache", Labels: map[string]string{"app": "database"}},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
+			Selector: map[string]string{"app": "database"},
+			Ports:    []corev1.ServicePort{{Name: "pg", Port: 5432, TargetPort: intstr.FromInt32(5432), Protocol: corev1.ProtocolTCP}},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, svc))
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache-data", Labels: map[string]string{"app": "database"}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("5Gi")}},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, pvc))
+
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi"),
+		Retention: &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}}}
+	key := testutil.StartBackend(t, k8s, cb)
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+	msg := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message
+	assert.Contains(t, msg, "Service cache exists and is not owned by this CacheBackend")
+	assert.Contains(t, msg, "PersistentVolumeClaim cache-data exists and is not owned by this CacheBackend")
+	assert.Empty(t, got.Status.Endpoint)
+	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.ReasonNameConflict, 1)
+	reconciled(t, key)
+
+	liveSvc := &corev1.Service{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(svc), liveSvc))
+	assert.Equal(t, svc.ResourceVersion, liveSvc.ResourceVersion, "the Service was not written")
+	assert.Equal(t, corev1.ServiceTypeNodePort, liveSvc.Spec.Type)
+	assert.Equal(t, map[string]string{"app": "database"}, liveSvc.Spec.Selector)
+	assert.Equal(t, map[string]string{"app": "database"}, liveSvc.Labels)
+	assert.Empty(t, liveSvc.OwnerReferences)
+	livePVC := &corev1.PersistentVolumeClaim{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(pvc), livePVC))
+	assert.Equal(t, pvc.ResourceVersion, livePVC.ResourceVersion, "the claim was not written")
+	assert.Equal(t, map[string]string{"app": "database"}, livePVC.Labels)
+	assert.Empty(t, livePVC.OwnerReferences)
+	assert.Empty(t, livePVC.Annotations)
+	err := k8s.Get(ctx, key, &appsv1.Deployment{})
+	assert.True(t, client.IgnoreNotFound(err) == nil && err != nil, "nothing applied while the names conflict: %v", err)
+
+	// Their owner deletes both: the backend proceeds once they are gone.
+	require.NoError(t, k8s.Delete(ctx, liveSvc))
+	require.NoError(t, k8s.Delete(ctx, livePVC))
+	// No kube-controller-manager here: lift the pvc-protection finalizer
+	// as its controller would for an unused claim.
+	require.NoError(t, k8s.Patch(ctx, livePVC, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))))
+	testutil.Eventually(t, 15*time.Second, func() error {
+		return testutil.Gone(ctx, k8s, client.ObjectKeyFromObject(pvc), &corev1.PersistentVolumeClaim{})
+	})
+	// A spec change wakes the reconcile (the periodic re-check would, later).
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("2Gi") })
+	waitDeployment(t, key, nil)
+	waitFor(t, key, &corev1.Service{}, func(s *corev1.Service) error {
+		if !metav1.IsControlledBy(s, got) {
+			return fmt.Errorf("the new Service is not the backend's")
+		}
+		return nil
+	})
+}
+
+// TestRetainedClaimIsTakenBack: a claim retained by a deleted CacheBackend
+// of the same name (no owner, the operator's label for that name) is the
+// new backend's: no conflict.
+func TestRetainedClaimIsTakenBack(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	require.NoError(t, k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache-data", Labels: map[string]string{"inferencecache.io/cachebackend": "cache"}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}))
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
+	key := testutil.StartBackend(t, k8s, cb)
+	waitDeployment(t, key, nil)
+	markDeploymentAvailable(t, key)
+	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+}
