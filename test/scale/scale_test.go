@@ -60,14 +60,11 @@ const (
 	// idleFixedPerMinute: requests of an idle operator that do not grow
 	// with backends (the receipt key Secret, re-read every 30 s).
 	idleFixedPerMinute = 4
-	// Per wired engine pod (writes: to the pod and its event; the backends'
-	// status writes are per backend). The receipt controller still marks every pod
-	// it reported (a pod write) and reads the full pod once: the budget
-	// counts them until issue 13's per-pod event guarantee without a pod
-	// write lands (then: 1 write, 0 pod writes, 0 pod GETs).
-	writesPerPod    = 2
-	podWritesPerPod = 1
-	podGetsPerPod   = 1
+	// Per engine pod: at most one write (its event; the backends' status
+	// writes are per backend), no write to the pod, no full pod GET.
+	writesPerPod    = 1
+	podWritesPerPod = 0
+	podGetsPerPod   = 0
 	// Heap bytes held per CacheBackend and per engine pod.
 	heapPerBackend = 128 << 10
 	heapPerPod     = 8 << 10
