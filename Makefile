@@ -17,7 +17,7 @@ GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 # The packages whose tests need no control plane (no KUBEBUILDER_ASSETS):
 # everything but the integration (internal/controller) and end-to-end
 # (test/e2e, test/install) suites.
-UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus)
+UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission)
 
 # The version every binary prints with --version (internal/version), from
 # the nearest tag; "dev" outside a git checkout.
@@ -146,6 +146,18 @@ test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd
 	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
 	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
 	go test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./internal/kvevent/wire/
+
+# The scale benchmark's full size (issue 12); SCALE_BURST pods per pod-CREATE burst.
+SCALE_N ?= 1000
+SCALE_M ?= 10000
+SCALE_BURST ?= 300
+
+.PHONY: bench-scale
+bench-scale: ## Run the scale benchmark at full size (SCALE_N CacheBackends, SCALE_M engine pods) and write its report to docs/performance-latest.md; the served-admission benchmark too.
+	dir=$$($(INSTALL_CONTROLPLANE)); \
+	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" SCALE_N=$(SCALE_N) SCALE_M=$(SCALE_M) SCALE_BURST=$(SCALE_BURST) SCALE_IDLE=60s \
+		SCALE_REPORT=$(CURDIR)/docs/performance-latest.md go test -count=1 -timeout 3h -v -run TestScale ./test/scale/; \
+	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -run '^$$' -bench ServedAdmission -count 6 ./test/admission/
 
 .PHONY: test-unit
 test-unit: ## Run the tests that need no control plane (every package but internal/controller, test/e2e and test/install).

@@ -102,7 +102,8 @@ func run(args []string, stdout io.Writer) error {
 	utilruntime.Must(clientgoscheme.AddToScheme(scheme))
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
 
-	restCfg := ctrl.GetConfigOrDie()
+	// Every request to the API server is counted (inferencecache_apiserver_requests_total).
+	restCfg := metrics.CountRequests(ctrl.GetConfigOrDie())
 	var provisioner *certs.Provisioner
 	if *selfSigned && *webhooks {
 		direct, err := client.New(restCfg, client.Options{Scheme: scheme})
@@ -127,6 +128,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme,
+		Cache:                   controller.CacheOptions(),
 		Metrics:                 metricsOptions(*metricsAddr, *metricsSecure),
 		WebhookServer:           webhook.NewServer(webhook.Options{Host: *webhookHost, Port: *webhookPort, CertDir: *webhookCertDir}),
 		HealthProbeBindAddress:  *probeAddr,

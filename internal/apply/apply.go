@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/fluxcd/pkg/ssa"
+	"github.com/fluxcd/pkg/ssa/utils"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,8 +39,9 @@ const (
 
 // Applier writes children through one client.
 type Applier struct {
-	client client.Client
-	rm     *ssa.ResourceManager
+	client  client.Client
+	rm      *ssa.ResourceManager
+	intents intents
 }
 
 // New returns an Applier that writes through c.
@@ -127,7 +129,12 @@ func (a *Applier) Execute(ctx context.Context, p plan.Plan) (Result, error) {
 			return res, err
 		}
 	}
-	if len(p.Apply) > 0 {
+	if len(p.Apply) > 0 && a.intents.unchanged(ctx, a.client, p.Apply) {
+		// Applied before, and no child changed since: nothing to send.
+		for _, o := range p.Apply {
+			res.Changes = append(res.Changes, Change{Subject: utils.FmtUnstructured(o), Action: Unchanged})
+		}
+	} else if len(p.Apply) > 0 {
 		objs := make([]*unstructured.Unstructured, len(p.Apply))
 		for i, o := range p.Apply {
 			objs[i] = o.DeepCopy() // ApplyAll sorts and edits its input
@@ -139,8 +146,10 @@ func (a *Applier) Execute(ctx context.Context, p plan.Plan) (Result, error) {
 			}
 		}
 		if err != nil {
+			a.intents.forget(p.Apply)
 			return res, fmt.Errorf("applying children: %w", err)
 		}
+		a.intents.record(ctx, a.client, p.Apply, objs)
 	}
 	var errs []error
 	for _, c := range p.Prune {

@@ -55,6 +55,14 @@ type CacheBackendReconciler struct {
 	// APIReader lists engine pods of engine-local backends live, so that no
 	// cache of full pod objects is needed.
 	APIReader client.Reader
+	// Servers reads the operator's own server-side objects: cache-server
+	// pods and ReplicaSets and the claims, from a cache that holds only
+	// objects labelled with a CacheBackend (ServerCache); APIReader when nil.
+	Servers client.Reader
+	// ServerEvents, when set, is the source of cache-server pod events
+	// (WatchServerPods on the ServerCache): a container restart or a
+	// replacement wakes its backend's reconcile, with no periodic poll.
+	ServerEvents source.Source
 	// Keys verifies injection receipts.
 	Keys *receipt.KeyRing
 	// Inject are the webhook's options, to replay injections.
@@ -99,7 +107,7 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := mgr.Add(poller); err != nil {
 		return err
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, endpointChanged()))).
 		WatchesRawSource(source.Channel(poller.events, &handler.EnqueueRequestForObject{})).
 		Owns(&appsv1.Deployment{}).
@@ -108,9 +116,19 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
 		WatchesMetadata(&corev1.Pod{},
 			handler.EnqueueRequestsFromMapFunc(r.backendsForPod),
-			builder.WithPredicates(podMembershipChanged())).
-		Named("cachebackend").
-		Complete(r)
+			builder.WithPredicates(podMembershipChanged()))
+	if r.ServerEvents != nil {
+		b = b.WatchesRawSource(r.ServerEvents)
+	}
+	return b.Named("cachebackend").Complete(r)
+}
+
+// servers is the reader of cache-server pods, ReplicaSets and claims.
+func (r *CacheBackendReconciler) servers() client.Reader {
+	if r.Servers != nil {
+		return r.Servers
+	}
+	return r.APIReader
 }
 
 // endpointChanged passes a change of status.endpoint, which the operator
@@ -290,13 +308,10 @@ func (r *CacheBackendReconciler) evaluate(s *pass, obs observation, f evaluate.F
 	return evaluate.Server(f, render.IsStatefulSet(s.cb))
 }
 
-// serverPoll is how often an LMCache backend's server pods are looked at
-// for container restarts, which change pod status only.
-const serverPoll = 30 * time.Second
-
-// engineLocalPoll is how often a non-ready engine-local backend is checked.
-// Pod readiness is not watched (no cache of full pod objects), so it is
-// polled until the backend converges; then pod events drive reconciles.
+// engineLocalPoll is how often a non-ready engine-local backend with
+// matched pods is checked. Pod readiness is not watched (no cache of full
+// pod objects), so it is polled until the backend converges; then pod
+// events drive reconciles.
 const engineLocalPoll = 5 * time.Second
 
 // nameConflictRecheck is how often a backend stopped by a name conflict
@@ -315,16 +330,16 @@ const endpointSettleTime = 3 * time.Second
 // an early re-check requested. It returns when to reconcile again.
 func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p plan.Plan, f evaluate.Facts, v evaluate.Verdict, srv serverObservation) (time.Duration, error) {
 	if p.EngineLocal {
-		if !v.Ready {
+		if !v.Ready && s.st.MatchedEnginePods > 0 {
+			// Readiness of matched pods is polled; without a matched pod
+			// only a pod event (watched) can change the verdict.
 			return engineLocalPoll, nil
 		}
 		return 0, nil
 	}
+	// Container restarts and replacements of the server pods are watched
+	// (ServerEvents): a backend at rest is never polled.
 	var requeue time.Duration
-	if s.cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever {
-		// Container restarts are pod status, which no watch here sees.
-		requeue = serverPoll
-	}
 	if f.ApplyErr != nil || srv.change.Instance == "" {
 		return requeue, nil
 	}

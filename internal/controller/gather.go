@@ -97,7 +97,7 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 		// Unknown, and the reconcile goes on.
 		obs.keys, obs.keysErr = r.Keys.Keys(ctx)
 	}
-	in, err := plan.Gather(ctx, r.Client, r.APIReader, cb)
+	in, err := plan.Gather(ctx, r.Client, r.servers(), cb)
 	obs.plan = in
 	return obs, err
 }
@@ -170,13 +170,13 @@ func (r *CacheBackendReconciler) serverPods(ctx context.Context, cb *v1alpha1.Ca
 		return nil, nil
 	}
 	var pods corev1.PodList
-	if err := r.APIReader.List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
+	if err := r.servers().List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
 		return nil, fmt.Errorf("listing cache-server pods: %w", err)
 	}
 	owners := map[string]bool{}
 	if _, ok := workload.(*appsv1.Deployment); ok {
 		var rss appsv1.ReplicaSetList
-		if err := r.APIReader.List(ctx, &rss, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
+		if err := r.servers().List(ctx, &rss, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
 			return nil, fmt.Errorf("listing cache-server ReplicaSets: %w", err)
 		}
 		for i := range rss.Items {

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -53,16 +54,25 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	if err := mgr.Add(keys); err != nil {
 		return err
 	}
+	servers, err := NewServerCache(mgr)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(servers); err != nil {
+		return err
+	}
 	r := &CacheBackendReconciler{
-		Client:    mgr.GetClient(),
-		Applier:   apply.New(mgr.GetClient()),
-		Recorder:  rec,
-		APIReader: mgr.GetAPIReader(),
-		Keys:      keys,
-		Inject:    opts.Inject,
-		Prober:    opts.Probe,
-		Index:     opts.Index,
-		IndexPoll: opts.IndexPoll,
+		Client:       mgr.GetClient(),
+		Applier:      apply.New(mgr.GetClient()),
+		Recorder:     rec,
+		APIReader:    mgr.GetAPIReader(),
+		Servers:      servers,
+		ServerEvents: WatchServerPods(servers),
+		Keys:         keys,
+		Inject:       opts.Inject,
+		Prober:       opts.Probe,
+		Index:        opts.Index,
+		IndexPoll:    opts.IndexPoll,
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the CacheBackend controller: %w", err)
@@ -80,7 +90,11 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	if opts.Webhooks {
 		srv := mgr.GetWebhookServer()
-		srv.Register(inject.MutatePath, inject.Guard(&webhook.Admission{Handler: &inject.Handler{Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}}, opts.Inject.Limits))
+		idx, err := inject.IndexBackends(context.Background(), mgr.GetCache())
+		if err != nil {
+			return err
+		}
+		srv.Register(inject.MutatePath, inject.Guard(&webhook.Admission{Handler: &inject.Handler{Backends: idx, Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}}, opts.Inject.Limits))
 		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
 	}
 	return nil

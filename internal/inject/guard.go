@@ -47,7 +47,19 @@ var GuardTrips = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Pod admissions admitted unwired without being decoded, by reason (oversized: the request exceeded --webhook-max-request-bytes; busy: no slot of --webhook-max-concurrency freed before the request's deadline).",
 }, []string{"reason"})
 
-func init() { metrics.Registry.MustRegister(GuardTrips) }
+// AdmissionDuration is the time the pod webhook takes to answer, from the
+// request's arrival at the guard to the response written, fail-open
+// answers included. Its buckets resolve the tens of microseconds an
+// admission takes (controller-runtime's own histogram jumps from 1 ms to
+// 10 ms).
+var AdmissionDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+	Name: "inferencecache_webhook_admission_duration_seconds",
+	Help: "Time the pod injection webhook takes to answer an admission request, in seconds.",
+	Buckets: []float64{50e-6, 100e-6, 200e-6, 300e-6, 500e-6, 750e-6,
+		1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 10e-3, 20e-3, 50e-3},
+})
+
+func init() { metrics.Registry.MustRegister(GuardTrips, AdmissionDuration) }
 
 // Guard wraps the pod webhook's HTTP handler with the Limits and the
 // request's own deadline (the API server's ?timeout=).
@@ -68,6 +80,8 @@ type guard struct {
 }
 
 func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	defer func() { AdmissionDuration.Observe(time.Since(start).Seconds()) }()
 	ctx := r.Context()
 	if t, err := time.ParseDuration(r.URL.Query().Get("timeout")); err == nil && t > 0 {
 		var cancel context.CancelFunc

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -36,6 +38,10 @@ const MutatePath = "/mutate-v1-pod"
 // Handler is the mutating Pod webhook. It never rejects a pod: every error
 // admits the pod unchanged with a warning.
 type Handler struct {
+	// Backends, when set and synced, selects the CacheBackend of a pod
+	// (the manager keeps it from the CacheBackend informer); otherwise
+	// Reader lists the CacheBackends of the pod's namespace.
+	Backends *Index
 	// Reader lists the CacheBackends of the pod's namespace (the manager's cache).
 	Reader  client.Reader
 	Options Options
@@ -45,10 +51,11 @@ type Handler struct {
 
 // Handle implements admission.Handler.
 func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admission.Response) {
-	logger := log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req))
+	// The pod's name is read only when there is something to log.
+	logger := func() logr.Logger { return log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req)) }
 	defer func() {
 		if r := recover(); r != nil {
-			logger.Error(fmt.Errorf("panic: %v", r), "injection failed; admitting the pod unchanged")
+			logger().Error(fmt.Errorf("panic: %v", r), "injection failed; admitting the pod unchanged")
 			resp = failOpen(fmt.Sprintf("internal error: %v", r))
 		}
 	}()
@@ -62,10 +69,9 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 		return admission.Errored(http.StatusBadRequest, errors.New("pod admission request without a namespace"))
 	}
 	dryRun := req.DryRun != nil && *req.DryRun
-	var backends v1alpha1.CacheBackendList
-	if err := h.Reader.List(ctx, &backends, client.InNamespace(req.Namespace)); err != nil {
-		logger.Error(err, "listing CacheBackends; admitting the pod unchanged")
-		return failOpen("listing CacheBackends: " + err.Error())
+	backends, done, resp := h.candidates(ctx, req, dryRun)
+	if done {
+		return resp
 	}
 	opts := h.Options
 	if h.Keys != nil && dryRun {
@@ -79,7 +85,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 		if err != nil {
 			// Wire the pod anyway: an unsigned receipt only means the
 			// readiness evaluator will not count the pod until it rolls.
-			logger.Error(err, "receipt key unavailable; the receipt will not be signed")
+			logger().Error(err, "receipt key unavailable; the receipt will not be signed")
 		} else {
 			opts.Key = &k
 		}
@@ -88,16 +94,16 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 		// The API server gave up on this call (its timeout): do no more work.
 		return failOpen("the admission request was cancelled: " + err.Error())
 	}
-	d, patch, err := Admit(req.Object.Raw, backends.Items, opts)
+	d, patch, err := Admit(req.Object.Raw, backends, opts)
 	if err != nil {
-		logger.Error(err, "computing the injection; admitting the pod unchanged")
+		logger().Error(err, "computing the injection; admitting the pod unchanged")
 		return failOpen(err.Error())
 	}
 	if !dryRun {
 		Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
 	}
 	if d.Outcome != NoMatch {
-		logger.Info("admission decision", "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", dryRun, "message", d.Message)
+		log.FromContext(ctx).Info("admission decision", "pod", req.Namespace+"/"+decidedName(d.Pod), "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", dryRun, "message", d.Message)
 	}
 	resp = admission.Patched("", patch...)
 	if len(patch) == 0 {
@@ -109,11 +115,55 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 	return resp
 }
 
+// strippedAnnotations are the annotations the webhook removes from every
+// pod it admits, matched or not (see clearReceipts).
+var strippedAnnotations = []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped, AnnotationKVEventsSkipped,
+	receipt.AnnotationDigest, receipt.AnnotationSignature}
+
+// candidates returns the CacheBackends Admit decides among. With a synced
+// Index it reads only the pod's metadata and hands Admit the one backend
+// that claims the pod; a pod none claims and that carries none of the
+// annotations the webhook strips is answered here (done), without
+// decoding the rest of it. Without the Index it lists the namespace.
+func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun bool) ([]v1alpha1.CacheBackend, bool, admission.Response) {
+	if h.Backends == nil || !h.Backends.Synced() {
+		var list v1alpha1.CacheBackendList
+		if err := h.Reader.List(ctx, &list, client.InNamespace(req.Namespace)); err != nil {
+			log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req)).Error(err, "listing CacheBackends; admitting the pod unchanged")
+			return nil, true, failOpen("listing CacheBackends: " + err.Error())
+		}
+		return list.Items, false, admission.Response{}
+	}
+	labels, stripped, err := podMeta(req.Object.Raw)
+	if err != nil {
+		return nil, false, admission.Response{} // Admit reports it
+	}
+	cb := h.Backends.Select(req.Namespace, labels)
+	switch {
+	case cb != nil:
+		return []v1alpha1.CacheBackend{*cb}, false, admission.Response{}
+	case stripped:
+		return nil, false, admission.Response{}
+	}
+	if !dryRun {
+		Decisions.WithLabelValues(string(NoMatch), "").Inc()
+	}
+	return nil, true, admission.Allowed("")
+}
+
 func failOpen(msg string) admission.Response {
 	Decisions.WithLabelValues(string(FailOpen), FailOpenInternalError).Inc()
 	r := admission.Allowed("")
 	r.Warnings = []string{"inferencecache: pod admitted without cache wiring: " + msg}
 	return r
+}
+
+// decidedName is the name of the pod Admit decoded, as podName reports it.
+func decidedName(p *corev1.Pod) string {
+	if p.Name != "" {
+		return p.Name
+	}
+	return p.GenerateName + "*"
 }
 
 func podName(req admission.Request) string {

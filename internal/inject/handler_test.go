@@ -3,7 +3,6 @@ package inject
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"testing"
 
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
-	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -54,12 +52,7 @@ func TestHandlerIgnoresUpdates(t *testing.T) {
 }
 
 func TestHandlerFailsOpen(t *testing.T) {
-	broken := interceptor.NewClient(fakeReader(t).(client.WithWatch), interceptor.Funcs{
-		List: func(context.Context, client.WithWatch, client.ObjectList, ...client.ListOption) error {
-			return errors.New("cache not synced")
-		},
-	})
-	h := &Handler{Reader: broken}
+	h := &Handler{Reader: failingReader(t)}
 	resp := h.Handle(context.Background(), request(t, admissionv1.Create, enginePod()))
 	assert.True(t, resp.Allowed, "the webhook never rejects a pod")
 	assert.Empty(t, resp.Patches)
@@ -68,7 +61,7 @@ func TestHandlerFailsOpen(t *testing.T) {
 
 	garbage := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
 		Operation: admissionv1.Create, Namespace: "llm", Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
-		Object: runtime.RawExtension{Raw: []byte(`{"spec": 7}`)},
+		Object: runtime.RawExtension{Raw: []byte(`{"metadata":{"labels":{"app":"qwen"}},"spec": 7}`)},
 	}}
 	cb := backend("cache")
 	resp = (&Handler{Reader: fakeReader(t, &cb)}).Handle(context.Background(), garbage)

@@ -283,8 +283,7 @@ func skip(d Decision, reason, msg string) Decision {
 // clearReceipts removes every receipt annotation, so that no pod keeps a
 // stale, partial or hand-written receipt past admission.
 func clearReceipts(p *corev1.Pod) {
-	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped, AnnotationKVEventsSkipped,
-		receipt.AnnotationDigest, receipt.AnnotationSignature} {
+	for _, k := range strippedAnnotations {
 		delete(p.Annotations, k)
 	}
 	if len(p.Annotations) == 0 {

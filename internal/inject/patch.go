@@ -11,37 +11,66 @@ import (
 	sigsjson "sigs.k8s.io/json"
 )
 
-// decodePod reads a pod the way the API server does (case-sensitive field
-// names, so that every field the typed pod holds is at the same JSON path
-// in raw), and reports whether raw has a metadata object.
+// decodePod reads the part of a pod the decision needs, the way the API
+// server reads it (case-sensitive field names, so that every field the
+// result holds is at the same JSON path in raw): metadata's names, labels
+// and annotations, and the containers and init containers (the receipt's
+// digest covers them whole). Nothing else is decoded: the rest of the pod,
+// including fields this build does not know, stays as the API server sent
+// it, since the patch (minimalPatch) names only the paths the decision
+// changes. It reports whether raw has a metadata object.
 func decodePod(raw []byte) (*corev1.Pod, bool, error) {
-	pod := &corev1.Pod{}
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, pod); err != nil {
-		return nil, false, fmt.Errorf("decoding pod: %w", err)
-	}
-	var top struct {
-		Metadata map[string]rawJSON `json:"metadata"`
-		Spec     struct {
-			Containers []rawJSON `json:"containers"`
+	var in struct {
+		Metadata *struct {
+			Name         string            `json:"name"`
+			GenerateName string            `json:"generateName"`
+			Namespace    string            `json:"namespace"`
+			Labels       map[string]string `json:"labels"`
+			Annotations  map[string]string `json:"annotations"`
+		} `json:"metadata"`
+		Spec struct {
+			InitContainers []corev1.Container  `json:"initContainers"`
+			Containers     []*corev1.Container `json:"containers"`
 		} `json:"spec"`
 	}
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &top); err != nil {
-		return nil, false, fmt.Errorf("decoding pod metadata: %w", err)
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &in); err != nil {
+		return nil, false, fmt.Errorf("decoding pod: %w", err)
 	}
-	for i, c := range top.Spec.Containers {
-		if c.null {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: in.Spec.InitContainers}}
+	if m := in.Metadata; m != nil {
+		pod.Name, pod.GenerateName, pod.Namespace, pod.Labels, pod.Annotations = m.Name, m.GenerateName, m.Namespace, m.Labels, m.Annotations
+	}
+	if in.Spec.Containers != nil {
+		pod.Spec.Containers = make([]corev1.Container, len(in.Spec.Containers))
+	}
+	for i, c := range in.Spec.Containers {
+		if c == nil {
 			return nil, false, fmt.Errorf("decoding pod: spec.containers[%d] is null", i)
 		}
+		pod.Spec.Containers[i] = *c
 	}
-	return pod, top.Metadata != nil, nil
+	return pod, in.Metadata != nil, nil
 }
 
-// rawJSON skips a value without keeping it, noting whether it was null.
-type rawJSON struct{ null bool }
-
-func (r *rawJSON) UnmarshalJSON(b []byte) error {
-	r.null = string(b) == "null"
-	return nil
+// podMeta reads only what selecting a CacheBackend and the no-match
+// verdict need: the pod's labels, and whether it carries annotations the
+// webhook strips at admission.
+func podMeta(raw []byte) (labels map[string]string, receipts bool, err error) {
+	var in struct {
+		Metadata struct {
+			Labels      map[string]string `json:"labels"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &in); err != nil {
+		return nil, false, fmt.Errorf("decoding pod metadata: %w", err)
+	}
+	for _, k := range strippedAnnotations {
+		if _, ok := in.Metadata.Annotations[k]; ok {
+			return in.Metadata.Labels, true, nil
+		}
+	}
+	return in.Metadata.Labels, false, nil
 }
 
 // minimalPatch is the JSON patch from pod (decoded from the request) to
