@@ -14,8 +14,9 @@ import (
 // decodePod reads the part of a pod the decision needs, the way the API
 // server reads it (case-sensitive field names, so that every field the
 // result holds is at the same JSON path in raw): metadata's names, labels
-// and annotations, and the containers and init containers (the receipt's
-// digest covers them whole). Nothing else is decoded: the rest of the pod,
+// and annotations, the containers and init containers (the receipt's
+// digest covers them whole), the volumes (the KV-event wiring appends its
+// token volume after the pod's own) and hostNetwork. Nothing else is decoded: the rest of the pod,
 // including fields this build does not know, stays as the API server sent
 // it, since the patch (minimalPatch) names only the paths the decision
 // changes. It reports whether raw has a metadata object.
@@ -31,12 +32,14 @@ func decodePod(raw []byte) (*corev1.Pod, bool, error) {
 		Spec struct {
 			InitContainers []corev1.Container  `json:"initContainers"`
 			Containers     []*corev1.Container `json:"containers"`
+			Volumes        []corev1.Volume     `json:"volumes"`
+			HostNetwork    bool                `json:"hostNetwork"`
 		} `json:"spec"`
 	}
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &in); err != nil {
 		return nil, false, fmt.Errorf("decoding pod: %w", err)
 	}
-	pod := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: in.Spec.InitContainers}}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: in.Spec.InitContainers, Volumes: in.Spec.Volumes, HostNetwork: in.Spec.HostNetwork}}
 	if m := in.Metadata; m != nil {
 		pod.Name, pod.GenerateName, pod.Namespace, pod.Labels, pod.Annotations = m.Name, m.GenerateName, m.Namespace, m.Labels, m.Annotations
 	}
