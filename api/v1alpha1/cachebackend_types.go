@@ -552,9 +552,9 @@ type CacheBackendStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
 // +kubebuilder:printcolumn:name="Matched",type=integer,JSONPath=`.status.matchedEnginePods`
-// +kubebuilder:printcolumn:name="Indexed",type=string,JSONPath=`.status.indexParticipation.indexed`
 // +kubebuilder:printcolumn:name="Wired",type=integer,JSONPath=`.status.wiredEnginePods`
 // +kubebuilder:printcolumn:name="Unwired",type=integer,JSONPath=`.status.unwiredEnginePods`,priority=1
+// +kubebuilder:printcolumn:name="Indexed",type=string,JSONPath=`.status.indexParticipation.indexed`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:validation:XValidation:rule="size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS-1035 label of at most 63 characters (lower-case letters, digits and '-', starting with a letter): it names the cache-server Service"
