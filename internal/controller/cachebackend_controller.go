@@ -348,7 +348,7 @@ func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p pl
 		if !canRoll || !srv.settled {
 			return 2 * time.Second, nil
 		}
-		keys, err := r.Keys.Keys(ctx)
+		keys, err := r.receiptKeys(ctx)
 		if err != nil {
 			return 0, fmt.Errorf("reading receipt keys to verify the wired engines: %w", err)
 		}

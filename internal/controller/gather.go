@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -87,7 +88,7 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 			}
 			obs.enginePods = pods.Items
 		}
-		keys, err := r.Keys.Keys(ctx)
+		keys, err := r.receiptKeys(ctx)
 		if err != nil {
 			return obs, fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
 		}
@@ -95,11 +96,24 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 	} else if len(obs.engines) > 0 {
 		// Only the wiring report needs the keys: without them it says
 		// Unknown, and the reconcile goes on.
-		obs.keys, obs.keysErr = r.Keys.Keys(ctx)
+		obs.keys, obs.keysErr = r.receiptKeys(ctx)
 	}
 	in, err := plan.Gather(ctx, r.Client, r.servers(), cb)
 	obs.plan = in
 	return obs, err
+}
+
+// errNoKeyRing: the reconciler runs without a receipt key ring (only
+// tests build one so), so no receipt can be verified.
+var errNoKeyRing = errors.New("no receipt key ring configured")
+
+// receiptKeys reads the receipt keys; without a key ring it says so
+// instead of failing on a nil ring.
+func (r *CacheBackendReconciler) receiptKeys(ctx context.Context) ([]receipt.Key, error) {
+	if r.Keys == nil {
+		return nil, errNoKeyRing
+	}
+	return r.Keys.Keys(ctx)
 }
 
 // serverObservation is the cache-server pods as read after the apply.

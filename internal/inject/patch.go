@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -9,14 +10,19 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 	sigsjson "sigs.k8s.io/json"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
 // decodePod reads the part of a pod the decision needs, the way the API
 // server reads it (case-sensitive field names, so that every field the
 // result holds is at the same JSON path in raw): metadata's names, labels
 // and annotations, the containers and init containers (the receipt's
-// digest covers them whole), the volumes (the KV-event wiring appends its
-// token volume after the pod's own) and hostNetwork. Nothing else is decoded: the rest of the pod,
+// digest covers them whole), the volumes' names (the KV-event wiring
+// appends its token volume after the pod's own) and the source of a volume
+// named like the webhook's index-token volume (the digest covers it; other
+// sources are not read), and
+// hostNetwork. Nothing else is decoded: the rest of the pod,
 // including fields this build does not know, stays as the API server sent
 // it, since the patch (minimalPatch) names only the paths the decision
 // changes. It reports whether raw has a metadata object.
@@ -32,14 +38,31 @@ func decodePod(raw []byte) (*corev1.Pod, bool, error) {
 		Spec struct {
 			InitContainers []corev1.Container  `json:"initContainers"`
 			Containers     []*corev1.Container `json:"containers"`
-			Volumes        []corev1.Volume     `json:"volumes"`
-			HostNetwork    bool                `json:"hostNetwork"`
+			Volumes        []struct {
+				Name      string          `json:"name"`
+				Projected json.RawMessage `json:"projected"`
+			} `json:"volumes"`
+			HostNetwork bool `json:"hostNetwork"`
 		} `json:"spec"`
 	}
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &in); err != nil {
 		return nil, false, fmt.Errorf("decoding pod: %w", err)
 	}
-	pod := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: in.Spec.InitContainers, Volumes: in.Spec.Volumes, HostNetwork: in.Spec.HostNetwork}}
+	pod := &corev1.Pod{Spec: corev1.PodSpec{InitContainers: in.Spec.InitContainers, HostNetwork: in.Spec.HostNetwork}}
+	if in.Spec.Volumes != nil {
+		pod.Spec.Volumes = make([]corev1.Volume, len(in.Spec.Volumes))
+		for i, v := range in.Spec.Volumes {
+			pod.Spec.Volumes[i].Name = v.Name
+			if v.Name != v1alpha1.VolumeIndexToken || v.Projected == nil {
+				continue
+			}
+			src := &corev1.ProjectedVolumeSource{}
+			if err := sigsjson.UnmarshalCaseSensitivePreserveInts(v.Projected, src); err != nil {
+				return nil, false, fmt.Errorf("decoding pod: spec.volumes[%d].projected: %w", i, err)
+			}
+			pod.Spec.Volumes[i].Projected = src
+		}
+	}
 	if m := in.Metadata; m != nil {
 		pod.Name, pod.GenerateName, pod.Namespace, pod.Labels, pod.Annotations = m.Name, m.GenerateName, m.Namespace, m.Labels, m.Annotations
 	}

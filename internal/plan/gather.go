@@ -19,8 +19,9 @@ import (
 // Gather reads the Input of cb's plan: the workload, the prunable children
 // and the objects under the children's names through c (the controller's
 // cache, which must hold these kinds unfiltered: an object missing from it
-// would be applied over), the claims through claims (the API server:
-// claims are not cached). It is the only place where a plan's input is
+// would be applied over; claims are read from it as metadata only), cb's own
+// claims in full through claims (the controller's label-selected cache of
+// server objects). It is the only place where a plan's input is
 // read, for the controller and the CLI alike.
 func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBackend) (Input, error) {
 	in := Input{Backend: cb}
@@ -32,18 +33,23 @@ func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBack
 		return in, err
 	}
 	in.Workload = w
-	// Every claim of the namespace, not only those labelled for cb: a
-	// claim under a child's name that is not cb's must be seen to be left
-	// alone.
+	// cb's claims, in full, from claims (which may be filtered to the
+	// operator's labelled claims).
 	var pvcs corev1.PersistentVolumeClaimList
-	if err := claims.List(ctx, &pvcs, client.InNamespace(cb.Namespace)); err != nil {
+	if err := claims.List(ctx, &pvcs, client.InNamespace(cb.Namespace), client.MatchingLabels{render.LabelCacheBackend: cb.Name}); err != nil {
 		return in, fmt.Errorf("listing claims: %w", err)
 	}
-	for i := range pvcs.Items {
-		pvc := &pvcs.Items[i]
-		if pvc.Labels[render.LabelCacheBackend] == cb.Name {
-			in.Claims = append(in.Claims, *pvc)
-		}
+	in.Claims = pvcs.Items
+	// Every claim of the namespace under a child's name, labelled or not,
+	// as metadata from c: a claim that is not cb's must be seen to be left
+	// alone, and a reader filtered to the operator's labels would hide it.
+	names := &metav1.PartialObjectMetadataList{}
+	names.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PersistentVolumeClaimList"))
+	if err := c.List(ctx, names, client.InNamespace(cb.Namespace)); err != nil {
+		return in, fmt.Errorf("listing claims: %w", err)
+	}
+	for i := range names.Items {
+		pvc := &names.Items[i]
 		if pvc.Name == render.PVCName(cb) || IsReplicaClaim(cb, pvc.Name) {
 			in.Existing = append(in.Existing, existing("PersistentVolumeClaim", pvc))
 		}

@@ -7,7 +7,6 @@
 package render
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 
@@ -142,14 +141,14 @@ func Host(cb *v1alpha1.CacheBackend, domain string) string {
 	if domain == "" {
 		domain = DefaultClusterDomain
 	}
-	return fmt.Sprintf("%s.%s.svc.%s", ServiceName(cb), cb.Namespace, domain)
+	return ServiceName(cb) + "." + cb.Namespace + ".svc." + domain
 }
 
 // Endpoint is the LMCache remote URL of cb's cache server,
 // lm://<Host>:<port>: what the webhook injects and, once the server is
 // available, status.endpoint. It is derived from the spec only.
 func Endpoint(cb *v1alpha1.CacheBackend, domain string) string {
-	return fmt.Sprintf("lm://%s:%d", Host(cb, domain), Port(cb))
+	return "lm://" + Host(cb, domain) + ":" + strconv.Itoa(int(Port(cb)))
 }
 
 // Replicas is the replica count the operator applies to the workload when no
