@@ -224,14 +224,16 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 }
 
 // DefaultIndexEndpoint is the gRPC address of the install bundle's
-// KV-block index Service in the operator's namespace and the cluster's DNS
-// domain (cluster.local when empty): the manager's default
-// --kvindex-endpoint.
+// headless KV-block index Service (inferencecache-index-peers) in the
+// operator's namespace and the cluster's DNS domain (cluster.local when
+// empty): the manager's default --kvindex-endpoint. The name resolves to
+// every ready index replica and the sidecar forwards to each, so every
+// replica of the in-memory index holds every pod.
 func DefaultIndexEndpoint(namespace, domain string) string {
 	if domain == "" {
 		domain = render.DefaultClusterDomain
 	}
-	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexGRPCPort)
+	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexPeersService, namespace, domain, v1alpha1.IndexGRPCPort)
 }
 
 // kvEventsConfig is the --kv-events-config value. vLLM needs

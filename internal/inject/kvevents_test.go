@@ -401,6 +401,6 @@ func ptrInt32(v int32) *int32 { return &v }
 // bundle's index Service, named in the operator's namespace and the
 // cluster's domain.
 func TestDefaultIndexEndpoint(t *testing.T) {
-	assert.Equal(t, "inferencecache-index.inferencecache-system.svc.cluster.local:9400", DefaultIndexEndpoint("inferencecache-system", ""))
-	assert.Equal(t, "inferencecache-index.ops.svc.corp.example:9400", DefaultIndexEndpoint("ops", "corp.example"))
+	assert.Equal(t, "inferencecache-index-peers.inferencecache-system.svc.cluster.local:9400", DefaultIndexEndpoint("inferencecache-system", ""))
+	assert.Equal(t, "inferencecache-index-peers.ops.svc.corp.example:9400", DefaultIndexEndpoint("ops", "corp.example"))
 }
