@@ -240,6 +240,48 @@ func TestKVEventsWiring(t *testing.T) {
 			},
 		},
 		{
+			name: "hostNetwork: no event stream on the node's namespace, no sidecar, reason recorded, cache still wired",
+			pod:  enginePod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsHostNetwork,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+				assert.Empty(t, out.Spec.Volumes, "no index token")
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
+				assert.Empty(t, hashAlgos(out))
+				_, wired := env(out.Spec.Containers[0], envRemoteURL)
+				assert.True(t, wired, "the cache wiring does not depend on the sidecar")
+			},
+		},
+		{
+			name:    "hostNetwork with data-parallel size 2: no TCP PUB socket on the node's interfaces either",
+			pod:     enginePod(withArgs("--data-parallel-size=2"), func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
+			backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsHostNetwork,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
+			},
+		},
+		{
+			name: "SGLang with hostNetwork: no --kv-events-config, no sidecar",
+			pod:  enginePod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), backend: backend("hicache", observed, sglang), opts: opts,
+			skipped: KVEventsHostNetwork,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, true))
+			},
+		},
+		{
+			name: "hostNetwork and the user's own --kv-events-config: theirs is kept, and that is the reason",
+			pod: enginePod(withArgs("--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:6000"}`),
+				func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
+			backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsUserConfig,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+			},
+		},
+		{
 			name: "a container already named kvevent-subscriber: no sidecar, reason recorded",
 			pod: enginePod(func(p *corev1.Pod) {
 				p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: SubscriberContainer, Image: "mine"})
