@@ -28,15 +28,30 @@ func LookupResolver(ctx context.Context, target string) ([]string, error) {
 	if net.ParseIP(host) != nil {
 		return []string{target}, nil
 	}
-	ips, err := net.DefaultResolver.LookupHost(ctx, host)
+	ips, err := net.DefaultResolver.LookupIP(ctx, "ip", host)
 	if err != nil {
 		return nil, fmt.Errorf("resolve index address %q: %w", host, err)
 	}
-	out := make([]string, 0, len(ips))
+	return Addresses(ips, port), nil
+}
+
+// Addresses are host:port of the IPv4 addresses, or of the IPv6 ones when
+// there is no IPv4 address. One family only: a dual-stack headless Service
+// (or localhost) names each replica once per family, and two streams of
+// one pod to one replica would replace each other there forever.
+func Addresses(ips []net.IP, port string) []string {
+	var v4, v6 []string
 	for _, ip := range ips {
-		out = append(out, net.JoinHostPort(ip, port))
+		if ip.To4() != nil {
+			v4 = append(v4, net.JoinHostPort(ip.String(), port))
+		} else {
+			v6 = append(v6, net.JoinHostPort(ip.String(), port))
+		}
 	}
-	return out, nil
+	if len(v4) > 0 {
+		return v4
+	}
+	return v6
 }
 
 // FanoutConfig configures a Fanout.

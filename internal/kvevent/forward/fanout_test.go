@@ -48,6 +48,46 @@ func TestDiff(t *testing.T) {
 	}
 }
 
+// TestAddresses: one address per replica, in one family.
+func TestAddresses(t *testing.T) {
+	ip := func(s ...string) []net.IP {
+		var out []net.IP
+		for _, x := range s {
+			out = append(out, net.ParseIP(x))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		ips  []net.IP
+		want []string
+	}{
+		{name: "IPv4 replicas", ips: ip("10.0.0.1", "10.0.0.2"), want: []string{"10.0.0.1:9400", "10.0.0.2:9400"}},
+		{name: "dual stack: each replica once, by IPv4", ips: ip("10.0.0.1", "fd00::1", "10.0.0.2", "fd00::2"), want: []string{"10.0.0.1:9400", "10.0.0.2:9400"}},
+		{name: "localhost is one index, not two", ips: ip("::1", "127.0.0.1"), want: []string{"127.0.0.1:9400"}},
+		{name: "IPv6 only", ips: ip("fd00::1", "fd00::2"), want: []string{"[fd00::1]:9400", "[fd00::2]:9400"}},
+		{name: "IPv4-mapped IPv6 counts as IPv4", ips: ip("::ffff:10.0.0.1"), want: []string{"10.0.0.1:9400"}},
+		{name: "nothing", ips: nil, want: nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, forward.Addresses(tc.ips, "9400"))
+		})
+	}
+}
+
+// TestLookupResolver: an IP literal is used as it is; localhost resolves
+// to one address.
+func TestLookupResolver(t *testing.T) {
+	got, err := forward.LookupResolver(context.Background(), "10.1.2.3:9400")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"10.1.2.3:9400"}, got)
+	got, err = forward.LookupResolver(context.Background(), "localhost:9400")
+	require.NoError(t, err)
+	assert.Len(t, got, 1)
+	_, err = forward.LookupResolver(context.Background(), "no-port")
+	assert.Error(t, err)
+}
+
 // replica is one in-process index (in-memory store) on a loopback address.
 type replica struct {
 	ix   *kvindex.Index
