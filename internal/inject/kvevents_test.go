@@ -364,6 +364,9 @@ func TestKVEventsWiring(t *testing.T) {
 			ad, ops, err := Admit(raw, cbs, tc.opts)
 			require.NoError(t, err)
 			assertPatchApplies(t, raw, ops, ad.Pod)
+			// The served path (which decodes only part of the pod) decides the same.
+			assert.Equal(t, d.Pod.Annotations[AnnotationKVEventsSkipped], ad.Pod.Annotations[AnnotationKVEventsSkipped], "served path: kv-events-skipped")
+			assert.Equal(t, d.Pod.Annotations[receipt.AnnotationDigest], ad.Pod.Annotations[receipt.AnnotationDigest], "served path: receipt digest")
 			for _, op := range ops {
 				assert.Equal(t, "add", op.Operation, op.Path)
 				assert.Regexp(t, `^/(metadata/annotations(/.*)?|spec/containers/0/(args|env)(/-)?|spec/initContainers(/-)?|spec/volumes(/-)?)$`, op.Path)
