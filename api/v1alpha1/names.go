@@ -47,6 +47,10 @@ const (
 	// IndexService is the install bundle's Service in front of cache-index,
 	// in the operator's namespace (kustomize/base/index).
 	IndexService = "inferencecache-index"
+	// IndexPeersService is the headless Service (clusterIP None) over the
+	// same cache-index pods: its name resolves to every ready replica, and
+	// the sidecars forward to each (the webhook's default index address).
+	IndexPeersService = "inferencecache-index-peers"
 	// IndexGRPCPort serves Ingest (subscribers) and Query; IndexHTTPPort
 	// the HTTP/JSON query API.
 	IndexGRPCPort = 9400

@@ -60,7 +60,8 @@ func run(ctx context.Context, args []string) error {
 	replay := fs.String("replay-endpoint", os.Getenv("KV_EVENTS_REPLAY_ENDPOINT"), "the engine's replay ROUTER endpoint; empty disables gap recovery")
 	topic := fs.String("topic", os.Getenv("KV_EVENTS_TOPIC"), "the publisher's topic (frame 0); empty receives every topic")
 	dpSize := fs.Int("data-parallel-size", envInt("KV_EVENTS_DP_SIZE", 1), "the engine's data-parallel ranks, one publisher each")
-	index := fs.String("index", os.Getenv("INDEX_ENDPOINT"), "the KV-block index's gRPC address (host:port); empty keeps the mirror without forwarding")
+	index := fs.String("index", os.Getenv("INDEX_ENDPOINT"), "the KV-block index's gRPC address (host:port); a name resolving to several addresses (a headless Service) gets every delta on each; empty keeps the mirror without forwarding")
+	resolveInterval := fs.Duration("resolve-interval", 20*time.Second, "how often --index is resolved to its replicas' addresses (also on a failed stream)")
 	tokenFile := fs.String("token-file", os.Getenv("INDEX_TOKEN_FILE"), "file with the bearer token for the index (a projected ServiceAccount token), read on every connect")
 	model := fs.String("model", os.Getenv("MODEL_ID"), "the served model name routers query the index with")
 	backend := fs.String("cachebackend", os.Getenv("CACHEBACKEND"), "the CacheBackend the pod belongs to, as namespace/name")
@@ -76,7 +77,7 @@ func run(ctx context.Context, args []string) error {
 	httpAddr := fs.String("http-bind-address", ":8090", "address of /healthz, /readyz and /metrics")
 	queue := fs.Int("queue-size", 4096, "live messages buffered for processing; more are dropped (counted) and replayed")
 	queueBytes := fs.Int64("queue-bytes", 256<<20, "payload bytes buffered for processing; more are dropped (counted) and replayed")
-	forwardQueue := fs.Int("forward-queue-size", 4096, "deltas buffered for the forwarder; more are dropped (counted) and resent as a snapshot")
+	forwardQueue := fs.Int("forward-queue-size", 4096, "deltas buffered for the forwarders, and for each index replica; more are dropped (counted) and resent as a snapshot")
 	journal := fs.Int("journal-limit", 50000, "unacknowledged deltas kept for reconnects; past it the rank is resent as a snapshot")
 	replayIdle := fs.Duration("replay-idle-timeout", 2*time.Second, "a replay that stays silent this long is resumed")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
@@ -191,17 +192,19 @@ func run(ctx context.Context, args []string) error {
 		DataParallelSize:  uint32(*dpSize),
 		SubscriberVersion: version.Version,
 	}
-	fw := forward.New(forward.Config{Target: *index, Hello: hello, TokenFile: *tokenFile, JournalLimit: *journal}, log.WithName("forward"),
-		forward.Metrics{
-			JournalDepth: func(n int) { m.JournalDepth.Set(float64(n)) },
-			Snapshot:     func(reason string) { m.Snapshots.WithLabelValues(reason).Inc() },
-			Connected: func(c bool) {
-				if c {
-					m.Connected.Set(1)
-				} else {
-					m.Connected.Set(0)
-				}
+	fw := forward.NewFanout(forward.FanoutConfig{
+		Forwarder: forward.Config{Target: *index, Hello: hello, TokenFile: *tokenFile, JournalLimit: *journal},
+		Interval:  *resolveInterval,
+		QueueSize: *forwardQueue,
+	}, log.WithName("forward"),
+		forward.FanoutMetrics{
+			Metrics: forward.Metrics{
+				JournalDepth: func(n int) { m.JournalDepth.Set(float64(n)) },
+				Snapshot:     func(reason string) { m.Snapshots.WithLabelValues(reason).Inc() },
 			},
+			Targets:           func(n int) { m.Targets.Set(float64(n)) },
+			ConnectedReplicas: func(n int) { m.Connected.Set(float64(n)) },
+			Dropped:           func(string) { m.Dropped.WithLabelValues("replica").Inc() },
 		}, deltas, sources)
 	return fw.Run(ctx)
 }

@@ -64,7 +64,7 @@ func run(args []string, stdout io.Writer) error {
 	webhookCertDir := fs.String("webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs", "folder holding the webhooks' tls.crt and tls.key; reloaded when they change")
 	webhooks := fs.Bool("enable-webhooks", true, "serve the Pod injection and CacheBackend validation webhooks")
 	subscriberImage := fs.String("kvevent-subscriber-image", "", "image of the kvevent-subscriber sidecar; empty (the default) never adds it")
-	indexEndpoint := fs.String("kvindex-endpoint", "", "gRPC address (host:port) of the KV-block index the kvevent-subscriber sidecars forward to; empty: the install bundle's inferencecache-index Service in --namespace, <svc>.<namespace>.svc.<cluster-domain>:9400")
+	indexEndpoint := fs.String("kvindex-endpoint", "", "gRPC address (host:port) of the KV-block index the kvevent-subscriber sidecars forward to; empty: the install bundle's headless inferencecache-index-peers Service in --namespace, <svc>.<namespace>.svc.<cluster-domain>:9400, whose every ready replica each sidecar forwards to")
 	indexURL := fs.String("kvindex-status-url", "", "HTTP base URL of the KV-block index the controller reads status.indexParticipation from; empty: the install bundle's inferencecache-index Service in --namespace, http://<svc>.<namespace>.svc.<cluster-domain>:9401")
 	indexToken := fs.String("kvindex-token-file", inject.IndexTokenPath, "bearer token for the index's HTTP API (a projected ServiceAccount token of audience inferencecache-index); empty sends none")
 	indexPoll := fs.Duration("kvindex-poll-interval", controller.DefaultIndexPoll, "how often the participation of CacheBackends with spec.observation is re-read between reconciles")

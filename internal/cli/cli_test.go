@@ -93,6 +93,11 @@ func TestExplainOutcomes(t *testing.T) {
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "v"}}}}
 	}
 	injected := inject.Decide(pod(map[string]string{"app": "qwen"}, nil), []v1alpha1.CacheBackend{cb}, inject.Options{Key: &key}).Pod
+	observedCB := cb.DeepCopy()
+	observedCB.Spec.Observation = &v1alpha1.Observation{ModelID: "qwen"}
+	hostNet := pod(map[string]string{"app": "qwen"}, nil)
+	hostNet.Spec.HostNetwork = true
+	hostNet = inject.Decide(hostNet, []v1alpha1.CacheBackend{*observedCB}, inject.Options{Key: &key, KVEventSubscriberImage: "sub:v1"}).Pod
 	tampered := injected.DeepCopy()
 	tampered.Spec.Containers[0].Args = nil
 	// A pod wired by generation 1 of a backend now at generation 2.
@@ -107,9 +112,11 @@ func TestExplainOutcomes(t *testing.T) {
 		generation string
 		line       string
 	}{
-		"injected":   {injected, cb, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent, "receipt verifies"},
-		"stale":      {injected, *newer, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationStale, "generation 1 of the CacheBackend (now 2)"},
-		"unchecked":  {injected, cb, nil, ExplainInjected, ReceiptUnchecked, GenerationCurrent, "signature not checked"},
+		"injected":  {injected, cb, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent, "receipt verifies"},
+		"stale":     {injected, *newer, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationStale, "generation 1 of the CacheBackend (now 2)"},
+		"unchecked": {injected, cb, nil, ExplainInjected, ReceiptUnchecked, GenerationCurrent, "signature not checked"},
+		"host-network": {hostNet, *observedCB, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent,
+			"no KV-event sidecar (inferencecache.io/kv-events-skipped=host-network): the pod uses the node's network"},
 		"skipped":    {pod(map[string]string{"app": "qwen"}, map[string]string{inject.AnnotationSkip: "true", inject.AnnotationSkipped: inject.SkippedByAnnotation}), cb, []receipt.Key{key}, ExplainSkipped, ReceiptNone, "", "opts out"},
 		"fail-open":  {pod(map[string]string{"app": "qwen"}, nil), cb, []receipt.Key{key}, ExplainFailOpen, ReceiptNone, "", "admitted unwired"},
 		"no match":   {pod(map[string]string{"app": "other"}, nil), cb, []receipt.Key{key}, ExplainNoMatch, ReceiptNone, "", "CacheBackend cache selects {app=qwen}"},

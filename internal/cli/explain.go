@@ -133,6 +133,9 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 			e.Outcome = ExplainForged
 			e.Lines = append(e.Lines, j.Message)
 		}
+		if r := a[v1alpha1.AnnotationKVEventsSkipped]; r != "" && e.Outcome != ExplainForged {
+			e.Lines = append(e.Lines, kvEventsSkipped(r))
+		}
 		if e.Outcome == ExplainInjected {
 			e.IndexState = indexState(pod, cb, &e)
 		}
@@ -238,6 +241,22 @@ func valueOr(p *v1alpha1.IndexParticipation) string {
 		return "?"
 	}
 	return p.Indexed
+}
+
+// kvEventsSkipped says why a wired pod has no kvevent-subscriber sidecar
+// (inject.KVEvents* reasons).
+func kvEventsSkipped(reason string) string {
+	why := map[string]string{
+		inject.KVEventsUserConfig:   "the engine sets its own --kv-events-config, which the webhook keeps",
+		inject.KVEventsDataParallel: "its data-parallel flags are ones the webhook cannot follow",
+		inject.KVEventsNameTaken:    "the pod already has a container or volume of the sidecar's names",
+		inject.KVEventsHostNetwork: "the pod uses the node's network (spec.hostNetwork), where the KV-event sockets would be reachable by every process on the node; " +
+			"run the engine without hostNetwork to have it indexed",
+	}[reason]
+	if why == "" {
+		why = reason
+	}
+	return fmt.Sprintf("no KV-event sidecar (%s=%s): %s; the cache is wired, the index does not see this pod", v1alpha1.AnnotationKVEventsSkipped, reason, why)
 }
 
 func labelString(m map[string]string) string {

@@ -84,6 +84,12 @@ const (
 	// KVEventsNameTaken: the pod already has a container named
 	// kvevent-subscriber or a volume named inferencecache-index-token.
 	KVEventsNameTaken = "name-taken"
+	// KVEventsHostNetwork: the pod sets spec.hostNetwork. Its network
+	// namespace is the node's, so an abstract socket (ipc://@name) or a
+	// loopback port would be reachable by every process on the node, and two
+	// such engine pods on one node would collide on the name: the webhook
+	// wires no event stream and no sidecar (the cache is still wired).
+	KVEventsHostNetwork = "host-network"
 )
 
 // Environment the kvevent-subscriber reads (cmd/kvevent-subscriber).
@@ -141,6 +147,10 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	if uses := FlagUses(cmdline, KVEventsConfigFlag, abbrev); len(uses) > 0 &&
 		(!dpOK || len(uses) > 1 || uses[0].Partial || !sameJSON(uses[0].Value, config)) {
 		return nil, KVEventsUserConfig, fmt.Sprintf("container %q sets its own %s: kept, and no %s sidecar added", c.Name, KVEventsConfigFlag, SubscriberContainer)
+	}
+	if pod.Spec.HostNetwork {
+		return nil, KVEventsHostNetwork, fmt.Sprintf("the pod uses the node's network namespace (spec.hostNetwork): its KV-event sockets would be the node's, reachable by every process there; no %s sidecar added",
+			SubscriberContainer)
 	}
 	if !dpOK {
 		return nil, KVEventsDataParallel, fmt.Sprintf("container %q sets data-parallel flags the webhook cannot follow (multi-node ranks, not a size from 1 to %d, or set twice); no %s sidecar added",
@@ -224,14 +234,16 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 }
 
 // DefaultIndexEndpoint is the gRPC address of the install bundle's
-// KV-block index Service in the operator's namespace and the cluster's DNS
-// domain (cluster.local when empty): the manager's default
-// --kvindex-endpoint.
+// headless KV-block index Service (inferencecache-index-peers) in the
+// operator's namespace and the cluster's DNS domain (cluster.local when
+// empty): the manager's default --kvindex-endpoint. The name resolves to
+// every ready index replica and the sidecar forwards to each, so every
+// replica of the in-memory index holds every pod.
 func DefaultIndexEndpoint(namespace, domain string) string {
 	if domain == "" {
 		domain = render.DefaultClusterDomain
 	}
-	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexGRPCPort)
+	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexPeersService, namespace, domain, v1alpha1.IndexGRPCPort)
 }
 
 // kvEventsConfig is the --kv-events-config value. vLLM needs

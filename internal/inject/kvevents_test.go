@@ -240,6 +240,48 @@ func TestKVEventsWiring(t *testing.T) {
 			},
 		},
 		{
+			name: "hostNetwork: no event stream on the node's namespace, no sidecar, reason recorded, cache still wired",
+			pod:  enginePod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsHostNetwork,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+				assert.Empty(t, out.Spec.Volumes, "no index token")
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
+				assert.Empty(t, hashAlgos(out))
+				_, wired := env(out.Spec.Containers[0], envRemoteURL)
+				assert.True(t, wired, "the cache wiring does not depend on the sidecar")
+			},
+		},
+		{
+			name:    "hostNetwork with data-parallel size 2: no TCP PUB socket on the node's interfaces either",
+			pod:     enginePod(withArgs("--data-parallel-size=2"), func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
+			backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsHostNetwork,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
+			},
+		},
+		{
+			name: "SGLang with hostNetwork: no --kv-events-config, no sidecar",
+			pod:  enginePod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), backend: backend("hicache", observed, sglang), opts: opts,
+			skipped: KVEventsHostNetwork,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, true))
+			},
+		},
+		{
+			name: "hostNetwork and the user's own --kv-events-config: theirs is kept, and that is the reason",
+			pod: enginePod(withArgs("--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:6000"}`),
+				func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
+			backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsUserConfig,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+			},
+		},
+		{
 			name: "a container already named kvevent-subscriber: no sidecar, reason recorded",
 			pod: enginePod(func(p *corev1.Pod) {
 				p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: SubscriberContainer, Image: "mine"})
@@ -322,6 +364,9 @@ func TestKVEventsWiring(t *testing.T) {
 			ad, ops, err := Admit(raw, cbs, tc.opts)
 			require.NoError(t, err)
 			assertPatchApplies(t, raw, ops, ad.Pod)
+			// The served path (which decodes only part of the pod) decides the same.
+			assert.Equal(t, d.Pod.Annotations[AnnotationKVEventsSkipped], ad.Pod.Annotations[AnnotationKVEventsSkipped], "served path: kv-events-skipped")
+			assert.Equal(t, d.Pod.Annotations[receipt.AnnotationDigest], ad.Pod.Annotations[receipt.AnnotationDigest], "served path: receipt digest")
 			for _, op := range ops {
 				assert.Equal(t, "add", op.Operation, op.Path)
 				assert.Regexp(t, `^/(metadata/annotations(/.*)?|spec/containers/0/(args|env)(/-)?|spec/initContainers(/-)?|spec/volumes(/-)?)$`, op.Path)
@@ -401,6 +446,6 @@ func ptrInt32(v int32) *int32 { return &v }
 // bundle's index Service, named in the operator's namespace and the
 // cluster's domain.
 func TestDefaultIndexEndpoint(t *testing.T) {
-	assert.Equal(t, "inferencecache-index.inferencecache-system.svc.cluster.local:9400", DefaultIndexEndpoint("inferencecache-system", ""))
-	assert.Equal(t, "inferencecache-index.ops.svc.corp.example:9400", DefaultIndexEndpoint("ops", "corp.example"))
+	assert.Equal(t, "inferencecache-index-peers.inferencecache-system.svc.cluster.local:9400", DefaultIndexEndpoint("inferencecache-system", ""))
+	assert.Equal(t, "inferencecache-index-peers.ops.svc.corp.example:9400", DefaultIndexEndpoint("ops", "corp.example"))
 }

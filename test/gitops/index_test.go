@@ -1,6 +1,7 @@
 package gitops
 
 import (
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
@@ -22,7 +25,8 @@ const indexName = v1alpha1.IndexService
 
 // TestIndexInEveryOverlay: every overlay installs the KV-block index in
 // the operator's namespace: two restricted replicas probed on :8081, a
-// Service on the ports the manager and the sidecars use, a
+// Service on the ports routers and the manager use, a headless Service
+// on the gRPC port for the sidecars (the manager's default), a
 // PodDisruptionBudget, and a ServiceAccount whose only permission is
 // system:auth-delegator (TokenReview and SubjectAccessReview).
 func TestIndexInEveryOverlay(t *testing.T) {
@@ -81,6 +85,26 @@ func TestIndexInEveryOverlay(t *testing.T) {
 			}
 			assert.Equal(t, map[string]int32{"grpc": v1alpha1.IndexGRPCPort, "http": v1alpha1.IndexHTTPPort}, ports)
 			assert.True(t, labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(d.Spec.Template.Labels)))
+			assert.NotEqual(t, corev1.ClusterIPNone, svc.Spec.ClusterIP, "routers and the operator reach one virtual IP")
+
+			// The sidecars' address: a headless Service resolving to every
+			// ready replica, so each replica is streamed every pod.
+			peers := convert[corev1.Service](t, find("Service", v1alpha1.IndexPeersService))
+			assert.Equal(t, operatorNamespace, peers.Namespace)
+			assert.Equal(t, corev1.ClusterIPNone, peers.Spec.ClusterIP)
+			assert.False(t, peers.Spec.PublishNotReadyAddresses, "ready replicas only")
+			require.Len(t, peers.Spec.Ports, 1)
+			assert.Equal(t, corev1.ServicePort{Name: "grpc", Port: v1alpha1.IndexGRPCPort, TargetPort: intstr.FromString("grpc"),
+				Protocol: corev1.ProtocolTCP, AppProtocol: ptr.To("grpc")}, peers.Spec.Ports[0])
+			assert.Equal(t, svc.Spec.Selector, peers.Spec.Selector)
+			assert.Equal(t, "grpc", c.Ports[slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == v1alpha1.IndexGRPCPort })].Name)
+			for _, o := range objs {
+				if o.GetKind() == "Deployment" && o.GetName() == "inferencecache-operator" {
+					args := convert[appsv1.Deployment](t, o).Spec.Template.Spec.Containers[0].Args
+					assert.False(t, slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--kvindex-endpoint") }),
+						"the manager's default, the headless Service, reaches the sidecars")
+				}
+			}
 
 			pdb := convert[policyv1.PodDisruptionBudget](t, find("PodDisruptionBudget", indexName))
 			require.NotNil(t, pdb.Spec.MinAvailable)
@@ -117,7 +141,8 @@ func TestIndexInEveryOverlay(t *testing.T) {
 func TestIndexRedisComponent(t *testing.T) {
 	var args []string
 	n := 0
-	for _, o := range build(t, "testdata/index-redis") {
+	objs := build(t, "testdata/index-redis")
+	for _, o := range objs {
 		if o.GetKind() == "Deployment" && o.GetName() == indexName {
 			n++
 			args = convert[appsv1.Deployment](t, o).Spec.Template.Spec.Containers[0].Args
@@ -130,6 +155,15 @@ func TestIndexRedisComponent(t *testing.T) {
 		return strings.HasPrefix(a, "--redis-address=") && len(a) > len("--redis-address=")
 	}))
 	assert.Contains(t, args, "--audience="+v1alpha1.IndexTokenAudience)
+	// One shared store: the sidecars stream to one replica through the
+	// ClusterIP Service instead of every replica through the headless one.
+	var managerArgs []string
+	for _, o := range objs {
+		if o.GetKind() == "Deployment" && o.GetName() == "inferencecache-operator" {
+			managerArgs = convert[appsv1.Deployment](t, o).Spec.Template.Spec.Containers[0].Args
+		}
+	}
+	assert.Contains(t, managerArgs, fmt.Sprintf("--kvindex-endpoint=%s.%s.svc.cluster.local:%d", indexName, operatorNamespace, v1alpha1.IndexGRPCPort))
 }
 
 func imageName(image string) string {

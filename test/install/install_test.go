@@ -46,7 +46,7 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	first := kubectl("apply", "--server-side", "-k", "../../kustomize/overlays/dev")
 	assert.Contains(t, first, "customresourcedefinition.apiextensions.k8s.io/cachebackends.inferencecache.io serverside-applied")
 	// The KV-block index is part of the bundle.
-	index := []string{"deployment.apps/inferencecache-index", "service/inferencecache-index", "poddisruptionbudget.policy/inferencecache-index",
+	index := []string{"deployment.apps/inferencecache-index", "service/inferencecache-index", "service/inferencecache-index-peers", "poddisruptionbudget.policy/inferencecache-index",
 		"serviceaccount/inferencecache-index", "clusterrolebinding.rbac.authorization.k8s.io/inferencecache-index-auth-delegator"}
 	for _, obj := range index {
 		assert.Contains(t, first, obj+" serverside-applied")
@@ -56,7 +56,7 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 	// without a status, the resourceVersion.
 	state := func() string {
 		return kubectl("get", "-n", "inferencecache-system", "deployment/inferencecache-index", "poddisruptionbudget/inferencecache-index",
-			"service/inferencecache-index", "serviceaccount/inferencecache-index", "clusterrolebinding/inferencecache-index-auth-delegator",
+			"service/inferencecache-index", "service/inferencecache-index-peers", "serviceaccount/inferencecache-index", "clusterrolebinding/inferencecache-index-auth-delegator",
 			"-o", `jsonpath={range .items[*]}{.kind}/{.metadata.name} generation={.metadata.generation} rv={.metadata.resourceVersion}{"\n"}{end}`)
 	}
 	stable := func(s string) string {

@@ -92,7 +92,7 @@ func TestRenderEngineSidecar(t *testing.T) {
 		"image: example.com/kvevent-subscriber:v1",
 		"restartPolicy: Always",
 		"value: ipc://@inferencecache-kvevents-replay",
-		"value: inferencecache-index.inferencecache-system.svc.cluster.local:9400",
+		"value: inferencecache-index-peers.inferencecache-system.svc.cluster.local:9400",
 		"audience: inferencecache-index",
 		"fieldPath: metadata.uid",
 	} {

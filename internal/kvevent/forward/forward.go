@@ -52,6 +52,14 @@ type Config struct {
 	Backoff time.Duration
 	// DialOptions replace the default (plaintext) transport options.
 	DialOptions []grpc.DialOption
+	// Join: the forwarder starts while the subscriber's stream is already
+	// running (an index replica that appeared later), so every rank is sent
+	// as a snapshot on its first connect instead of waiting for the next
+	// delta to reveal the gap.
+	Join bool
+	// Disconnected, if set, is called each time a stream ends or fails to
+	// open (the fan-out re-resolves the index's replicas then).
+	Disconnected func()
 }
 
 // Metrics the forwarder updates (all optional).
@@ -125,6 +133,9 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		f.m.Connected(false)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if f.cfg.Disconnected != nil {
+			f.cfg.Disconnected()
 		}
 		f.log.Info("index stream ended; reconnecting", "target", f.cfg.Target, "error", errString(err))
 		f.drainFor(ctx, f.cfg.Backoff)
@@ -336,6 +347,9 @@ func (f *Forwarder) hashCompatibility() pb.HashCompatibility {
 
 // resume brings one rank of a new stream in line with the index.
 func (f *Forwarder) resume(ctx context.Context, s stream, r uint32, st *rankState, p *pb.RankPosition) error {
+	if !st.valid && f.cfg.Join {
+		return f.snapshot(ctx, s, r, "join")
+	}
 	if p == nil || p.Epoch != st.epoch {
 		// The index sends a ResyncRequest for such a rank right after its
 		// Welcome; the snapshot goes out then.

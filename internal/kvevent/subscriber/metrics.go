@@ -18,7 +18,8 @@ type Metrics struct {
 	HashVerify    *prometheus.CounterVec   // result
 	JournalDepth  prometheus.Gauge
 	Snapshots     *prometheus.CounterVec // reason
-	Connected     prometheus.Gauge
+	Connected     prometheus.Gauge       // replicas with an open stream
+	Targets       prometheus.Gauge       // index replicas forwarded to
 	UnknownRemove *prometheus.CounterVec // rank
 }
 
@@ -39,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DecodeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "decode_errors_total",
 			Help: "Batches dropped because they did not decode, by reason."}, []string{"rank", "reason"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dropped_total",
-			Help: "Messages dropped: receive (processing queue full), forward (forwarder queue full), frame (malformed ZMQ message)."}, []string{"stage"}),
+			Help: "Messages dropped: receive (processing queue full), forward (forwarder queue full), replica (one index replica's queue full), frame (malformed ZMQ message)."}, []string{"stage"}),
 		LastSequence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_sequence",
 			Help: "The last engine batch sequence applied."}, []string{"rank"}),
 		Lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "event_lag_seconds",
@@ -54,11 +55,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "forward_snapshots_total",
 			Help: "Full snapshots sent to the index, by reason."}, []string{"reason"}),
 		Connected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "forward_connected",
-			Help: "1 while a stream to the index is open."}),
+			Help: "Index replicas with an open stream from this subscriber (0 or 1 for a single address)."}),
+		Targets: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "forward_targets",
+			Help: "Index replica addresses the index's name resolves to, each with its own forwarder."}),
 		UnknownRemove: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unknown_removals_total",
 			Help: "BlockRemoved hashes the mirror did not hold (cached before the subscriber joined)."}, []string{"rank"}),
 	}
 	reg.MustRegister(m.Batches, m.Events, m.Gaps, m.Replays, m.Epochs, m.DecodeErrors, m.Dropped, m.LastSequence,
-		m.Lag, m.MirrorBlocks, m.HashVerify, m.JournalDepth, m.Snapshots, m.Connected, m.UnknownRemove)
+		m.Lag, m.MirrorBlocks, m.HashVerify, m.JournalDepth, m.Snapshots, m.Connected, m.Targets, m.UnknownRemove)
 	return m
 }
