@@ -107,10 +107,13 @@ func TestOperatorWritePolicy(t *testing.T) {
 		}
 		return nil
 	}
-	// The policy takes effect once the API server has loaded it.
+	// The policy takes effect once the API server has loaded it: wait with
+	// a dry run (admission runs, nothing is stored), so that a write the
+	// API server still allows meanwhile does not change the Service.
 	testutil.Eventually(t, 20*time.Second, func() error {
-		return denied(operator.Patch(ctx, foreignSvc.DeepCopy(), merge(`{"spec":{"selector":{"app":"cache"}}}`)))
+		return denied(operator.Patch(ctx, foreignSvc.DeepCopy(), merge(`{"spec":{"selector":{"app":"cache"}}}`), client.DryRunAll))
 	})
+	require.NoError(t, denied(operator.Patch(ctx, foreignSvc.DeepCopy(), merge(`{"spec":{"selector":{"app":"cache"}}}`))), "a foreign Service's selector")
 	live := &corev1.Service{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(foreignSvc), live))
 	assert.Equal(t, map[string]string{"app": "database"}, live.Spec.Selector)
