@@ -129,7 +129,13 @@ func Index(f IndexFacts) (*v1alpha1.IndexParticipation, IndexVerdict) {
 	if !f.Observed {
 		return nil, IndexVerdict{}
 	}
-	p := Participation(f.Expected, f.Summary)
+	// While the gate is closed no pod streams (no sidecar, or the backend
+	// does not serve yet): the participation stays unset, as the seed's
+	// lifecycle step 4 says; only the condition says why.
+	var p *v1alpha1.IndexParticipation
+	if f.GateOpen() {
+		p = Participation(f.Expected, f.Summary)
+	}
 	for _, pol := range indexChain {
 		if v, ok := pol(f, p); ok {
 			return p, v

@@ -48,10 +48,10 @@ func TestIndex(t *testing.T) {
 		indexed string
 	}{
 		{"no observation: no condition", IndexFacts{}, "", "", ""},
-		{"no model id", with(func(f *IndexFacts) { f.ModelID = "" }), metav1.ConditionFalse, v1alpha1.ReasonSubscriberMissing, "0/2"},
-		{"no subscriber image", with(func(f *IndexFacts) { f.SubscriberImage = false }), metav1.ConditionFalse, v1alpha1.ReasonSubscriberMissing, "0/2"},
-		{"gate: workload not available", with(func(f *IndexFacts) { f.WorkloadAvailable = false }), metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, "0/2"},
-		{"gate: no pod carries the sidecar", with(func(f *IndexFacts) { f.Expected = nil }), metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, "0/0"},
+		{"no model id", with(func(f *IndexFacts) { f.ModelID = "" }), metav1.ConditionFalse, v1alpha1.ReasonSubscriberMissing, ""},
+		{"no subscriber image", with(func(f *IndexFacts) { f.SubscriberImage = false }), metav1.ConditionFalse, v1alpha1.ReasonSubscriberMissing, ""},
+		{"gate: workload not available", with(func(f *IndexFacts) { f.WorkloadAvailable = false }), metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, ""},
+		{"gate: no pod carries the sidecar", with(func(f *IndexFacts) { f.Expected = nil }), metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, ""},
 		{"index unavailable", with(func(f *IndexFacts) { f.ReadErr = errors.New("connection refused") }), metav1.ConditionFalse, v1alpha1.ReasonIndexUnavailable, "0/2"},
 		{"hash mismatch before stale", with(func(f *IndexFacts) { f.Summary = mismatch }), metav1.ConditionFalse, v1alpha1.ReasonHashMismatch, "1/2"},
 		{"unsynced before missing", with(func(f *IndexFacts) { f.Summary = summary(pod("a", pb.PodState_POD_STATE_UNSYNCED)) }), metav1.ConditionFalse, v1alpha1.ReasonPodsUnsynced, "0/2"},
@@ -76,7 +76,7 @@ func TestIndex(t *testing.T) {
 			}
 			if tc.indexed == "" {
 				if p != nil {
-					t.Fatalf("participation %+v without observation", p)
+					t.Fatalf("participation %+v without observation or with the gate closed (the seed: no sidecar, fields unset)", p)
 				}
 				return
 			}
