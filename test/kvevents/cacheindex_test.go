@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inferencecache/operator/test/kvevents/fixture"
 )
 
 var (
@@ -34,15 +36,7 @@ func binaries(t *testing.T) (index, subscriber string) {
 		if binDir, binErr = os.MkdirTemp("", "kvevents-bin-"); binErr != nil {
 			return
 		}
-		for _, b := range []struct{ pkg, cgo string }{{"./cmd/cache-index", "0"}, {"./cmd/kvevent-subscriber", "0"}} {
-			cmd := exec.Command("go", "build", "-o", binDir, b.pkg)
-			cmd.Dir = repoRoot(t)
-			cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				binErr = fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
-				return
-			}
-		}
+		_, _, binErr = fixture.BuildBinaries(binDir)
 	})
 	if binErr != nil {
 		t.Fatal(binErr)
@@ -56,12 +50,12 @@ func binaries(t *testing.T) (index, subscriber string) {
 func startCacheIndex(t *testing.T, addr string) index {
 	t.Helper()
 	bin, _ := binaries(t)
-	probe := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	probe := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
 	logs, err := os.Create(filepath.Join(t.TempDir(), "cache-index.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t)),
 		"--health-probe-bind-address", probe, "--auth", "none", "--heartbeat", "1s", "--zap-devel")
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

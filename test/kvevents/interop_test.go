@@ -6,16 +6,12 @@ package kvevents_test
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,86 +20,8 @@ import (
 	"time"
 
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
+	"github.com/inferencecache/operator/test/kvevents/fixture"
 )
-
-func repoRoot(t *testing.T) string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// publisher drives publisher.py serve over its stdin and stdout.
-type publisher struct {
-	t   *testing.T
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Scanner
-}
-
-func startPublisher(t *testing.T, pubEP, routerEP string, opts ...string) *publisher {
-	t.Helper()
-	args := append([]string{filepath.Join(repoRoot(t), "test", "kvevents", "publisher.py"), "serve", pubEP, routerEP}, opts...)
-	cmd := exec.Command("/usr/bin/python3", args...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start the fixture publisher (/usr/bin/python3 with python3-zmq and python3-msgpack; make packages installs them): %v", err)
-	}
-	p := &publisher{t: t, cmd: cmd, in: in, out: bufio.NewScanner(out)}
-	p.out.Buffer(make([]byte, 1<<20), 16<<20)
-	t.Cleanup(p.stop)
-	if !p.out.Scan() || !strings.Contains(p.out.Text(), "ready") {
-		t.Fatalf("fixture publisher did not start: %q", p.out.Text())
-	}
-	return p
-}
-
-// stop ends the publisher process (closing stdin ends its loop).
-func (p *publisher) stop() {
-	if p.in != nil {
-		_ = p.in.Close()
-		_ = p.cmd.Wait()
-		p.in = nil
-	}
-}
-
-type reply struct {
-	OK   bool     `json:"ok"`
-	Seq  *uint64  `json:"seq"`
-	Held []string `json:"held"`
-}
-
-func (p *publisher) do(cmd map[string]any) reply {
-	p.t.Helper()
-	b, _ := json.Marshal(cmd)
-	if _, err := fmt.Fprintf(p.in, "%s\n", b); err != nil {
-		p.t.Fatalf("publisher: %v", err)
-	}
-	if !p.out.Scan() {
-		p.t.Fatalf("publisher exited: %v", p.out.Err())
-	}
-	var r reply
-	if err := json.Unmarshal(p.out.Bytes(), &r); err != nil {
-		p.t.Fatalf("publisher reply %q: %v", p.out.Text(), err)
-	}
-	return r
-}
 
 // prompt returns n blocks of 4 tokens unique to id.
 func prompt(id, blocks int) []int {
@@ -112,23 +30,6 @@ func prompt(id, blocks int) []int {
 		toks[i] = id*1000 + i
 	}
 	return toks
-}
-
-func (p *publisher) store(toks []int, drop bool) {
-	p.do(map[string]any{"op": "store", "tokens": toks, "drop": drop})
-}
-
-// held is the set of blocks the publisher's engine holds.
-func (p *publisher) held() map[uint64]bool {
-	out := map[uint64]bool{}
-	for _, s := range p.do(map[string]any{"op": "state"}).Held {
-		h, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			p.t.Fatal(err)
-		}
-		out[h] = true
-	}
-	return out
 }
 
 // metrics scrapes the subscriber's counters: name{labels} -> value.
@@ -263,7 +164,7 @@ var (
 )
 
 func tcpEndpoints(t *testing.T) (string, string) {
-	return fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)), fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	return fmt.Sprintf("tcp://127.0.0.1:%d", fixture.FreePort(t)), fmt.Sprintf("tcp://127.0.0.1:%d", fixture.FreePort(t))
 }
 
 // abstractEndpoints are Linux abstract-namespace Unix sockets, unique to
@@ -284,18 +185,18 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 	_, bin := binaries(t)
 
 	pubEP, routerEP := endpoints(t)
-	indexAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	indexAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
 	ix := newIndex(t, indexAddr)
 	defer func() { ix.stop() }()
 	// A replay ring of 8 batches, like vLLM's buffer_steps.
-	pub := startPublisher(t, pubEP, routerEP, pubOpts...)
+	pub := fixture.StartPublisher(t, pubEP, routerEP, pubOpts...)
 	parent := t // processes that outlive a subtest
 
 	// Late join: the engine served requests before the subscriber started.
 	base := prompt(1, 3)
-	pub.store(base, false)
-	pub.store(append(append([]int{}, base...), prompt(2, 2)...), false) // continues the first prompt
-	pub.store(prompt(3, 2), false)
+	pub.Store(base, false)
+	pub.Store(append(append([]int{}, base...), prompt(2, 2)...), false) // continues the first prompt
+	pub.Store(prompt(3, 2), false)
 
 	logs := filepath.Join(dir, "subscriber.log")
 	logf, err := os.Create(logs)
@@ -325,9 +226,9 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 	}
 
 	next := 100
-	nudge := func() { next++; pub.store(prompt(next, 1), false) }
+	nudge := func() { next++; pub.Store(prompt(next, 1), false) }
 	equal := func(ix index) func() string {
-		return func() string { return diff(ix, pub.held(), nil) }
+		return func() string { return diff(ix, pub.Held(), nil) }
 	}
 	counter := func(name string) float64 { return metrics(t, httpAddr)[name] }
 	// settles waits for cond: a counter moves just after the state it
@@ -352,9 +253,9 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 
 	t.Run("gap recovered by replay", func(t *testing.T) {
 		okBefore := counter(`replay_requests_total{rank="0",result="ok"}`)
-		pub.store(prompt(4, 2), true) // lost on the PUB socket, kept in the ring
-		pub.do(map[string]any{"op": "evict", "n": 1, "drop": true})
-		pub.store(prompt(5, 1), false)
+		pub.Store(prompt(4, 2), true) // lost on the PUB socket, kept in the ring
+		pub.Do(map[string]any{"op": "evict", "n": 1, "drop": true})
+		pub.Store(prompt(5, 1), false)
 		eventually(t, "gap", logs, nudge, equal(ix))
 		settles(t, "a replay recovered the gap", func() bool { return counter(`replay_requests_total{rank="0",result="ok"}`) > okBefore })
 	})
@@ -366,10 +267,10 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		epochs := counter(`epoch_resets_total{rank="0"}`)
 		// The engine process exits and a new one binds the same endpoints:
 		// its sequence starts again at 0 and its cache is empty.
-		pub.stop()
-		pub = startPublisher(parent, pubEP, routerEP, pubOpts...)
-		pub.store(prompt(6, 2), false)
-		pub.store(prompt(7, 1), false)
+		pub.Stop()
+		pub = fixture.StartPublisher(parent, pubEP, routerEP, pubOpts...)
+		pub.Store(prompt(6, 2), false)
+		pub.Store(prompt(7, 1), false)
 		eventually(t, "restart", logs, nudge, equal(ix))
 		settles(t, "a new epoch", func() bool { return counter(`epoch_resets_total{rank="0"}`) > epochs })
 	})
@@ -379,11 +280,11 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := pub.held()
-		pub.store(prompt(8, 2), true) // these two batches fall out of the 8-batch ring
-		pub.store(prompt(9, 1), true)
+		before := pub.Held()
+		pub.Store(prompt(8, 2), true) // these two batches fall out of the 8-batch ring
+		pub.Store(prompt(9, 1), true)
 		lostBlocks := map[uint64]bool{}
-		for h := range pub.held() {
+		for h := range pub.Held() {
 			if !before[h] {
 				lostBlocks[h] = true
 			}
@@ -391,15 +292,15 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		// Seven more lost batches and a live one fill the ring of 8: the
 		// two stores above are gone from it.
 		for i := 0; i < 7; i++ {
-			pub.store(prompt(10+i, 1), true)
+			pub.Store(prompt(10+i, 1), true)
 		}
-		pub.store(prompt(20, 1), false)
+		pub.Store(prompt(20, 1), false)
 		// The subscriber cannot know the lost blocks: the index holds the
 		// engine's blocks less those, sent as a snapshot of a new epoch, and
 		// the pod is Unsynced (not scored: it may also keep blocks the lost
 		// batches evicted) until the mirror is exact again.
 		eventually(t, "window exceeded", logs, nil, func() string {
-			want := pub.held()
+			want := pub.Held()
 			for h := range lostBlocks {
 				delete(want, h)
 			}
@@ -414,7 +315,7 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 			return ""
 		})
 		eventually(t, "window exceeded: the index holds the mirror", logs, nil, func() string {
-			want := pub.held()
+			want := pub.Held()
 			for h := range lostBlocks {
 				delete(want, h)
 			}
@@ -426,27 +327,27 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 		settles(t, "replay reported expired", func() bool { return counter(`replay_requests_total{rank="0",result="expired"}`) >= 1 })
 		settles(t, "a snapshot after the replay window was exceeded", func() bool { s, _ := ix.snapshots(); return s > snaps })
 		// A reset of the prefix cache makes the mirror exact again.
-		pub.do(map[string]any{"op": "clear"})
-		pub.store(prompt(21, 2), false)
+		pub.Do(map[string]any{"op": "clear"})
+		pub.Store(prompt(21, 2), false)
 		eventually(t, "after clear", logs, nudge, equal(ix))
 		settles(t, "the pod Live again after the clear", func() bool { st, _ := ix.state(); return st == pb.PodState_POD_STATE_LIVE })
 	})
 
 	t.Run("index restarted mid-stream", func(t *testing.T) {
 		ix.stop()
-		pub.store(prompt(30, 2), false) // journaled while the index is down
-		pub.do(map[string]any{"op": "evict", "n": 2})
+		pub.Store(prompt(30, 2), false) // journaled while the index is down
+		pub.Do(map[string]any{"op": "evict", "n": 2})
 		ix = newIndex(parent, indexAddr)
-		pub.store(prompt(31, 1), false)
+		pub.Store(prompt(31, 1), false)
 		eventually(t, "index restart", logs, nudge, equal(ix))
 		settles(t, "a snapshot sent to the restarted index", func() bool { s, _ := ix.snapshots(); return s >= 1 })
 	})
 
 	// The final index state equals, block for block, what the engine holds.
-	pub.store(prompt(40, 3), false)
-	pub.do(map[string]any{"op": "evict", "n": 1})
+	pub.Store(prompt(40, 3), false)
+	pub.Do(map[string]any{"op": "evict", "n": 1})
 	eventually(t, "final state", logs, nudge, equal(ix))
-	held := pub.held()
+	held := pub.Held()
 	if len(held) == 0 {
 		t.Fatal("the publisher holds nothing; the comparison proves nothing")
 	}

@@ -46,6 +46,8 @@ import (
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/manifests"
 	"github.com/inferencecache/operator/test/testutil"
+
+	"github.com/inferencecache/operator/test/kvevents/fixture"
 )
 
 const (
@@ -71,12 +73,12 @@ func startCluster(t *testing.T) (*cluster, *envtest.Environment) {
 	if err != nil {
 		t.Fatalf("the test needs the local control plane: %v", err)
 	}
-	mwc, vwc, err := manifests.Webhooks(filepath.Join(repoRoot(), "kustomize", "base"))
+	mwc, vwc, err := manifests.Webhooks(filepath.Join(fixture.RepoRoot(), "kustomize", "base"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(), "kustomize", "base", "crd")},
+		CRDDirectoryPaths:     []string{filepath.Join(fixture.RepoRoot(), "kustomize", "base", "crd")},
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: dir,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{MutatingWebhooks: mwc, ValidatingWebhooks: vwc},
@@ -240,7 +242,7 @@ func (e *endpointMap) mapEP(ep string) string {
 	case strings.HasPrefix(ep, "ipc://"):
 		v = "ipc://" + filepath.Join(e.dir, filepath.Base(strings.TrimPrefix(ep, "ipc://")))
 	case strings.HasPrefix(ep, "tcp://"):
-		v = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(e.t))
+		v = fmt.Sprintf("tcp://127.0.0.1:%d", fixture.FreePort(e.t))
 	}
 	e.m[ep] = v
 	e.t.Logf("endpoint %s → %s", ep, v)
@@ -374,7 +376,10 @@ func waitWebhook(t *testing.T, o envtest.WebhookInstallOptions) {
 
 func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(testutil.ZapLevel())))
-	indexBin, subscriberBin := buildBinaries(t, t.TempDir())
+	indexBin, subscriberBin, err := fixture.BuildBinaries(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, env := startCluster(t)
 	ctx := context.Background()
 
@@ -385,9 +390,9 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 
 	// The index, authenticating callers with TokenReview against envtest;
 	// the operator's ServiceAccount may read every backend.
-	grpcAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	probeAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	grpcAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	probeAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
 	index := startProc(t, "cache-index", indexBin, []string{
 		"--grpc-bind-address", grpcAddr, "--http-bind-address", httpAddr, "--health-probe-bind-address", probeAddr,
 		"--auth", "tokenreview", "--kubeconfig", kubeconfig(t, c.cfg), "--audience", indexAud,
@@ -440,16 +445,16 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 	})
 	pubEP := eps.mapEP(strings.Replace(enginePub, "tcp://*:", "tcp://127.0.0.1:", 1))
 	replayEP := eps.mapEP(bindable(engineReplay))
-	pub := startPublisher(t, pubEP, replayEP, "block_size=16")
+	pub := fixture.StartPublisher(t, pubEP, replayEP, "block_size=16")
 	tokens := make([]int, 16*5)
 	for i := range tokens {
 		tokens[i] = 1000 + i
 	}
-	pub.store(tokens) // served before the sidecar started (sequence 0)
+	pub.Store(tokens, false) // served before the sidecar started (sequence 0)
 
 	// The subscriber with exactly the sidecar's args, plus the one explicit
 	// mapping of its probe port (the pod's port would collide on a host).
-	subHTTP := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	subHTTP := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
 	args := append(append([]string{}, side.Args...), "--http-bind-address="+subHTTP)
 	if len(side.Command) > 1 {
 		args = append(append([]string{}, side.Command[1:]...), args...)
@@ -470,7 +475,7 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 		for i := range tokens {
 			tokens[i] += 5000
 		}
-		pub.store(tokens)
+		pub.Store(tokens, false)
 		got := c.waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 			if err := indexSynced(metav1.ConditionTrue, v1alpha1.ReasonAllPodsLive)(cb); err != nil {
 				return err
@@ -524,8 +529,8 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 			for j := range block {
 				block[j] = 90000 + 16*i + j
 			}
-			pub.store(block)
-			pub.evict()
+			pub.Store(block, false)
+			pub.Evict(1)
 			reads(2)
 		}
 		if after := rv(); after != before {
@@ -538,7 +543,7 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 	t.Run("the publisher stops: Stale and PodsStale", func(t *testing.T) {
 		// The engine is gone (crashed, restarting) while its sidecar runs:
 		// the subscriber's stream ends and its heartbeats say so.
-		pub.stop()
+		pub.Stop()
 		got := c.waitBackend(t, key, indexSynced(metav1.ConditionFalse, v1alpha1.ReasonPodsStale))
 		p := got.Status.IndexParticipation
 		if p.StalePods != 1 || p.LivePods != 0 || p.Indexed != "0/1" || p.Pods[0].State != v1alpha1.IndexPodStale ||
