@@ -331,16 +331,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/cachebackend.yaml")
 	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=60s")
 	key := client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}
-	cb := &v1alpha1.CacheBackend{}
-	testutil.Eventually(t, 30*time.Second, func() error {
-		if err := k8s.Get(ctx, key, cb); err != nil {
-			return err
-		}
-		if cb.Status.ObservedServerInstance == "" {
-			return fmt.Errorf("no server instance observed yet")
-		}
-		return nil
-	})
+	cb := observedBackend(t, key)
 	first := cb.Status.ObservedServerInstance
 
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/engine.yaml")
@@ -595,4 +586,21 @@ func TestStatefulSetWithStorageStaysReady(t *testing.T) {
 		})
 		require.NoError(t, ready(), "still Ready after forced reconcile %d", i)
 	}
+}
+
+// observedBackend waits until key's CacheBackend has recorded its serving
+// pods (status.observedServerInstance) and returns it.
+func observedBackend(t *testing.T, key client.ObjectKey) *v1alpha1.CacheBackend {
+	t.Helper()
+	cb := &v1alpha1.CacheBackend{}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(context.Background(), key, cb); err != nil {
+			return err
+		}
+		if cb.Status.ObservedServerInstance == "" {
+			return fmt.Errorf("no server instance observed yet")
+		}
+		return nil
+	})
+	return cb
 }

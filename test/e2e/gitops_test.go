@@ -336,16 +336,7 @@ func TestCascadeIgnoresCopiedReceipts(t *testing.T) {
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/cachebackend.yaml")
 	key := client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}
 	readyBackend(t, key)
-	cb := &v1alpha1.CacheBackend{}
-	testutil.Eventually(t, 30*time.Second, func() error {
-		if err := k8s.Get(ctx, key, cb); err != nil {
-			return err
-		}
-		if cb.Status.ObservedServerInstance == "" {
-			return fmt.Errorf("no server instance observed yet")
-		}
-		return nil
-	})
+	cb := observedBackend(t, key)
 	first := cb.Status.ObservedServerInstance
 	time.Sleep(time.Until(meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady).LastTransitionTime.Add(5 * time.Second)))
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/engine.yaml")
