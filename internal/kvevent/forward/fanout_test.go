@@ -217,7 +217,7 @@ func TestFanoutFullReplicaQueue(t *testing.T) {
 	defer stop1()
 	res := &addrs{}
 	res.put(addr1)
-	src := &gatedSource{source: &source{epoch: 1}, gate: make(chan struct{})}
+	src := &gatedSource{source: &source{epoch: 1}, gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 	in := make(chan *pb.Delta)
 	var dropped []string
 	var mu sync.Mutex
@@ -235,9 +235,19 @@ func TestFanoutFullReplicaQueue(t *testing.T) {
 	// forwarder takes delta 1 and waits on its snapshot; delta 2 fills the
 	// queue of one; deltas 3 to 10 are dropped for this replica.
 	waitFor(t, "connected", func() bool { h, _, _ := f1.state(); return h == 1 })
-	for s := uint64(1); s <= 10; s++ {
+	in <- delta(1, 1)
+	select {
+	case <-src.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forwarder never asked for the snapshot delta 1 needs")
+	}
+	for s := uint64(2); s <= 10; s++ {
 		in <- delta(1, s)
 	}
+	// The tee counts a drop after it took the delta from the channel, so
+	// the last one may still be on its way when the send returns.
+	countDropped := func() int { mu.Lock(); defer mu.Unlock(); return len(dropped) }
+	waitFor(t, "eight drops", func() bool { return countDropped() >= 8 })
 	mu.Lock()
 	assert.Equal(t, slices.Repeat([]string{addr1}, 8), dropped)
 	mu.Unlock()
@@ -264,10 +274,15 @@ func TestFanoutFullReplicaQueue(t *testing.T) {
 // gatedSource answers snapshots once gate is closed.
 type gatedSource struct {
 	*source
-	gate chan struct{}
+	gate    chan struct{}
+	entered chan struct{} // gets a value when a snapshot is asked for
 }
 
 func (g *gatedSource) Snapshot(ctx context.Context) (*subscriber.Snapshot, error) {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
 	select {
 	case <-g.gate:
 	case <-ctx.Done():
