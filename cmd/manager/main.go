@@ -76,6 +76,8 @@ func run(args []string, stdout io.Writer) error {
 	webhookService := fs.String("webhook-service", "inferencecache-webhook", "Service in front of the webhooks; names the self-signed certificate")
 	certHosts := fs.String("webhook-cert-hosts", "", "extra comma-separated DNS names or IPs for the self-signed certificate (e.g. 127.0.0.1 when the manager runs outside the cluster)")
 	receiptHorizon := fs.Duration("receipt-event-horizon", controller.DefaultReceiptEventHorizon, "a manager that did not report a pod's receipt event (after a restart) reports it only while the pod is younger than this; keep it at most the API server's --event-ttl, or pods may be reported twice")
+	apiQPS := fs.Float64("kube-api-qps", controller.DefaultKubeAPIQPS, "requests per second the manager's API client sends at most, averaged (client-go's rate limiter; it bounds how fast a burst of new CacheBackends becomes Ready, not what an idle operator sends: nothing)")
+	apiBurst := fs.Int("kube-api-burst", controller.DefaultKubeAPIBurst, "requests the manager's API client may send at once above --kube-api-qps")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -103,7 +105,9 @@ func run(args []string, stdout io.Writer) error {
 	utilruntime.Must(v1alpha1.AddToScheme(scheme))
 
 	// Every request to the API server is counted (inferencecache_apiserver_requests_total).
-	restCfg := metrics.CountRequests(ctrl.GetConfigOrDie())
+	restCfg := ctrl.GetConfigOrDie()
+	restCfg.QPS, restCfg.Burst = float32(*apiQPS), *apiBurst
+	restCfg = metrics.CountRequests(restCfg)
 	var provisioner *certs.Provisioner
 	if *selfSigned && *webhooks {
 		direct, err := client.New(restCfg, client.Options{Scheme: scheme})

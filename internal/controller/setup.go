@@ -16,6 +16,15 @@ import (
 	"github.com/inferencecache/operator/internal/validation"
 )
 
+// The manager's API client rate limits (--kube-api-qps, --kube-api-burst),
+// Flux's defaults: controller-runtime's 20/30 made 1,000 CacheBackends
+// created at once wait about eight minutes on the client side alone. An
+// idle operator sends nothing whatever they are.
+const (
+	DefaultKubeAPIQPS   = 50
+	DefaultKubeAPIBurst = 300
+)
+
 // Options configure what Setup registers.
 type Options struct {
 	// Inject shapes the Pod webhook's injection.

@@ -30,9 +30,10 @@ const (
 // operator reads no other Secret). It creates the Secret with a random key
 // when it does not exist. Keys are never logged.
 //
-// The ring never holds its lock across an API call: one caller reads the
-// Secret while the others use the keys already held (or, holding none,
-// wait for that read or their own context). After a failed read it backs
+// The ring never holds its lock across an API call, and a caller waits
+// for one only while the ring holds no key: keys due for a refresh are
+// returned at once while one background read of the Secret replaces them
+// (holding none, callers wait for the one read or their own context). After a failed read it backs
 // off, doubling from Backoff up to Refresh, so that a missing permission or
 // an unavailable API server costs one request per back-off period, not
 // one per admission.
@@ -115,28 +116,49 @@ func (k *KeyRing) Keys(ctx context.Context) ([]Key, error) {
 		}
 		done := make(chan struct{})
 		k.loading = done
+		held := k.keys
 		k.mu.Unlock()
 
-		keys, err := k.load(ctx)
-
-		k.mu.Lock()
-		k.loading = nil
-		close(done)
-		if err != nil {
-			k.failures++
-			k.lastErr = err
-			k.retryAt = k.now().Add(k.backoff())
-			held := k.keys
-			k.mu.Unlock()
-			if len(held) > 0 {
-				return held, nil
-			}
-			return nil, err
+		if len(held) > 0 {
+			// Keys are held, only due for a refresh: use them and read
+			// the Secret in the background, so that no caller (an
+			// admission above all) waits on the API server or on the
+			// client's rate limiter once the ring has keys.
+			go func() {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundReadTimeout)
+				defer cancel()
+				_, _ = k.reload(rctx, done)
+			}()
+			return held, nil
 		}
-		k.keys, k.fetched, k.failures, k.lastErr, k.retryAt = keys, k.now(), 0, nil, time.Time{}
-		k.mu.Unlock()
-		return keys, nil
+		return k.reload(ctx, done)
 	}
+}
+
+// backgroundReadTimeout bounds a refresh no caller waits for.
+const backgroundReadTimeout = 30 * time.Second
+
+// reload reads the Secret (the caller set k.loading to done) and records
+// the outcome: the keys read, or the failure and its back-off while the
+// keys held, if any, stay in use.
+func (k *KeyRing) reload(ctx context.Context, done chan struct{}) ([]Key, error) {
+	keys, err := k.load(ctx)
+
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.loading = nil
+	close(done)
+	if err != nil {
+		k.failures++
+		k.lastErr = err
+		k.retryAt = k.now().Add(k.backoff())
+		if len(k.keys) > 0 {
+			return k.keys, nil
+		}
+		return nil, err
+	}
+	k.keys, k.fetched, k.failures, k.lastErr, k.retryAt = keys, k.now(), 0, nil, time.Time{}
+	return keys, nil
 }
 
 func (k *KeyRing) now() time.Time {

@@ -109,3 +109,36 @@ func TestKeyRingHoldsNoLockAcrossAPICalls(t *testing.T) {
 	_, held := k.Held()
 	assert.True(t, held)
 }
+
+// TestKeyRingRefreshesInTheBackground: once keys are held, a caller never
+// waits for the Secret: keys due for a refresh are returned at once and
+// replaced by one background read, whose result the next caller sees.
+func TestKeyRingRefreshesInTheBackground(t *testing.T) {
+	r := &stubReader{}
+	c := &clock{t: time.Unix(1000, 0)}
+	k := &KeyRing{Reader: r, Namespace: "ns", Name: "key", Refresh: 30 * time.Second, Now: c.now}
+	_, err := k.Keys(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, r.gets.Load())
+
+	r.block = make(chan struct{})
+	c.t = c.t.Add(time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	for range 20 {
+		keys, err := k.Keys(ctx)
+		require.NoError(t, err, "the held keys, without waiting for the read")
+		require.Len(t, keys, 1)
+	}
+	cancel() // the caller that started the refresh is gone; the read goes on
+	for r.gets.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	close(r.block)
+	require.Eventually(t, func() bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.loading == nil && k.fetched.Equal(c.t)
+	}, 5*time.Second, time.Millisecond, "the background read replaced the keys")
+	assert.EqualValues(t, 2, r.gets.Load(), "twenty callers, one read")
+	assert.NoError(t, k.lastErr)
+}

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/controller"
 	opmetrics "github.com/inferencecache/operator/internal/metrics"
 	"github.com/inferencecache/operator/test/testutil"
 )
@@ -139,9 +140,10 @@ func (r result) markdown() string {
 	w("## Scale benchmark: N = %d CacheBackends, M = %d engine pods\n\n", r.size.backends, r.size.pods)
 	w("Run %s on %s (%d CPUs, %s/%s), load average at the end %s (the machine is shared: wall-clock figures are inflated by other work); "+
 		"local cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and %d kwok nodes; the operator in the benchmark's process "+
-		"(controller.Setup with the manager's cache options and request counter; client-go limits QPS 20, burst 30, as the manager binary has them). "+
+		"(controller.Setup with the manager's cache options and request counter; client-go limits QPS %d, burst %d, as the manager binary has them). "+
 		"Memory figures are the benchmark process's: its Go heap after a collection, which holds the operator's caches, and its RSS.\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, loadavg(), r.nodes)
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, loadavg(), r.nodes,
+		controller.DefaultKubeAPIQPS, controller.DefaultKubeAPIBurst)
 	w("| Figure | Value | Target | |\n|---|---|---|---|\n")
 	w("| Time-to-Ready, per backend, p50 / p99 (%d server-backed backends without storage) | %s / %s | — | |\n", r.expectReady, ms(percentile(r.ttr, 0.5)), ms(percentile(r.ttr, 0.99)))
 	rssOK := r.rssPods <= 256<<20

@@ -395,9 +395,9 @@ func TestScale(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-system"}}))
 
 	// The operator as the manager binary runs it: its cache options, its
-	// request counter, the client-go rate limits controller-runtime sets.
+	// request counter, the manager's client-go rate limits.
 	mcfg := *cfg
-	mcfg.QPS, mcfg.Burst = 20, 30
+	mcfg.QPS, mcfg.Burst = controller.DefaultKubeAPIQPS, controller.DefaultKubeAPIBurst
 	mgr, err := ctrl.NewManager(controllerCountRequests(&mcfg), ctrl.Options{
 		Scheme: scheme, Cache: controller.CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
