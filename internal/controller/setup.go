@@ -103,7 +103,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		if err != nil {
 			return err
 		}
-		srv.Register(inject.MutatePath, inject.Guard(&webhook.Admission{Handler: &inject.Handler{Backends: idx, Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}}, opts.Inject.Limits))
+		srv.Register(inject.MutatePath, inject.Served(&inject.Handler{Backends: idx, Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}, opts.Inject.Limits))
 		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
 	}
 	return nil

@@ -52,7 +52,9 @@ type Handler struct {
 // Handle implements admission.Handler.
 func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admission.Response) {
 	// The pod's name is read only when there is something to log.
-	logger := func() logr.Logger { return log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req)) }
+	logger := func() logr.Logger {
+		return log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req), "requestID", req.UID)
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			logger().Error(fmt.Errorf("panic: %v", r), "injection failed; admitting the pod unchanged")
@@ -103,7 +105,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 		Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
 	}
 	if d.Outcome != NoMatch {
-		log.FromContext(ctx).Info("admission decision", "pod", req.Namespace+"/"+decidedName(d.Pod), "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", dryRun, "message", d.Message)
+		log.FromContext(ctx).Info("admission decision", "pod", req.Namespace+"/"+decidedName(d.Pod), "requestID", req.UID, "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", dryRun, "message", d.Message)
 	}
 	resp = admission.Patched("", patch...)
 	if len(patch) == 0 {
@@ -129,7 +131,7 @@ func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun 
 	if h.Backends == nil || !h.Backends.Synced() {
 		var list v1alpha1.CacheBackendList
 		if err := h.Reader.List(ctx, &list, client.InNamespace(req.Namespace)); err != nil {
-			log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req)).Error(err, "listing CacheBackends; admitting the pod unchanged")
+			log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req), "requestID", req.UID).Error(err, "listing CacheBackends; admitting the pod unchanged")
 			return nil, true, failOpen("listing CacheBackends: " + err.Error())
 		}
 		return list.Items, false, admission.Response{}

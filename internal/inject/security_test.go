@@ -267,7 +267,7 @@ func review(uid string, pod []byte) []byte {
 func TestGuardFailsOpenAboveTheSizeLimit(t *testing.T) {
 	var decoded atomic.Int32
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { decoded.Add(1); w.WriteHeader(299) })
-	g := Guard(next, Limits{MaxRequestBytes: 64 << 10})
+	g := Guard(next, Limits{MaxRequestBytes: 64 << 10}, nil)
 	big := enginePod(func(p *corev1.Pod) {
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BIG", Value: strings.Repeat("x", 1<<20)}}
 	})
@@ -314,7 +314,7 @@ func TestGuardLimitsConcurrency(t *testing.T) {
 		<-release
 		inFlight.Add(-1)
 	})
-	g := Guard(next, Limits{MaxConcurrent: 2})
+	g := Guard(next, Limits{MaxConcurrent: 2}, nil)
 	raw, _ := json.Marshal(enginePod())
 	var wg sync.WaitGroup
 	for i := range 2 {

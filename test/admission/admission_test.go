@@ -13,12 +13,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/go-logr/zapr"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	admissionv1 "k8s.io/api/admission/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -28,10 +33,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
@@ -52,6 +57,11 @@ var (
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
+	// The manager's logger: zap's production JSON encoder and sampling
+	// (cmd/manager), writing nowhere.
+	core := zapcore.NewSamplerWithOptions(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()),
+		zapcore.AddSync(io.Discard), zap.InfoLevel), time.Second, 100, 100)
+	ctrl.SetLogger(zapr.NewLogger(zap.New(core)))
 	dir, err := controlplane.Dir()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "the served-admission benchmark needs the local control plane:", err)
@@ -225,7 +235,7 @@ func served(tb testing.TB) http.Handler {
 	if !toolscache.WaitForCacheSync(make(chan struct{}), idx.Synced) {
 		tb.Fatal("the index did not sync")
 	}
-	return inject.Guard(&webhook.Admission{Handler: &inject.Handler{Backends: idx, Reader: reader}}, inject.Limits{})
+	return inject.Served(&inject.Handler{Backends: idx, Reader: reader}, inject.Limits{})
 }
 
 // recorder is a reusable ResponseWriter, so that the measurement counts
@@ -320,12 +330,13 @@ func authUser() authenticationv1.UserInfo {
 	return authenticationv1.UserInfo{Username: "system:serviceaccount:kube-system:replicaset-controller", UID: "f3c1", Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"}}
 }
 
-// Budgets of one served admission, in allocations (issue 12: at most 400
-// for a wired pod, the same from 1 to 1,000 CacheBackends in the
-// namespace; a pod nothing matches far below).
+// Budgets of one served admission, in allocations, with the manager's
+// logger (issue 12: at most 400 for a wired pod, the same from 1 to 1,000
+// CacheBackends in the namespace; a pod nothing matches far below: the
+// shortcut answers it from the request's bytes).
 const (
 	wiredAllocs     = 400
-	unmatchedAllocs = 150
+	unmatchedAllocs = 50
 )
 
 func TestServedAdmissionBudget(t *testing.T) {

@@ -8,6 +8,8 @@ require (
 	sigs.k8s.io/controller-runtime v0.25.2
 )
 
+require github.com/fsnotify/fsnotify v1.10.1 // indirect
+
 require (
 	dario.cat/mergo v1.0.1 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20250102033503-faa5f7b0171c // indirect

@@ -1,0 +1,515 @@
+package inject
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"unicode/utf8"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Shortcut answers some admission requests from their bytes alone, before
+// controller-runtime decodes them. The guard asks it first.
+type Shortcut interface {
+	// Shortcut returns the whole response body for body, or false when
+	// the request must be served in full.
+	Shortcut(body []byte) ([]byte, bool)
+}
+
+// Shortcut answers the commonest request the webhook sees, a pod CREATE
+// that no CacheBackend claims and that carries none of the annotations the
+// webhook strips, with the very response the full path writes for it
+// (allowed, no patch), in one pass over the request's bytes: no decode of
+// the AdmissionReview, no copy of the pod. Anything else (a pod a
+// CacheBackend claims, a pod with receipt annotations, an index not synced
+// yet, a request this scanner does not read with certainty: malformed
+// JSON, a duplicated or case-variant key among those it reads, a field of
+// an unexpected type) goes the full way. FuzzShortcut holds it to the full
+// path's answer.
+func (h *Handler) Shortcut(body []byte) ([]byte, bool) {
+	if h.Backends == nil || !h.Backends.Synced() {
+		return nil, false
+	}
+	var r reviewHead
+	if !r.read(body) || string(r.operation) != string(admissionv1.Create) || len(r.group) != 0 || string(r.version) != "v1" ||
+		string(r.kind) != "Pod" || len(r.namespace) == 0 || !r.object || r.stripped {
+		return nil, false
+	}
+	if h.Backends.Select(string(r.namespace), r.labels) != nil {
+		return nil, false
+	}
+	out, ok := allowedReview(r.apiVersion, string(r.uid))
+	if !ok {
+		return nil, false
+	}
+	if !r.dryRun {
+		Decisions.WithLabelValues(string(NoMatch), "").Inc()
+	}
+	return out, true
+}
+
+// allowedReview is controller-runtime's response to admission.Allowed(""),
+// encoded as it encodes it.
+func allowedReview(apiVersion, uid string) ([]byte, bool) {
+	ar := admissionv1.AdmissionReview{Response: &admissionv1.AdmissionResponse{
+		UID: types.UID(uid), Allowed: true, Result: &metav1.Status{Code: http.StatusOK},
+	}}
+	ar.APIVersion, ar.Kind = apiVersion, "AdmissionReview"
+	var b bytes.Buffer
+	if err := json.NewEncoder(&b).Encode(ar); err != nil {
+		return nil, false
+	}
+	return b.Bytes(), true
+}
+
+// reviewHead is what Shortcut reads of an AdmissionReview.
+type reviewHead struct {
+	apiVersion                string
+	uid, operation, namespace []byte // slices of the request when not escaped
+	group, version, kind      []byte // request.kind
+	dryRun                    bool
+	object                    bool // request.object is a JSON object
+	labels                    map[string]string
+	stripped                  bool // an annotation the webhook strips
+}
+
+// read scans body, which must be one valid JSON object, and fills r. It
+// reports false for anything it does not read with certainty.
+func (r *reviewHead) read(body []byte) bool {
+	s := &scanner{b: body}
+	s.ws()
+	var seen uint8
+	ok := s.object(func(key []byte) bool {
+		switch field(key, "apiVersion", "kind", "request") {
+		case 0:
+			v, ok := s.str()
+			r.apiVersion = v
+			return ok && once(&seen, 0)
+		case 1:
+			v, ok := s.str()
+			return ok && v == "AdmissionReview" && once(&seen, 1)
+		case 2:
+			return once(&seen, 2) && r.request(s)
+		case variant:
+			return false
+		}
+		return s.skip()
+	})
+	s.ws()
+	return ok && s.i == len(s.b) && seen == 0b111 &&
+		(r.apiVersion == "admission.k8s.io/v1" || r.apiVersion == "admission.k8s.io/v1beta1")
+}
+
+func (r *reviewHead) request(s *scanner) bool {
+	var seen uint8
+	return s.want('{') && s.object(func(key []byte) bool {
+		var ok bool
+		i := field(key, "uid", "operation", "namespace", "dryRun", "kind", "object")
+		switch i {
+		case 0:
+			r.uid, ok = s.value()
+		case 1:
+			r.operation, ok = s.value()
+		case 2:
+			r.namespace, ok = s.value()
+		case 3:
+			r.dryRun, ok = s.boolean()
+		case 4:
+			ok = r.requestKind(s)
+		case 5:
+			r.object = true
+			ok = s.want('{') && r.pod(s)
+		case variant:
+			return false
+		default:
+			return s.skip()
+		}
+		return ok && once(&seen, uint(i))
+	})
+}
+
+func (r *reviewHead) requestKind(s *scanner) bool {
+	var seen uint8
+	return s.want('{') && s.object(func(key []byte) bool {
+		i := field(key, "group", "version", "kind")
+		var ok bool
+		switch i {
+		case 0:
+			r.group, ok = s.value()
+		case 1:
+			r.version, ok = s.value()
+		case 2:
+			r.kind, ok = s.value()
+		case variant:
+			return false
+		default:
+			return s.skip()
+		}
+		return ok && once(&seen, uint(i))
+	})
+}
+
+func (r *reviewHead) pod(s *scanner) bool {
+	var seen uint8
+	return s.object(func(key []byte) bool {
+		switch field(key, "metadata") {
+		case 0:
+			if s.null() {
+				return once(&seen, 0)
+			}
+			return s.want('{') && once(&seen, 0) && r.metadata(s)
+		case variant:
+			return false
+		}
+		return s.skip()
+	})
+}
+
+func (r *reviewHead) metadata(s *scanner) bool {
+	var seen uint8
+	return s.object(func(key []byte) bool {
+		i := field(key, "labels", "annotations")
+		switch i {
+		case 0, 1:
+			if !once(&seen, uint(i)) {
+				return false
+			}
+			if s.null() {
+				return true
+			}
+			return s.want('{') && s.object(func(k []byte) bool {
+				if !s.null() {
+					v, ok := s.str()
+					if !ok {
+						return false
+					}
+					if i == 0 {
+						r.label(string(k), v)
+					}
+				} else if i == 0 {
+					r.label(string(k), "")
+				}
+				if i == 1 {
+					for _, a := range strippedAnnotations {
+						if string(k) == a {
+							r.stripped = true
+						}
+					}
+				}
+				return true
+			})
+		case variant:
+			return false
+		}
+		return s.skip()
+	})
+}
+
+func (r *reviewHead) label(k, v string) {
+	if r.labels == nil {
+		r.labels = make(map[string]string, 8)
+	}
+	r.labels[k] = v
+}
+
+// variant is field's answer for a key that equals one of the names only
+// when case is ignored (encoding/json's way of matching some of them).
+const variant = -2
+
+// field returns the index of key among names, variant, or -1.
+func field(key []byte, names ...string) int {
+	for i, n := range names {
+		if string(key) == n {
+			return i
+		}
+	}
+	for _, n := range names {
+		if bytes.EqualFold(key, []byte(n)) {
+			return variant
+		}
+	}
+	return -1
+}
+
+// once records bit i in seen and reports whether it was not set before.
+func once(seen *uint8, i uint) bool {
+	if *seen&(1<<i) != 0 {
+		return false
+	}
+	*seen |= 1 << i
+	return true
+}
+
+// scanner is a validating single-pass JSON reader: every value it passes
+// over is checked against the JSON grammar, as encoding/json checks the
+// whole input before decoding it.
+type scanner struct {
+	b     []byte
+	i     int
+	depth int
+}
+
+// maxDepth is encoding/json's nesting limit.
+const maxDepth = 10000
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+// want reports whether the next value starts with c, without consuming it.
+func (s *scanner) want(c byte) bool {
+	s.ws()
+	return s.i < len(s.b) && s.b[s.i] == c
+}
+
+// object reads the object at s.i, calling field with each key and s at the
+// start of its value; field consumes the value.
+func (s *scanner) object(field func(key []byte) bool) bool {
+	if !s.want('{') {
+		return false
+	}
+	if s.depth++; s.depth > maxDepth {
+		return false
+	}
+	defer func() { s.depth-- }()
+	s.i++
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == '}' {
+		s.i++
+		return true
+	}
+	for {
+		s.ws()
+		key, ok := s.strBytes()
+		if !ok {
+			return false
+		}
+		s.ws()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return false
+		}
+		s.i++
+		s.ws()
+		if !field(key) {
+			return false
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+func (s *scanner) array() bool {
+	if s.depth++; s.depth > maxDepth {
+		return false
+	}
+	defer func() { s.depth-- }()
+	s.i++
+	s.ws()
+	if s.i < len(s.b) && s.b[s.i] == ']' {
+		s.i++
+		return true
+	}
+	for {
+		if !s.skip() {
+			return false
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// skip passes over one value.
+func (s *scanner) skip() bool {
+	s.ws()
+	if s.i >= len(s.b) {
+		return false
+	}
+	switch s.b[s.i] {
+	case '"':
+		_, _, ok := s.stringEnd()
+		return ok
+	case '{':
+		return s.object(func([]byte) bool { return s.skip() })
+	case '[':
+		return s.array()
+	case 't':
+		return s.literal("true")
+	case 'f':
+		return s.literal("false")
+	case 'n':
+		return s.literal("null")
+	default:
+		return s.number()
+	}
+}
+
+func (s *scanner) literal(l string) bool {
+	if !bytes.HasPrefix(s.b[s.i:], []byte(l)) {
+		return false
+	}
+	s.i += len(l)
+	return true
+}
+
+// null consumes a null and reports whether there was one.
+func (s *scanner) null() bool {
+	s.ws()
+	return bytes.HasPrefix(s.b[s.i:], []byte("null")) && s.literal("null")
+}
+
+// boolean reads true, false or null (false), as encoding/json stores them
+// into a *bool.
+func (s *scanner) boolean() (bool, bool) {
+	s.ws()
+	switch {
+	case s.literal("true"):
+		return true, true
+	case s.literal("false"), s.literal("null"):
+		return false, true
+	}
+	return false, false
+}
+
+func (s *scanner) number() bool {
+	b, i := s.b, s.i
+	digits := func() bool {
+		start := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		return i > start
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case !digits():
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if !digits() {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return false
+		}
+	}
+	s.i = i
+	return true
+}
+
+// stringEnd passes over the string at s.i and returns its bytes with the
+// quotes and whether it needs decoding (escapes or invalid UTF-8).
+func (s *scanner) stringEnd() (raw []byte, decode bool, ok bool) {
+	b := s.b
+	if s.i >= len(b) || b[s.i] != '"' {
+		return nil, false, false
+	}
+	for j := s.i + 1; j < len(b); j++ {
+		switch c := b[j]; {
+		case c == '"':
+			raw = b[s.i : j+1]
+			s.i = j + 1
+			return raw, decode || !utf8.Valid(raw), true
+		case c < 0x20:
+			return nil, false, false
+		case c == '\\':
+			decode = true
+			j++
+			if j >= len(b) {
+				return nil, false, false
+			}
+			switch b[j] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if j+4 >= len(b) {
+					return nil, false, false
+				}
+				for _, h := range b[j+1 : j+5] {
+					if !isHex(h) {
+						return nil, false, false
+					}
+				}
+				j += 4
+			default:
+				return nil, false, false
+			}
+		}
+	}
+	return nil, false, false
+}
+
+// strBytes reads a string and returns its value; without escapes it is a
+// slice of the input.
+func (s *scanner) strBytes() ([]byte, bool) {
+	raw, decode, ok := s.stringEnd()
+	if !ok {
+		return nil, false
+	}
+	if !decode {
+		return raw[1 : len(raw)-1], true
+	}
+	var v string
+	if json.Unmarshal(raw, &v) != nil {
+		return nil, false
+	}
+	return []byte(v), true
+}
+
+// str reads a string value (not null).
+func (s *scanner) str() (string, bool) {
+	v, ok := s.value()
+	return string(v), ok
+}
+
+// value reads a string value (not null) without copying it when it has
+// no escapes.
+func (s *scanner) value() ([]byte, bool) {
+	s.ws()
+	return s.strBytes()
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
