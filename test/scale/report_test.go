@@ -50,7 +50,14 @@ func runBursts(ctx context.Context, t *testing.T, k8s client.Client, sz size) []
 	})
 	var out []burstResult
 	for a := range sz.alternations {
-		for _, ns := range []string{served, unserved} {
+		// ABBA: the served namespace goes first in even alternations,
+		// second in odd ones, so that neither side always follows the other.
+		order := []string{served, unserved}
+		if a%2 == 1 {
+			order = []string{unserved, served}
+		}
+		for _, ns := range order {
+			quiesce(ctx, t, k8s, served, unserved)
 			objs := make([]client.Object, sz.burst)
 			for i := range objs {
 				p := enginePod(ns, "", "burst")
@@ -73,6 +80,38 @@ func runBursts(ctx context.Context, t *testing.T, k8s client.Client, sz size) []
 	return out
 }
 
+// quiesce waits until the previous bursts are gone and their aftermath is
+// over: no pod left in the burst namespaces, no pod in the cluster waiting
+// for the scheduler, and no request from the operator for two seconds. A
+// burst then measures its own pods' CREATE, not the tail of the last one
+// (the scheduler binding it, kwok starting it, the garbage of its
+// deletion, the operator reporting it).
+func quiesce(ctx context.Context, t *testing.T, k8s client.Client, namespaces ...string) {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Minute, func() error {
+		for _, ns := range namespaces {
+			var left metav1.PartialObjectMetadataList
+			left.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+			if err := k8s.List(ctx, &left, client.InNamespace(ns), client.Limit(1)); err != nil {
+				return err
+			}
+			if len(left.Items) > 0 {
+				return fmt.Errorf("pods of the last burst still in %s", ns)
+			}
+		}
+		var pending metav1.PartialObjectMetadataList
+		pending.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := k8s.List(ctx, &pending, client.MatchingFields{"spec.nodeName": ""}, client.Limit(1)); err != nil {
+			return err
+		}
+		if len(pending.Items) > 0 {
+			return fmt.Errorf("pod %s/%s not scheduled yet", pending.Items[0].Namespace, pending.Items[0].Name)
+		}
+		return nil
+	})
+	settle(t, 2*time.Second, time.Minute)
+}
+
 type result struct {
 	size                                     size
 	nodes, expectReady, wired                int
@@ -83,7 +122,7 @@ type result struct {
 	idlePerMinute, perPod, writes, podWrites float64
 	podGets                                  float64
 	bursts                                   []burstResult
-	admission, reconcile                     *dto.Histogram
+	admission, wait, reconcile               *dto.Histogram
 	reconcileAfterBackends                   *dto.Histogram
 	depth                                    int64
 }
@@ -174,6 +213,7 @@ func (r result) markdown() string {
 		}
 		p99 := quantile(r.admission, 0.99)
 		w("| Webhook's own handling p50 / p99 (%d admissions) | %s / %s | p99 ≤ 2 ms | %s |\n", r.admission.GetSampleCount(), secs(quantile(r.admission, 0.5)), secs(p99), met(p99 <= 2e-3))
+		w("| of which waiting for a concurrency slot, p50 / p99 | %s / %s | — | |\n", secs(quantile(r.wait, 0.5)), secs(quantile(r.wait, 0.99)))
 	} else {
 		w("| Pod CREATE bursts | not run (SCALE_BURST=0) | ratio ≤ 1.25 | |\n")
 	}

@@ -504,16 +504,18 @@ func TestScale(t *testing.T) {
 	// webhook serves (a Ready backend wires every pod) and one it leaves out.
 	var bursts []burstResult
 	admissionBase := histogram(t, "inferencecache_webhook_admission_duration_seconds", func(map[string]string) bool { return true })
+	waitBase := histogram(t, "inferencecache_webhook_admission_wait_seconds", func(map[string]string) bool { return true })
 	if sz.burst > 0 {
 		bursts = runBursts(ctx, t, k8s, sz)
 	}
 	admission := since(histogram(t, "inferencecache_webhook_admission_duration_seconds", func(map[string]string) bool { return true }), admissionBase)
+	wait := since(histogram(t, "inferencecache_webhook_admission_wait_seconds", func(map[string]string) bool { return true }), waitBase)
 	reconcile := histogram(t, "controller_runtime_reconcile_time_seconds", func(l map[string]string) bool { return l["controller"] == "cachebackend" })
 
 	r := result{size: sz, nodes: nodes, ttr: ttr, expectReady: expectReady,
 		heapBase: heapBase, heapBackends: heapBackends, heapPods: heapPods, rssBase: rssBase, rssBackends: rssBackends, rssPods: rssPods,
 		idle: idle, idlePerMinute: idlePerMinute, perPods: perPods, perPod: perPod, writes: writes, podWrites: podWrites, podGets: podGets, wired: wired,
-		bursts: bursts, admission: admission, reconcile: reconcile, reconcileAfterBackends: reconcileAfterBackends, depth: depth.max.Load()}
+		bursts: bursts, admission: admission, wait: wait, reconcile: reconcile, reconcileAfterBackends: reconcileAfterBackends, depth: depth.max.Load()}
 	if sz.report != "" {
 		require.NoError(t, os.WriteFile(sz.report, []byte(r.markdown()), 0o644))
 		t.Logf("report written to %s", sz.report)
