@@ -74,14 +74,15 @@ func runBursts(ctx context.Context, t *testing.T, k8s client.Client, sz size) []
 			}
 			t.Logf("burst %d in %s: %d pods, %d wired, CREATE p50 %s p99 %s", a, ns, r.created, r.wired, r.p50, r.p99)
 			out = append(out, r)
-			require.NoError(t, k8s.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ns), client.GracePeriodSeconds(0)))
+			require.NoError(t, k8s.DeleteAllOf(ctx, &corev1.Pod{}, client.InNamespace(ns), client.MatchingLabels{"app": "burst"}, client.GracePeriodSeconds(0)))
 		}
 	}
 	return out
 }
 
 // quiesce waits until the previous bursts are gone and their aftermath is
-// over: no pod left in the burst namespaces, no pod in the cluster waiting
+// over: no burst pod left in the burst namespaces (the served one also
+// holds the cache server's pods), no engine pod in the cluster waiting
 // for the scheduler, and no request from the operator for two seconds. A
 // burst then measures its own pods' CREATE, not the tail of the last one
 // (the scheduler binding it, kwok starting it, the garbage of its
@@ -92,7 +93,7 @@ func quiesce(ctx context.Context, t *testing.T, k8s client.Client, namespaces ..
 		for _, ns := range namespaces {
 			var left metav1.PartialObjectMetadataList
 			left.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-			if err := k8s.List(ctx, &left, client.InNamespace(ns), client.Limit(1)); err != nil {
+			if err := k8s.List(ctx, &left, client.InNamespace(ns), client.MatchingLabels{"app": "burst"}, client.Limit(1)); err != nil {
 				return err
 			}
 			if len(left.Items) > 0 {
@@ -101,7 +102,7 @@ func quiesce(ctx context.Context, t *testing.T, k8s client.Client, namespaces ..
 		}
 		var pending metav1.PartialObjectMetadataList
 		pending.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-		if err := k8s.List(ctx, &pending, client.MatchingFields{"spec.nodeName": ""}, client.Limit(1)); err != nil {
+		if err := k8s.List(ctx, &pending, client.HasLabels{engineLabel}, client.MatchingFields{"spec.nodeName": ""}, client.Limit(1)); err != nil {
 			return err
 		}
 		if len(pending.Items) > 0 {

@@ -80,7 +80,9 @@ type size struct {
 }
 
 func sizeFromEnv(t *testing.T) size {
-	s := size{backends: 20, pods: 200, idle: 30 * time.Second, creators: 50, alternations: 3}
+	// The small size (make test) runs small bursts too, so that the
+	// burst code is exercised before a full-size run needs it.
+	s := size{backends: 20, pods: 200, burst: 20, idle: 30 * time.Second, creators: 50, alternations: 3}
 	num := func(name string, into *int) {
 		if v := os.Getenv(name); v != "" {
 			n, err := strconv.Atoi(v)
@@ -289,9 +291,12 @@ func backendFor(ns string, i int) *v1alpha1.CacheBackend {
 	return cb
 }
 
+// engineLabel marks the engine pods the benchmark creates.
+const engineLabel = "scale.inferencecache.io/engine"
+
 func enginePod(ns, name, app string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app, engineLabel: "true"}},
 		Spec: corev1.PodSpec{
 			Containers:  []corev1.Container{{Name: "engine", Image: "vllm/vllm-openai:v0.11.0", Args: []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"}}},
 			Tolerations: []corev1.Toleration{{Key: "kwok.x-k8s.io/node", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
