@@ -81,33 +81,28 @@ type reviewHead struct {
 func (r *reviewHead) read(body []byte) bool {
 	s := &scanner{b: body}
 	s.ws()
-	var seen uint8
-	ok := s.object(func(key []byte) bool {
-		switch field(key, "apiVersion", "kind", "request") {
+	var kind string
+	var request bool
+	ok := s.fields([]string{"apiVersion", "kind", "request"}, func(i int) bool {
+		var ok bool
+		switch i {
 		case 0:
-			v, ok := s.str()
-			r.apiVersion = v
-			return ok && once(&seen, 0)
+			r.apiVersion, ok = s.str()
 		case 1:
-			v, ok := s.str()
-			return ok && v == "AdmissionReview" && once(&seen, 1)
+			kind, ok = s.str()
 		case 2:
-			return once(&seen, 2) && r.request(s)
-		case variant:
-			return false
+			request, ok = true, r.request(s)
 		}
-		return s.skip()
+		return ok
 	})
 	s.ws()
-	return ok && s.i == len(s.b) && seen == 0b111 &&
+	return ok && s.i == len(s.b) && kind == "AdmissionReview" && request &&
 		(r.apiVersion == "admission.k8s.io/v1" || r.apiVersion == "admission.k8s.io/v1beta1")
 }
 
 func (r *reviewHead) request(s *scanner) bool {
-	var seen uint8
-	return s.want('{') && s.object(func(key []byte) bool {
+	return s.want('{') && s.fields([]string{"uid", "operation", "namespace", "dryRun", "kind", "object"}, func(i int) bool {
 		var ok bool
-		i := field(key, "uid", "operation", "namespace", "dryRun", "kind", "object")
 		switch i {
 		case 0:
 			r.uid, ok = s.value()
@@ -118,93 +113,53 @@ func (r *reviewHead) request(s *scanner) bool {
 		case 3:
 			r.dryRun, ok = s.boolean()
 		case 4:
-			ok = r.requestKind(s)
+			ok = s.want('{') && s.fields([]string{"group", "version", "kind"}, func(i int) bool {
+				var ok bool
+				switch i {
+				case 0:
+					r.group, ok = s.value()
+				case 1:
+					r.version, ok = s.value()
+				case 2:
+					r.kind, ok = s.value()
+				}
+				return ok
+			})
 		case 5:
 			r.object = true
-			ok = s.want('{') && r.pod(s)
-		case variant:
-			return false
-		default:
-			return s.skip()
-		}
-		return ok && once(&seen, uint(i))
-	})
-}
-
-func (r *reviewHead) requestKind(s *scanner) bool {
-	var seen uint8
-	return s.want('{') && s.object(func(key []byte) bool {
-		i := field(key, "group", "version", "kind")
-		var ok bool
-		switch i {
-		case 0:
-			r.group, ok = s.value()
-		case 1:
-			r.version, ok = s.value()
-		case 2:
-			r.kind, ok = s.value()
-		case variant:
-			return false
-		default:
-			return s.skip()
-		}
-		return ok && once(&seen, uint(i))
-	})
-}
-
-func (r *reviewHead) pod(s *scanner) bool {
-	var seen uint8
-	return s.object(func(key []byte) bool {
-		switch field(key, "metadata") {
-		case 0:
-			if s.null() {
-				return once(&seen, 0)
-			}
-			return s.want('{') && once(&seen, 0) && r.metadata(s)
-		case variant:
-			return false
-		}
-		return s.skip()
-	})
-}
-
-func (r *reviewHead) metadata(s *scanner) bool {
-	var seen uint8
-	return s.object(func(key []byte) bool {
-		i := field(key, "labels", "annotations")
-		switch i {
-		case 0, 1:
-			if !once(&seen, uint(i)) {
-				return false
-			}
-			if s.null() {
-				return true
-			}
-			return s.want('{') && s.object(func(k []byte) bool {
-				if !s.null() {
-					v, ok := s.str()
-					if !ok {
-						return false
-					}
-					if i == 0 {
-						r.label(string(k), v)
-					}
-				} else if i == 0 {
-					r.label(string(k), "")
-				}
-				if i == 1 {
-					for _, a := range strippedAnnotations {
-						if string(k) == a {
-							r.stripped = true
-						}
-					}
-				}
-				return true
+			ok = s.want('{') && s.fields([]string{"metadata"}, func(int) bool {
+				return s.null() || s.want('{') && r.metadata(s)
 			})
-		case variant:
-			return false
 		}
-		return s.skip()
+		return ok
+	})
+}
+
+// metadata reads the pod's labels and whether it has an annotation the
+// webhook strips.
+func (r *reviewHead) metadata(s *scanner) bool {
+	return s.fields([]string{"labels", "annotations"}, func(i int) bool {
+		if s.null() {
+			return true
+		}
+		return s.want('{') && s.object(func(k []byte) bool {
+			v, ok := "", s.null()
+			if !ok {
+				if v, ok = s.str(); !ok {
+					return false
+				}
+			}
+			if i == 0 {
+				r.label(string(k), v)
+				return true
+			}
+			for _, a := range strippedAnnotations {
+				if string(k) == a {
+					r.stripped = true
+				}
+			}
+			return true
+		})
 	})
 }
 
@@ -234,13 +189,25 @@ func field(key []byte, names ...string) int {
 	return -1
 }
 
-// once records bit i in seen and reports whether it was not set before.
-func once(seen *uint8, i uint) bool {
-	if *seen&(1<<i) != 0 {
-		return false
-	}
-	*seen |= 1 << i
-	return true
+// fields reads an object, calling read with the index in names of each
+// member named there (its value at s.i; read consumes it) and skipping the
+// others. A name seen twice, or a key that is one of names only when case
+// is ignored, fails the read.
+func (s *scanner) fields(names []string, read func(i int) bool) bool {
+	var seen uint64
+	return s.object(func(key []byte) bool {
+		i := field(key, names...)
+		switch {
+		case i == variant:
+			return false
+		case i < 0:
+			return s.skip()
+		case seen&(1<<i) != 0:
+			return false
+		}
+		seen |= 1 << i
+		return read(i)
+	})
 }
 
 // scanner is a validating single-pass JSON reader: every value it passes
@@ -278,17 +245,7 @@ func (s *scanner) object(field func(key []byte) bool) bool {
 	if !s.want('{') {
 		return false
 	}
-	if s.depth++; s.depth > maxDepth {
-		return false
-	}
-	defer func() { s.depth-- }()
-	s.i++
-	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == '}' {
-		s.i++
-		return true
-	}
-	for {
+	return s.list('}', func() bool {
 		s.ws()
 		key, ok := s.strBytes()
 		if !ok {
@@ -300,38 +257,27 @@ func (s *scanner) object(field func(key []byte) bool) bool {
 		}
 		s.i++
 		s.ws()
-		if !field(key) {
-			return false
-		}
-		s.ws()
-		if s.i >= len(s.b) {
-			return false
-		}
-		switch s.b[s.i] {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return true
-		default:
-			return false
-		}
-	}
+		return field(key)
+	})
 }
 
-func (s *scanner) array() bool {
+func (s *scanner) array() bool { return s.list(']', s.skip) }
+
+// list reads the members of the object or array opened at s.i, up to its
+// closing byte, calling item for each one.
+func (s *scanner) list(closing byte, item func() bool) bool {
 	if s.depth++; s.depth > maxDepth {
 		return false
 	}
 	defer func() { s.depth-- }()
 	s.i++
 	s.ws()
-	if s.i < len(s.b) && s.b[s.i] == ']' {
+	if s.i < len(s.b) && s.b[s.i] == closing {
 		s.i++
 		return true
 	}
 	for {
-		if !s.skip() {
+		if !item() {
 			return false
 		}
 		s.ws()
@@ -341,7 +287,7 @@ func (s *scanner) array() bool {
 		switch s.b[s.i] {
 		case ',':
 			s.i++
-		case ']':
+		case closing:
 			s.i++
 			return true
 		default:

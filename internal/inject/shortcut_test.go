@@ -93,6 +93,9 @@ func TestShortcutAnswersAsTheFullPath(t *testing.T) {
 		{"unknown review version", reviewJSON("admission.k8s.io/v2", podCreate, podJSON(t, unmatched)), false},
 		{"trailing garbage", append(reviewJSON(v1, podCreate, podJSON(t, unmatched)), '}'), false},
 		{"truncated", reviewJSON(v1, podCreate, podJSON(t, unmatched))[:200], false},
+		{"empty and nested arrays", reviewJSON(v1, podCreate, `{"metadata":{"labels":{}},"spec":{"a":[],"b":[[1,-2.5e3],{"c":[true,false,null]}]}}`), true},
+		{"trailing comma in an array", reviewJSON(v1, podCreate, `{"metadata":{},"spec":{"a":[1,]}}`), false},
+		{"trailing comma in an object", reviewJSON(v1, podCreate, `{"metadata":{},"spec":{"a":1,}}`), false},
 		{"bad number", reviewJSON(v1, podCreate, `{"metadata":{},"spec":{"priority":01}}`), false},
 		{"control character in a string", reviewJSON(v1, podCreate, "{\"metadata\":{\"name\":\"a\tb\"}}"), false},
 	}

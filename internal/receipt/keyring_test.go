@@ -80,14 +80,7 @@ func TestKeyRingBacksOffAfterAFailure(t *testing.T) {
 // TestKeyRingHoldsNoLockAcrossAPICalls: while one caller waits on a slow
 // read of the Secret, another caller with keys held gets them at once.
 func TestKeyRingHoldsNoLockAcrossAPICalls(t *testing.T) {
-	r := &stubReader{}
-	c := &clock{t: time.Unix(1000, 0)}
-	k := &KeyRing{Reader: r, Namespace: "ns", Name: "key", Refresh: 30 * time.Second, Now: c.now}
-	_, err := k.Keys(context.Background())
-	require.NoError(t, err)
-
-	r.block = make(chan struct{})
-	c.t = c.t.Add(time.Minute) // the keys are due for a refresh
+	k, r := staleRing(t)
 	slow := make(chan error, 1)
 	go func() { _, err := k.Keys(context.Background()); slow <- err }()
 	for r.gets.Load() < 2 {
@@ -114,15 +107,8 @@ func TestKeyRingHoldsNoLockAcrossAPICalls(t *testing.T) {
 // waits for the Secret: keys due for a refresh are returned at once and
 // replaced by one background read, whose result the next caller sees.
 func TestKeyRingRefreshesInTheBackground(t *testing.T) {
-	r := &stubReader{}
-	c := &clock{t: time.Unix(1000, 0)}
-	k := &KeyRing{Reader: r, Namespace: "ns", Name: "key", Refresh: 30 * time.Second, Now: c.now}
-	_, err := k.Keys(context.Background())
-	require.NoError(t, err)
-	require.EqualValues(t, 1, r.gets.Load())
-
-	r.block = make(chan struct{})
-	c.t = c.t.Add(time.Minute)
+	k, r := staleRing(t)
+	c := k.clock
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	for range 20 {
 		keys, err := k.Keys(ctx)
@@ -141,4 +127,24 @@ func TestKeyRingRefreshesInTheBackground(t *testing.T) {
 	}, 5*time.Second, time.Millisecond, "the background read replaced the keys")
 	assert.EqualValues(t, 2, r.gets.Load(), "twenty callers, one read")
 	assert.NoError(t, k.lastErr)
+}
+
+// staleRing returns a ring that read its keys once and whose keys are now
+// due for a refresh, with the reader's next Get blocked until r.block is
+// closed.
+func staleRing(t *testing.T) (*testRing, *stubReader) {
+	r := &stubReader{}
+	c := &clock{t: time.Unix(1000, 0)}
+	k := &KeyRing{Reader: r, Namespace: "ns", Name: "key", Refresh: 30 * time.Second, Now: c.now}
+	_, err := k.Keys(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, r.gets.Load())
+	r.block = make(chan struct{})
+	c.t = c.t.Add(time.Minute)
+	return &testRing{KeyRing: k, clock: c}, r
+}
+
+type testRing struct {
+	*KeyRing
+	clock *clock
 }
