@@ -139,6 +139,7 @@ func (a *Applier) Execute(ctx context.Context, p plan.Plan) (Result, error) {
 		for i, o := range p.Apply {
 			objs[i] = o.DeepCopy() // ApplyAll sorts and edits its input
 		}
+		before := versions(ctx, a.client, p.Apply)
 		cs, err := a.rm.ApplyAll(ctx, objs, ssa.DefaultApplyOptions())
 		if cs != nil {
 			for _, e := range cs.Entries {
@@ -149,7 +150,7 @@ func (a *Applier) Execute(ctx context.Context, p plan.Plan) (Result, error) {
 			a.intents.forget(p.Apply)
 			return res, fmt.Errorf("applying children: %w", err)
 		}
-		a.intents.record(ctx, a.client, p.Apply, objs)
+		a.intents.record(p.Apply, objs, before)
 	}
 	var errs []error
 	for _, c := range p.Prune {

@@ -85,10 +85,26 @@ func (x *intents) unchanged(ctx context.Context, c client.Client, objs []*unstru
 	return true
 }
 
+// versions reads the children's resourceVersions from c (the cache)
+// before an apply: what record falls back to for a child the apply did not
+// write.
+func versions(ctx context.Context, c client.Client, objs []*unstructured.Unstructured) map[intentKey]string {
+	out := make(map[intentKey]string, len(objs))
+	for _, o := range objs {
+		out[keyOf(o)], _ = liveVersion(ctx, c, o)
+	}
+	return out
+}
+
 // record remembers intent as applied: applied holds the objects as the
 // apply returned them (with their new resourceVersion where they were
-// written; in any order), intent the rendered objects.
-func (x *intents) record(ctx context.Context, c client.Client, intent, applied []*unstructured.Unstructured) {
+// written; in any order), intent the rendered objects, before the
+// resourceVersions read before the apply. A child the apply left alone
+// (its dry run showed no difference) is recorded at the version read
+// before the apply, never at one read after it: a change someone made in
+// between would otherwise be taken for the applied state and never
+// repaired. An older version only costs one more dry run.
+func (x *intents) record(intent, applied []*unstructured.Unstructured, before map[intentKey]string) {
 	written := make(map[intentKey]string, len(applied))
 	for _, o := range applied {
 		written[keyOf(o)] = o.GetResourceVersion()
@@ -100,7 +116,7 @@ func (x *intents) record(ctx context.Context, c client.Client, intent, applied [
 		}
 		rv := written[keyOf(o)]
 		if rv == "" {
-			rv, _ = liveVersion(ctx, c, o)
+			rv = before[keyOf(o)]
 		}
 		x.mu.Lock()
 		if x.seen == nil {
