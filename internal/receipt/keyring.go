@@ -33,10 +33,10 @@ const (
 // The ring never holds its lock across an API call, and a caller waits
 // for one only while the ring holds no key: keys due for a refresh are
 // returned at once while one background read of the Secret replaces them
-// (holding none, callers wait for the one read or their own context). After a failed read it backs
-// off, doubling from Backoff up to Refresh, so that a missing permission or
-// an unavailable API server costs one request per back-off period, not
-// one per admission.
+// (holding none, callers wait for the one read or their own context).
+// After a failed read it backs off, doubling from Backoff up to Refresh,
+// so that a missing permission or an unavailable API server costs one
+// request per back-off period, not one per admission.
 type KeyRing struct {
 	Client    client.Client
 	Reader    client.Reader
