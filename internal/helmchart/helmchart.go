@@ -24,9 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
-	"sigs.k8s.io/yaml"
+	"github.com/inferencecache/operator/internal/kustomization"
 )
 
 // Namespace is the overlays' namespace; the chart installs into the
@@ -64,22 +62,7 @@ func defaultVariant() variant {
 
 // build runs kustomize for one variant.
 func build(kustomizeDir string, v variant) ([]map[string]any, error) {
-	root, err := filepath.Abs(kustomizeDir)
-	if err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "helmchart-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	rel := func(p string) string {
-		r, err := filepath.Rel(tmp, filepath.Join(root, p))
-		if err != nil {
-			panic(err)
-		}
-		return filepath.ToSlash(r)
-	}
+	root := kustomizeDir
 	overlay := "overlays/dev"
 	if v.on(0) {
 		overlay = "overlays/production"
@@ -87,28 +70,21 @@ func build(kustomizeDir string, v variant) ([]map[string]any, error) {
 	k := map[string]any{
 		"apiVersion": "kustomize.config.k8s.io/v1beta1",
 		"kind":       "Kustomization",
-		"resources":  []string{rel(overlay)},
+		"resources":  []string{filepath.Join(root, overlay)},
 	}
 	var components []string
 	if v.on(1) {
-		components = append(components, rel("components/namespace-opt-in"))
+		components = append(components, filepath.Join(root, "components/namespace-opt-in"))
 	}
 	if v.on(2) {
-		components = append(components, rel("components/monitoring"))
+		components = append(components, filepath.Join(root, "components/monitoring"))
 	}
 	if len(components) > 0 {
 		k["components"] = components
 	}
-	raw, err := yaml.Marshal(k)
+	rm, err := kustomization.Build(k, nil)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(tmp, "kustomization.yaml"), raw, 0o600); err != nil {
-		return nil, err
-	}
-	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), tmp)
-	if err != nil {
-		return nil, fmt.Errorf("kustomize build (variant %b): %w", v, err)
+		return nil, fmt.Errorf("variant %b: %w", v, err)
 	}
 	var objs []map[string]any
 	for _, r := range rm.Resources() {

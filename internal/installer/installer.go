@@ -6,14 +6,12 @@ package installer
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 
 	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
-	"sigs.k8s.io/yaml"
 
+	"github.com/inferencecache/operator/internal/kustomization"
 	"github.com/inferencecache/operator/internal/ociimage"
 )
 
@@ -64,45 +62,24 @@ func Build(o Options) ([]byte, error) {
 		})
 	}
 	// A kustomization of our own on top of the overlay: kustomize's image
-	// and label transformers do the pinning and labelling.
-	tmp, err := os.MkdirTemp("", "installer-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	overlay, err := filepath.Abs(o.Overlay)
-	if err != nil {
-		return nil, err
-	}
-	rel, err := filepath.Rel(tmp, overlay)
-	if err != nil {
-		return nil, err
-	}
-	k := map[string]any{
+	// and label transformers do the pinning and labelling. kubectl apply
+	// -f applies in file order: the Namespace and the CRD before what
+	// lives in them (kustomize's legacy order, as kubectl -k).
+	opts := krusty.MakeDefaultOptions()
+	opts.Reorder = krusty.ReorderOptionLegacy
+	rm, err := kustomization.Build(map[string]any{
 		"apiVersion": "kustomize.config.k8s.io/v1beta1",
 		"kind":       "Kustomization",
-		"resources":  []string{filepath.ToSlash(rel)},
+		"resources":  []string{o.Overlay},
 		"images":     images,
 		"labels": []map[string]any{{
 			"pairs":            map[string]string{"app.kubernetes.io/version": o.Version},
 			"includeSelectors": false,
 			"includeTemplates": false,
 		}},
-	}
-	raw, err := yaml.Marshal(k)
+	}, opts)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(tmp, "kustomization.yaml"), raw, 0o600); err != nil {
-		return nil, err
-	}
-	// kubectl apply -f applies in file order: the Namespace and the CRD
-	// before what lives in them (kustomize's legacy order, as kubectl -k).
-	opts := krusty.MakeDefaultOptions()
-	opts.Reorder = krusty.ReorderOptionLegacy
-	rm, err := krusty.MakeKustomizer(opts).Run(filesys.MakeFsOnDisk(), tmp)
-	if err != nil {
-		return nil, fmt.Errorf("kustomize build %s: %w", o.Overlay, err)
+		return nil, fmt.Errorf("building %s: %w", o.Overlay, err)
 	}
 	body, err := rm.AsYaml()
 	if err != nil {

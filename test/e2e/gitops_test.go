@@ -195,9 +195,7 @@ func TestOneSyncWiresEnginesWithoutManualStep(t *testing.T) {
 		}
 		return nil
 	})
-	require.NoError(t, k8s.Get(ctx, engineKey, engine))
-	assert.Equal(t, int64(2), engine.Generation, "a later reconcile rolls nothing more")
-	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestartedForWiring))
+	assertWiringRolls(t, engineKey, "qwen-demo-cache", 1, "a later reconcile rolls nothing more")
 	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesUnwired))
 	assert.Zero(t, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted), "no server change: no cascade")
 	table := kubectlRun(t, "get", "cachebackend", "-n", ns, "-o", "wide")
@@ -219,7 +217,6 @@ func podNames(pods []corev1.Pod) []string {
 // reason EnginesAdmittedBeforeEndpoint and the unwired count, and the
 // event names the engine Deployment.
 func TestOneSyncWithRestartPolicyNeverOnlyReports(t *testing.T) {
-	ctx := context.Background()
 	ns := namespace(t, "onesync-never")
 	dir := overlay(t, "quickstart", `apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
@@ -248,10 +245,7 @@ spec:
 	assert.Contains(t, c.Message, "engineRestartPolicy is Never")
 	assert.Equal(t, int32(1), cb.Status.UnwiredEnginePods)
 	assert.Zero(t, cb.Status.WiredEnginePods)
-	engine := &appsv1.Deployment{}
-	require.NoError(t, k8s.Get(ctx, engineKey, engine))
-	assert.Equal(t, int64(1), engine.Generation, "nothing rolled")
-	assert.Zero(t, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestartedForWiring))
+	assertWiringRolls(t, engineKey, "qwen-demo-cache", 0, "nothing rolled")
 	testutil.WaitEvent(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesUnwired, 1)
 	out := kubectlRun(t, "get", "cachebackend", "-n", ns, "-o", "wide")
 	assert.Regexp(t, `qwen-demo-cache .*\s0\s+1\s`, out, "Wired 0, Unwired 1 in the table")
@@ -261,7 +255,6 @@ spec:
 // with skip-inject, applied together with the CacheBackend, is never
 // counted unwired nor rolled.
 func TestSkippedEnginesNeverRoll(t *testing.T) {
-	ctx := context.Background()
 	ns := namespace(t, "onesync-skip")
 	dir := overlay(t, "quickstart", `apiVersion: apps/v1
 kind: Deployment
@@ -282,10 +275,7 @@ spec:
 	assert.Equal(t, metav1.ConditionTrue, c.Status, c.Message)
 	assert.Equal(t, v1alpha1.ReasonAllEnginesWired, c.Reason)
 	assert.Zero(t, cb.Status.UnwiredEnginePods)
-	engine := &appsv1.Deployment{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen-engine"}, engine))
-	assert.Equal(t, int64(1), engine.Generation, "a skipped pod never triggers a roll")
-	assert.Zero(t, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestartedForWiring))
+	assertWiringRolls(t, client.ObjectKey{Namespace: ns, Name: "qwen-engine"}, "qwen-demo-cache", 0, "a skipped pod never triggers a roll")
 }
 
 // TestSGLangHiCacheNeverRolls: an SGLangHiCache backend is observation-only:
@@ -320,10 +310,18 @@ func TestSGLangHiCacheNeverRolls(t *testing.T) {
 	assert.Equal(t, v1alpha1.ReasonEnginesAdmittedUnwired, c.Reason)
 	assert.Contains(t, c.Message, "Deployment/qwen-sglang")
 	assert.Equal(t, int32(2), cb.Status.UnwiredEnginePods)
-	engine := &appsv1.Deployment{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "qwen-sglang"}, engine))
-	assert.Equal(t, int64(1), engine.Generation, "an SGLangHiCache backend never rolls")
-	assert.Zero(t, testutil.CountEvents(t, k8s, ns, "qwen-hicache", v1alpha1.EventEnginesRestartedForWiring))
+	assertWiringRolls(t, client.ObjectKey{Namespace: ns, Name: "qwen-sglang"}, "qwen-hicache", 0, "an SGLangHiCache backend never rolls")
+}
+
+// assertWiringRolls: the engine Deployment was rolled for wiring exactly
+// rolls times, by its generation (1 at creation, one more per roll) and by
+// the backend's EnginesRestartedForWiring events.
+func assertWiringRolls(t *testing.T, engine client.ObjectKey, backend string, rolls int, why string) {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	require.NoError(t, k8s.Get(context.Background(), engine, d))
+	assert.Equal(t, int64(1+rolls), d.Generation, why)
+	assert.Equal(t, rolls, testutil.CountEvents(t, k8s, engine.Namespace, backend, v1alpha1.EventEnginesRestartedForWiring), why)
 }
 
 // TestCascadeIgnoresCopiedReceipts (issue 13 item 6): a pod of another
