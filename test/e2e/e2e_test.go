@@ -65,14 +65,7 @@ func run(m *testing.M) int {
 	}
 	fmt.Fprintf(os.Stderr, "local cluster and operator up in %s (work dir %s)\n", time.Since(start).Round(time.Millisecond), env.WorkDir)
 	cluster, k8s, kubectl = env.Cluster, env.Client, filepath.Join(env.BinDir, "kubectl")
-	code := m.Run()
-	env.Stop()
-	if code == 0 {
-		_ = os.RemoveAll(env.WorkDir)
-	} else {
-		fmt.Fprintf(os.Stderr, "component logs kept in %s\n", env.WorkDir)
-	}
-	return code
+	return env.Finish(m.Run())
 }
 
 func namespace(t *testing.T, name string) string {

@@ -77,14 +77,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "the drift tests need the local cluster and the operator:", err)
 		os.Exit(1)
 	}
-	code := m.Run()
-	env.Stop()
-	if code == 0 {
-		_ = os.RemoveAll(env.WorkDir)
-	} else {
-		fmt.Fprintf(os.Stderr, "component logs kept in %s\n", env.WorkDir)
-	}
-	os.Exit(code)
+	os.Exit(env.Finish(m.Run()))
 }
 
 // ignored is one documented ignoreDifferences entry.

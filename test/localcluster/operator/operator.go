@@ -108,3 +108,16 @@ func Start(ctx context.Context, repo string, scheme *runtime.Scheme) (*Env, erro
 
 // Stop stops the operator and the cluster.
 func (e *Env) Stop() { e.stop() }
+
+// Finish ends a test binary's use of e: it stops e, removes its work
+// folder when the tests passed (code 0) and otherwise keeps it, saying
+// where the components' logs are. It returns code.
+func (e *Env) Finish(code int) int {
+	e.Stop()
+	if code == 0 {
+		_ = os.RemoveAll(e.WorkDir)
+	} else {
+		fmt.Fprintf(os.Stderr, "component logs kept in %s\n", e.WorkDir)
+	}
+	return code
+}
