@@ -78,6 +78,12 @@ type CacheBackendReconciler struct {
 	// between reconciles (DefaultIndexPoll when zero).
 	IndexPoll time.Duration
 
+	// statusWritten holds, per backend (NamespacedName), the status this
+	// process last wrote. The cache can lag that write: a reconcile woken
+	// in that window reads the status from before it, and must not take
+	// "the cache already shows this status" for "nothing to write".
+	statusWritten sync.Map
+
 	// unwiredReported holds, per backend (NamespacedName), the UID and
 	// EnginesWired reason this process last recorded EnginesUnwired for,
 	// for the same reason as unmatchedReported.
@@ -236,12 +242,14 @@ func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectK
 		if apierrors.IsNotFound(err) {
 			r.unmatchedReported.Delete(key)
 			r.unwiredReported.Delete(key)
+			r.statusWritten.Delete(key)
 		}
 		return nil, client.IgnoreNotFound(err)
 	}
 	if !cb.DeletionTimestamp.IsZero() {
 		r.unmatchedReported.Delete(key)
 		r.unwiredReported.Delete(key)
+		r.statusWritten.Delete(key)
 		return nil, nil
 	}
 	return cb, nil
@@ -454,9 +462,19 @@ func selectorMessage(cb *v1alpha1.CacheBackend) string {
 // patchStatus server-side applies the whole status with the status field
 // manager, so fields left empty (a cleared endpoint) are removed. Nothing is
 // sent when the status did not change.
+//
+// "Did not change" needs both the cached status and the status this
+// process last wrote to equal st: after a write of A then B, a cache still
+// showing A says nothing about the live B, and a reconcile that computes A
+// again must write it (otherwise the live status stays B until some other
+// change wakes the backend).
 func (r *CacheBackendReconciler) patchStatus(ctx context.Context, cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus) error {
+	key := client.ObjectKeyFromObject(cb)
 	if equality.Semantic.DeepEqual(&cb.Status, st) {
-		return nil
+		last, wrote := r.statusWritten.Load(key)
+		if !wrote || equality.Semantic.DeepEqual(last.(*v1alpha1.CacheBackendStatus), st) {
+			return nil
+		}
 	}
 	raw, err := json.Marshal(st)
 	if err != nil {
@@ -479,5 +497,6 @@ func (r *CacheBackendReconciler) patchStatus(ctx context.Context, cb *v1alpha1.C
 		}
 		return fmt.Errorf("writing status: %w", err)
 	}
+	r.statusWritten.Store(key, st.DeepCopy())
 	return nil
 }
