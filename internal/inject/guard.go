@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -134,7 +135,16 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.failOpen(ctx, w, body, "busy", r.ContentLength)
 		return
 	}
-	buf, err := io.ReadAll(io.LimitReader(body, g.max+1))
+	pooled := bodies.Get().(*[]byte)
+	buf, err := readBody((*pooled)[:0], io.LimitReader(body, g.max+1), r.ContentLength)
+	defer func() {
+		// Nothing holds on to the request's bytes once it is answered: the
+		// shortcut copies what it keeps, and the full path reads its own copy.
+		if cap(buf) <= maxPooledBody {
+			*pooled = buf[:0]
+			bodies.Put(pooled)
+		}
+	}()
 	if err != nil {
 		http.Error(w, "reading the admission request: "+err.Error(), http.StatusBadRequest)
 		return
@@ -144,7 +154,7 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if g.fast != nil && r.Header.Get("Content-Type") == "application/json" {
-		if out, ok := g.fast.Shortcut(buf); ok {
+		if out, ok := g.fast.Shortcut(ctx, buf); ok {
 			_, _ = w.Write(out)
 			return
 		}
@@ -152,6 +162,36 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = io.NopCloser(bytes.NewReader(buf))
 	r.ContentLength = int64(len(buf))
 	g.next.ServeHTTP(w, r)
+}
+
+// bodies holds the buffers admission requests are read into, so that a
+// request does not allocate its few KiB again (and the garbage collector
+// does not chase them) at every admission.
+var bodies = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledBody: a buffer grown past this by an unusual request is left to
+// the garbage collector rather than kept.
+const maxPooledBody = 64 << 10
+
+// readBody appends r to buf, sized up front from the request's declared
+// length when it has one.
+func readBody(buf []byte, r io.Reader, length int64) ([]byte, error) {
+	if length > 0 && int64(cap(buf)) < length+1 && length < hardMaxRequestBytes {
+		buf = make([]byte, 0, length+1) // +1: the read that finds the end
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }
 
 // failOpen answers an AdmissionReview it did not decode: allowed, without

@@ -50,7 +50,21 @@ type Handler struct {
 }
 
 // Handle implements admission.Handler.
-func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admission.Response) {
+func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	return h.handle(ctx, req, nil)
+}
+
+// selection is what Shortcut has already read of a pod: the CacheBackend
+// the index selected for it (nil: none) and whether it carries an
+// annotation the webhook strips.
+type selection struct {
+	backend  *v1alpha1.CacheBackend
+	stripped bool
+}
+
+// handle is Handle, given what Shortcut read of the pod when it has
+// (sel; nil when controller-runtime decoded the request).
+func (h *Handler) handle(ctx context.Context, req admission.Request, sel *selection) (resp admission.Response) {
 	// The pod's name is read only when there is something to log.
 	logger := func() logr.Logger {
 		return log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req), "requestID", req.UID)
@@ -71,7 +85,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) (resp admis
 		return admission.Errored(http.StatusBadRequest, errors.New("pod admission request without a namespace"))
 	}
 	dryRun := req.DryRun != nil && *req.DryRun
-	backends, done, resp := h.candidates(ctx, req, dryRun)
+	backends, done, resp := h.candidates(ctx, req, dryRun, sel)
 	if done {
 		return resp
 	}
@@ -126,8 +140,15 @@ var strippedAnnotations = []string{AnnotationInjectedBy, AnnotationInjectedByUID
 // Index it reads only the pod's metadata and hands Admit the one backend
 // that claims the pod; a pod none claims and that carries none of the
 // annotations the webhook strips is answered here (done), without
-// decoding the rest of it. Without the Index it lists the namespace.
-func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun bool) ([]v1alpha1.CacheBackend, bool, admission.Response) {
+// decoding the rest of it. Without the Index it lists the namespace. sel,
+// when not nil, is the Index's selection Shortcut made.
+func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun bool, sel *selection) ([]v1alpha1.CacheBackend, bool, admission.Response) {
+	if sel != nil {
+		if sel.backend == nil {
+			return nil, false, admission.Response{}
+		}
+		return []v1alpha1.CacheBackend{*sel.backend}, false, admission.Response{}
+	}
 	if h.Backends == nil || !h.Backends.Synced() {
 		var list v1alpha1.CacheBackendList
 		if err := h.Reader.List(ctx, &list, client.InNamespace(req.Namespace)); err != nil {

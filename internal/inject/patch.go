@@ -17,8 +17,9 @@ import (
 // decodePod reads the part of a pod the decision needs, the way the API
 // server reads it (case-sensitive field names, so that every field the
 // result holds is at the same JSON path in raw): metadata's names, labels
-// and annotations, the containers and init containers (the receipt's
-// digest covers them whole), the volumes' names (the KV-event wiring
+// and annotations, the init containers and the containers (the receipt's
+// digest covers them; of the containers, all but their resources, which
+// the digest leaves out), the volumes' names (the KV-event wiring
 // appends its token volume after the pod's own) and the source of a volume
 // named like the webhook's index-token volume (the digest covers it; other
 // sources are not read), and
@@ -36,8 +37,8 @@ func decodePod(raw []byte) (*corev1.Pod, bool, error) {
 			Annotations  map[string]string `json:"annotations"`
 		} `json:"metadata"`
 		Spec struct {
-			InitContainers []corev1.Container  `json:"initContainers"`
-			Containers     []*corev1.Container `json:"containers"`
+			InitContainers []corev1.Container `json:"initContainers"`
+			Containers     []*podContainer    `json:"containers"`
 			Volumes        []struct {
 				Name      string          `json:"name"`
 				Projected json.RawMessage `json:"projected"`
@@ -73,9 +74,27 @@ func decodePod(raw []byte) (*corev1.Pod, bool, error) {
 		if c == nil {
 			return nil, false, fmt.Errorf("decoding pod: spec.containers[%d] is null", i)
 		}
-		pod.Spec.Containers[i] = *c
+		pod.Spec.Containers[i] = c.Container
 	}
 	return pod, in.Metadata != nil, nil
+}
+
+// podContainer is a container as decodePod reads it: everything but its
+// resources, which no decision reads and the receipt's digest leaves out
+// (quantities are the dearest part of a container to decode).
+type podContainer struct {
+	corev1.Container
+	Resources unread `json:"resources"`
+}
+
+// unread passes over a JSON value, which must be an object or null.
+type unread struct{}
+
+func (*unread) UnmarshalJSON(b []byte) error {
+	if len(b) == 0 || b[0] != '{' && string(b) != "null" {
+		return fmt.Errorf("expected an object, got %.20s", b)
+	}
+	return nil
 }
 
 // podMeta reads only what selecting a CacheBackend and the no-match

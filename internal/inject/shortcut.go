@@ -2,13 +2,18 @@ package inject
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
-	"net/http"
+	"sync"
 	"unicode/utf8"
 
+	"github.com/go-logr/logr"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 // Shortcut answers some admission requests from their bytes alone, before
@@ -16,47 +21,73 @@ import (
 type Shortcut interface {
 	// Shortcut returns the whole response body for body, or false when
 	// the request must be served in full.
-	Shortcut(body []byte) ([]byte, bool)
+	Shortcut(ctx context.Context, body []byte) ([]byte, bool)
 }
 
-// Shortcut answers the commonest request the webhook sees, a pod CREATE
-// that no CacheBackend claims and that carries none of the annotations the
-// webhook strips, with the very response the full path writes for it
-// (allowed, no patch), in one pass over the request's bytes: no decode of
-// the AdmissionReview, no copy of the pod. Anything else (a pod a
-// CacheBackend claims, a pod with receipt annotations, an index not synced
-// yet, a request this scanner does not read with certainty: malformed
-// JSON, a duplicated or case-variant key among those it reads, a field of
-// an unexpected type) goes the full way. FuzzShortcut holds it to the full
-// path's answer.
-func (h *Handler) Shortcut(body []byte) ([]byte, bool) {
+// Shortcut serves a pod CREATE from one validating pass over the request's
+// bytes, with the very response the full path (controller-runtime's decode
+// of the AdmissionReview, then Handle) writes for it:
+//   - a pod no CacheBackend claims and that carries none of the
+//     annotations the webhook strips is answered allowed, without a patch,
+//     and the pod is never decoded;
+//   - any other pod is decided by Handle's own code, given the pod's bytes,
+//     the CacheBackend the index selected and the request's fields the pass
+//     read, so that neither the AdmissionReview nor the pod's labels are
+//     decoded a second time.
+//
+// The pass reads every field controller-runtime would decode and checks
+// its type as the decode does. Anything it does not read with certainty
+// (malformed JSON, a duplicated or case-variant key among those it reads,
+// a field of an unexpected type, a response in the request, an index not
+// synced yet) goes the full way. TestShortcutAnswersAsTheFullPath and
+// FuzzShortcut hold it to the full path's answer.
+func (h *Handler) Shortcut(ctx context.Context, body []byte) ([]byte, bool) {
 	if h.Backends == nil || !h.Backends.Synced() {
 		return nil, false
 	}
 	var r reviewHead
 	if !r.read(body) || string(r.operation) != string(admissionv1.Create) || len(r.group) != 0 || string(r.version) != "v1" ||
-		string(r.kind) != "Pod" || len(r.namespace) == 0 || !r.object || r.stripped {
+		string(r.kind) != "Pod" || len(r.namespace) == 0 || r.object == nil {
 		return nil, false
 	}
-	if h.Backends.Select(string(r.namespace), r.labels) != nil {
-		return nil, false
+	cb := h.Backends.Select(string(r.namespace), r.labels)
+	if cb == nil && !r.stripped {
+		out, ok := encodeReview(r.apiVersion, admission.Allowed(""), types.UID(r.uid))
+		if !ok {
+			return nil, false
+		}
+		if !r.dryRun {
+			Decisions.WithLabelValues(string(NoMatch), "").Inc()
+		}
+		return out, true
 	}
-	out, ok := allowedReview(r.apiVersion, string(r.uid))
-	if !ok {
-		return nil, false
+	req := admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID:       types.UID(r.uid),
+		Kind:      metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
+		Namespace: string(r.namespace), Name: string(r.name),
+		Operation: admissionv1.Create,
+		Object:    runtime.RawExtension{Raw: r.object},
+	}}
+	if r.hasDryRun {
+		dryRun := r.dryRun
+		req.DryRun = &dryRun
 	}
-	if !r.dryRun {
-		Decisions.WithLabelValues(string(NoMatch), "").Inc()
-	}
-	return out, true
+	resp := h.handle(log.IntoContext(ctx, admissionLog()), req, &selection{backend: cb, stripped: r.stripped})
+	return encodeReview(r.apiVersion, resp, req.UID)
 }
 
-// allowedReview is controller-runtime's response to admission.Allowed(""),
-// encoded as it encodes it.
-func allowedReview(apiVersion, uid string) ([]byte, bool) {
-	ar := admissionv1.AdmissionReview{Response: &admissionv1.AdmissionResponse{
-		UID: types.UID(uid), Allowed: true, Result: &metav1.Status{Code: http.StatusOK},
-	}}
+// admissionLog is the logger controller-runtime's webhook.Admission gives
+// the handler (see requestLogger).
+var admissionLog = sync.OnceValue(func() logr.Logger { return log.Log.WithName("admission") })
+
+// encodeReview completes resp for the request uid and encodes it in an
+// AdmissionReview of apiVersion, as controller-runtime's webhook.Admission
+// completes and encodes its handler's response.
+func encodeReview(apiVersion string, resp admission.Response, uid types.UID) ([]byte, bool) {
+	if err := resp.Complete(admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{UID: uid}}); err != nil {
+		return nil, false
+	}
+	ar := admissionv1.AdmissionReview{Response: &resp.AdmissionResponse}
 	ar.APIVersion, ar.Kind = apiVersion, "AdmissionReview"
 	var b bytes.Buffer
 	if err := json.NewEncoder(&b).Encode(ar); err != nil {
@@ -67,13 +98,13 @@ func allowedReview(apiVersion, uid string) ([]byte, bool) {
 
 // reviewHead is what Shortcut reads of an AdmissionReview.
 type reviewHead struct {
-	apiVersion                string
-	uid, operation, namespace []byte // slices of the request when not escaped
-	group, version, kind      []byte // request.kind
-	dryRun                    bool
-	object                    bool // request.object is a JSON object
-	labels                    map[string]string
-	stripped                  bool // an annotation the webhook strips
+	apiVersion                      string
+	uid, operation, namespace, name []byte // slices of the request when not escaped
+	group, version, kind            []byte // request.kind
+	dryRun, hasDryRun               bool
+	object                          []byte // request.object, when it is a JSON object
+	labels                          map[string]string
+	stripped                        bool // an annotation the webhook strips
 }
 
 // read scans body, which must be one valid JSON object, and fills r. It
@@ -83,7 +114,7 @@ func (r *reviewHead) read(body []byte) bool {
 	s.ws()
 	var kind string
 	var request bool
-	ok := s.fields([]string{"apiVersion", "kind", "request"}, func(i int) bool {
+	ok := s.fields([]string{"apiVersion", "kind", "request", "response"}, func(i int) bool {
 		var ok bool
 		switch i {
 		case 0:
@@ -93,15 +124,20 @@ func (r *reviewHead) read(body []byte) bool {
 		case 2:
 			request, ok = true, r.request(s)
 		}
-		return ok
+		return ok // a response in a request goes the full way
 	})
 	s.ws()
 	return ok && s.i == len(s.b) && kind == "AdmissionReview" && request &&
 		(r.apiVersion == "admission.k8s.io/v1" || r.apiVersion == "admission.k8s.io/v1beta1")
 }
 
+// requestFields are the members of an AdmissionRequest (admission/v1);
+// request reads the first seven and checks the type of the others.
+var requestFields = []string{"uid", "operation", "namespace", "dryRun", "kind", "object", "name",
+	"resource", "requestResource", "requestKind", "subResource", "requestSubResource", "userInfo", "oldObject", "options"}
+
 func (r *reviewHead) request(s *scanner) bool {
-	return s.want('{') && s.fields([]string{"uid", "operation", "namespace", "dryRun", "kind", "object"}, func(i int) bool {
+	return s.want('{') && s.fields(requestFields, func(i int) bool {
 		var ok bool
 		switch i {
 		case 0:
@@ -111,6 +147,7 @@ func (r *reviewHead) request(s *scanner) bool {
 		case 2:
 			r.namespace, ok = s.value()
 		case 3:
+			r.hasDryRun = true
 			r.dryRun, ok = s.boolean()
 		case 4:
 			ok = s.want('{') && s.fields([]string{"group", "version", "kind"}, func(i int) bool {
@@ -126,13 +163,57 @@ func (r *reviewHead) request(s *scanner) bool {
 				return ok
 			})
 		case 5:
-			r.object = true
+			s.ws()
+			start := s.i
 			ok = s.want('{') && s.fields([]string{"metadata"}, func(int) bool {
 				return s.null() || s.want('{') && r.metadata(s)
 			})
+			if ok {
+				r.object = s.b[start:s.i]
+			}
+		case 6:
+			r.name, ok = s.value()
+		case 7, 8:
+			ok = s.strings("group", "version", "resource")
+		case 9:
+			ok = s.strings("group", "version", "kind")
+		case 10, 11:
+			ok = s.optString()
+		case 12:
+			ok = s.null() || s.want('{') && s.fields([]string{"username", "uid", "groups", "extra"}, func(i int) bool {
+				switch i {
+				case 0, 1:
+					return s.optString()
+				case 2:
+					return s.stringArray()
+				}
+				return s.null() || s.object(func([]byte) bool { return s.stringArray() })
+			})
+		default:
+			ok = s.skip() // a RawExtension: any JSON value
 		}
 		return ok
 	})
+}
+
+// strings reads null or an object whose members named in names are
+// strings or null, as a GroupVersionKind or GroupVersionResource decodes.
+func (s *scanner) strings(names ...string) bool {
+	return s.null() || s.want('{') && s.fields(names, func(int) bool { return s.optString() })
+}
+
+// optString reads a string or null.
+func (s *scanner) optString() bool {
+	if s.null() {
+		return true
+	}
+	_, ok := s.value()
+	return ok
+}
+
+// stringArray reads null or an array of strings and nulls.
+func (s *scanner) stringArray() bool {
+	return s.null() || s.want('[') && s.list(']', s.optString)
 }
 
 // metadata reads the pod's labels and whether it has an annotation the

@@ -1,6 +1,7 @@
 // Package admission_test measures the Pod webhook as it is served: an
-// AdmissionReview's bytes in, controller-runtime's webhook.Admission behind
-// the operator's guard, the response's bytes out, with the CacheBackends of
+// AdmissionReview's bytes in, the operator's guard and its shortcut in
+// front of controller-runtime's webhook.Admission (inject.Served, as the
+// manager serves it), the response's bytes out, with the CacheBackends of
 // the namespace read from a real informer cache of a real API server
 // (kube-apiserver and etcd, no manager: nothing else runs while it
 // measures). TestServedAdmissionBudget asserts the allocation budget,
@@ -331,12 +332,12 @@ func authUser() authenticationv1.UserInfo {
 }
 
 // Budgets of one served admission, in allocations, with the manager's
-// logger (issue 12: at most 400 for a wired pod, the same from 1 to 1,000
-// CacheBackends in the namespace; a pod nothing matches far below: the
-// shortcut answers it from the request's bytes).
+// logger. Issue 12 asks for at most 400 for a wired pod, the same from 1 to
+// 1,000 CacheBackends in the namespace; the budgets hold today's figures
+// (263 and 29) with a little slack, so that a regression shows here.
 const (
-	wiredAllocs     = 400
-	unmatchedAllocs = 50
+	wiredAllocs     = 320
+	unmatchedAllocs = 40
 )
 
 func TestServedAdmissionBudget(t *testing.T) {
