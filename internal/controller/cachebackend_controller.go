@@ -6,6 +6,7 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -77,6 +79,10 @@ type CacheBackendReconciler struct {
 	// IndexPoll is how often observed backends' participation is re-read
 	// between reconciles (DefaultIndexPoll when zero).
 	IndexPoll time.Duration
+	// EnginePodSettle is how long an engine pod's event waits before it
+	// wakes the CacheBackends that select the pod (DefaultEnginePodSettle
+	// when zero; negative: at once).
+	EnginePodSettle time.Duration
 
 	// statusWritten holds, per backend (NamespacedName), the status this
 	// process last wrote. The cache can lag that write: a reconcile woken
@@ -120,9 +126,7 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
-		WatchesMetadata(&corev1.Pod{},
-			handler.EnqueueRequestsFromMapFunc(r.backendsForPod),
-			builder.WithPredicates(podMembershipChanged()))
+		WatchesMetadata(&corev1.Pod{}, r.podEvents(), builder.WithPredicates(podMembershipChanged()))
 	if r.ServerEvents != nil {
 		b = b.WatchesRawSource(r.ServerEvents)
 	}
@@ -166,23 +170,67 @@ func podMembershipChanged() predicate.Predicate {
 	}
 }
 
-func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.Object) []reconcile.Request {
+// DefaultEnginePodSettle is how long an engine pod's event waits before it
+// wakes the CacheBackends that select the pod. Events for the same backend
+// within that time wake it once: a Deployment scaling out by hundreds of
+// pods costs each backend one reconcile (and at most one status write) per
+// settle, not one per pod, and leaves the API server to the pods' own
+// creation. A cache-server pod's event wakes its backend at once (the
+// restart cascade follows it).
+const DefaultEnginePodSettle = time.Second
+
+// podEvents enqueues the CacheBackends a pod's event concerns (see
+// DefaultEnginePodSettle).
+func (r *CacheBackendReconciler) podEvents() handler.EventHandler {
+	settle := cmp.Or(r.EnginePodSettle, DefaultEnginePodSettle)
+	enqueue := func(ctx context.Context, pod client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		server, engines := r.backendsForPod(ctx, pod)
+		if server != nil {
+			q.Add(*server)
+		}
+		for _, req := range engines {
+			if settle > 0 {
+				q.AddAfter(req, settle)
+			} else {
+				q.Add(req)
+			}
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.ObjectOld, q)
+			enqueue(ctx, e.ObjectNew, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			enqueue(ctx, e.Object, q)
+		},
+	}
+}
+
+// backendsForPod returns the backend of a cache-server pod (nil for any
+// other pod) and the backends whose engineSelector matches the pod.
+func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.Object) (server *reconcile.Request, engines []reconcile.Request) {
+	if owner := pod.GetLabels()[render.LabelCacheBackend]; owner != "" {
+		// A cache-server pod: its replacement matters to its backend.
+		server = &reconcile.Request{NamespacedName: client.ObjectKey{Namespace: pod.GetNamespace(), Name: owner}}
+	}
 	var list v1alpha1.CacheBackendList
 	if err := r.Client.List(ctx, &list, client.InNamespace(pod.GetNamespace())); err != nil {
 		log.FromContext(ctx).Error(err, "listing CacheBackends for a pod event", "pod", client.ObjectKeyFromObject(pod))
-		return nil
-	}
-	var reqs []reconcile.Request
-	if owner := pod.GetLabels()[render.LabelCacheBackend]; owner != "" {
-		// A cache-server pod: its replacement matters to its backend.
-		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKey{Namespace: pod.GetNamespace(), Name: owner}})
+		return server, nil
 	}
 	for i := range list.Items {
 		if inject.Matches(list.Items[i].Spec.EngineSelector.MatchLabels, pod.GetLabels()) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+			engines = append(engines, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}
-	return reqs
+	return server, engines
 }
 
 // Reconcile is the pipeline of one CacheBackend: gather, plan, execute,
