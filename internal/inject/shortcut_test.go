@@ -237,7 +237,7 @@ func TestGuardReusesRequestBuffersSafely(t *testing.T) {
 				g.ServeHTTP(rec, r)
 				var out admissionv1.AdmissionReview
 				if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil || out.Response == nil {
-					errs <- fmt.Errorf("%s: %v: %s", uid, err, rec.Body.String())
+					errs <- fmt.Errorf("%s: %w: %s", uid, err, rec.Body.String())
 					return
 				}
 				if string(out.Response.UID) != uid || (len(out.Response.Patch) > 0) != wired {
