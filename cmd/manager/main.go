@@ -55,7 +55,7 @@ func run(args []string, stdout io.Writer) error {
 	clusterDomain := fs.String("cluster-domain", render.DefaultClusterDomain, "the cluster's DNS domain: engines are given, and the functional probe dials, <name>.<namespace>.svc.<domain>")
 	maxRequest := fs.Int64("webhook-max-request-bytes", inject.DefaultMaxRequestBytes, "a larger pod admission request is admitted unwired without being decoded (fail open; metric inferencecache_webhook_guard_trips_total)")
 	maxConcurrent := fs.Int("webhook-max-concurrency", inject.DefaultMaxConcurrent, "pod admissions decoded at once; the others wait until their deadline, then fail open")
-	memRatio := fs.Float64("memory-limit-ratio", 0.9, "when GOMEMLIMIT is a plain byte count (the container's memory limit, as the install bundle sets it through the downward API), use this fraction of it as the Go runtime's soft memory limit")
+	memRatio := fs.Float64("memory-limit-ratio", controller.DefaultMemoryLimitRatio, "when GOMEMLIMIT is a plain byte count (the container's memory limit, as the install bundle sets it through the downward API), use this fraction of it as the Go runtime's soft memory limit")
 	probeAddr := fs.String("health-probe-bind-address", ":8081", "address the /healthz and /readyz endpoints bind to")
 	leaderElect := fs.Bool("leader-elect", false, "elect a leader so that only one replica reconciles at a time")
 	leaderNS := fs.String("leader-election-namespace", "", "namespace of the leader-election Lease (defaults to the pod's namespace)")

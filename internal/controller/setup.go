@@ -25,6 +25,12 @@ const (
 	DefaultKubeAPIBurst = 300
 )
 
+// DefaultMemoryLimitRatio is the fraction of the container's memory limit
+// (GOMEMLIMIT as the install bundle sets it) the manager gives the Go
+// runtime as its soft memory limit (--memory-limit-ratio), leaving room
+// for memory the runtime does not count.
+const DefaultMemoryLimitRatio = 0.9
+
 // Options configure what Setup registers.
 type Options struct {
 	// Inject shapes the Pod webhook's injection.

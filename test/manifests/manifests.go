@@ -4,7 +4,11 @@
 package manifests
 
 import (
+	"fmt"
+
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
@@ -41,4 +45,28 @@ func Webhooks(dir string) ([]*admissionregistrationv1.MutatingWebhookConfigurati
 		}
 	}
 	return m, v, nil
+}
+
+// ManagerMemoryLimit returns the memory limit of the manager container of
+// the kustomization in dir (the install bundle's limits.memory), in bytes.
+func ManagerMemoryLimit(dir string) (int64, error) {
+	objs, err := Build(dir)
+	if err != nil {
+		return 0, err
+	}
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" {
+			continue
+		}
+		d := &appsv1.Deployment{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, d); err != nil {
+			return 0, err
+		}
+		for _, c := range d.Spec.Template.Spec.Containers {
+			if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok && c.Name == "manager" {
+				return q.Value(), nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no manager container with a memory limit in %s", dir)
 }

@@ -119,6 +119,7 @@ type result struct {
 	ttr                                      []time.Duration
 	heapBase, heapBackends, heapPods         uint64
 	rssBase, rssBackends, rssPods            uint64
+	softLimit                                int64 // the Go runtime's soft memory limit, as the shipped manager sets it
 	idle, perPods                            requestDelta
 	idlePerMinute, perPod, writes, podWrites float64
 	podGets                                  float64
@@ -187,7 +188,7 @@ func (r result) markdown() string {
 	w("| Figure | Value | Target | |\n|---|---|---|---|\n")
 	w("| Time-to-Ready, per backend, p50 / p99 (%d server-backed backends without storage) | %s / %s | — | |\n", r.expectReady, ms(percentile(r.ttr, 0.5)), ms(percentile(r.ttr, 0.99)))
 	rssOK := r.rssPods <= 256<<20
-	w("| Process RSS at rest (base / with backends / with pods) | %s / %s / %s | ≤ 256 MiB at N = 1,000, M = 10,000 | %s |\n", mib(r.rssBase), mib(r.rssBackends), mib(r.rssPods), met(rssOK))
+	w("| Process RSS at rest (base / with backends / with pods; Go soft memory limit %s, as the shipped manager sets it) | %s / %s / %s | ≤ 256 MiB at N = 1,000, M = 10,000 | %s |\n", mib(uint64(r.softLimit)), mib(r.rssBase), mib(r.rssBackends), mib(r.rssPods), met(rssOK))
 	w("| Go heap at rest (base / with backends / with pods) | %s / %s / %s | — | |\n", mib(r.heapBase), mib(r.heapBackends), mib(r.heapPods))
 	w("| Heap per CacheBackend | %.1f KiB | ≤ %d KiB (budget in make test) | %s |\n", r.perBackendHeap()/1024, heapPerBackend>>10, met(r.perBackendHeap() <= heapPerBackend))
 	w("| Heap per engine pod | %.2f KiB | ≤ %d KiB (budget in make test) | %s |\n", r.perPodHeap()/1024, heapPerPod>>10, met(r.perPodHeap() <= heapPerPod))

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/metrics"
 	"sort"
 	"strconv"
@@ -410,6 +411,14 @@ func TestScale(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.NoError(t, controller.Setup(mgr, controller.Options{Webhooks: true}))
+	// The Go runtime's soft memory limit the shipped manager sets from its
+	// container's memory limit (GOMEMLIMIT through the downward API, then
+	// --memory-limit-ratio).
+	limit, err := manifests.ManagerMemoryLimit("../../kustomize/base")
+	require.NoError(t, err)
+	softLimit := int64(float64(limit) * controller.DefaultMemoryLimitRatio)
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(softLimit))
+	t.Logf("Go soft memory limit %d MiB (%.0f%% of the manager container's %d MiB)", softLimit>>20, 100*controller.DefaultMemoryLimitRatio, limit>>20)
 	stop := testutil.RunManager(ctx, mgr)
 	defer stop()
 	require.NoError(t, localcluster.WaitServing(ctx, fmt.Sprintf("127.0.0.1:%d", port), 60*time.Second))
@@ -520,7 +529,7 @@ func TestScale(t *testing.T) {
 	r := result{size: sz, nodes: nodes, ttr: ttr, expectReady: expectReady,
 		heapBase: heapBase, heapBackends: heapBackends, heapPods: heapPods, rssBase: rssBase, rssBackends: rssBackends, rssPods: rssPods,
 		idle: idle, idlePerMinute: idlePerMinute, perPods: perPods, perPod: perPod, writes: writes, podWrites: podWrites, podGets: podGets, wired: wired,
-		bursts: bursts, admission: admission, wait: wait, reconcile: reconcile, reconcileAfterBackends: reconcileAfterBackends, depth: depth.max.Load()}
+		bursts: bursts, admission: admission, wait: wait, reconcile: reconcile, reconcileAfterBackends: reconcileAfterBackends, depth: depth.max.Load(), softLimit: softLimit}
 	if sz.report != "" {
 		require.NoError(t, os.WriteFile(sz.report, []byte(r.markdown()), 0o644))
 		t.Logf("report written to %s", sz.report)
