@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -201,7 +202,9 @@ func (r *CacheBackendReconciler) podEvents() handler.EventHandler {
 			enqueue(ctx, e.Object, q)
 		},
 		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
-			enqueue(ctx, e.ObjectOld, q)
+			if !maps.Equal(e.ObjectOld.GetLabels(), e.ObjectNew.GetLabels()) {
+				enqueue(ctx, e.ObjectOld, q) // the backends the pod leaves
+			}
 			enqueue(ctx, e.ObjectNew, q)
 		},
 		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
@@ -220,8 +223,10 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 		// A cache-server pod: its replacement matters to its backend.
 		server = &reconcile.Request{NamespacedName: client.ObjectKey{Namespace: pod.GetNamespace(), Name: owner}}
 	}
+	// Read-only: the cache's objects are not copied (every pod event of
+	// the cluster comes here, and a namespace may hold many backends).
 	var list v1alpha1.CacheBackendList
-	if err := r.Client.List(ctx, &list, client.InNamespace(pod.GetNamespace())); err != nil {
+	if err := r.Client.List(ctx, &list, client.InNamespace(pod.GetNamespace()), client.UnsafeDisableDeepCopy); err != nil {
 		log.FromContext(ctx).Error(err, "listing CacheBackends for a pod event", "pod", client.ObjectKeyFromObject(pod))
 		return server, nil
 	}

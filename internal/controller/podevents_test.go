@@ -57,4 +57,12 @@ func TestEnginePodEventsCoalesce(t *testing.T) {
 		Labels: map[string]string{render.LabelCacheBackend: "cache"}}}
 	h.Delete(ctx, event.DeleteEvent{Object: server}, q)
 	assert.Equal(t, 1, q.Len(), "a cache-server pod's event wakes its backend at once")
+	got, _ = q.Get()
+	q.Done(got)
+
+	left := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "qwen-0", Labels: map[string]string{"app": "web"}}}
+	was := left.DeepCopy()
+	was.Labels = map[string]string{"app": "qwen"}
+	h.Update(ctx, event.UpdateEvent{ObjectOld: was, ObjectNew: left}, q)
+	require.Eventually(t, func() bool { return q.Len() == 1 }, 5*time.Second, 10*time.Millisecond, "a pod relabelled away wakes the backend it left")
 }

@@ -150,18 +150,7 @@ func (r *reviewHead) request(s *scanner) bool {
 			r.hasDryRun = true
 			r.dryRun, ok = s.boolean()
 		case 4:
-			ok = s.want('{') && s.fields([]string{"group", "version", "kind"}, func(i int) bool {
-				var ok bool
-				switch i {
-				case 0:
-					r.group, ok = s.value()
-				case 1:
-					r.version, ok = s.value()
-				case 2:
-					r.kind, ok = s.value()
-				}
-				return ok
-			})
+			ok = s.members([]string{"group", "version", "kind"}, &r.group, &r.version, &r.kind)
 		case 5:
 			s.ws()
 			start := s.i
@@ -192,6 +181,16 @@ func (r *reviewHead) request(s *scanner) bool {
 		default:
 			ok = s.skip() // a RawExtension: any JSON value
 		}
+		return ok
+	})
+}
+
+// members reads an object whose members named in names are strings,
+// storing each in the slot of to at its index.
+func (s *scanner) members(names []string, to ...*[]byte) bool {
+	return s.want('{') && s.fields(names, func(i int) bool {
+		var ok bool
+		*to[i], ok = s.value()
 		return ok
 	})
 }
