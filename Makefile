@@ -8,6 +8,11 @@ CONTROLLER_GEN := go tool controller-gen
 # (kube-apiserver, etcd, kubectl, kube-controller-manager, kube-scheduler,
 # kwok) into a per-user cache folder keyed by version, and prints the folder.
 INSTALL_CONTROLPLANE := bash test/tools/install.sh
+# test/tools/install-python.sh builds the Python environments of the real
+# engine peers (test/tools/python/*.lock: vLLM with LMCache, SGLang) from PyPI
+# into the same per-user cache, once per lock, and prints each folder.
+INSTALL_PYTHON := bash test/tools/install-python.sh
+PYTHON_ENVS := vllm sglang
 # test/tools/install-packages.sh installs the Debian packages the tests use as
 # real peers (libzmq, redis-server, promtool, protoc), only those missing.
 INSTALL_PACKAGES := bash test/tools/install-packages.sh
@@ -17,7 +22,7 @@ GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 # The packages whose tests need no control plane (no KUBEBUILDER_ASSETS):
 # everything but the integration (internal/controller) and end-to-end
 # (test/e2e, test/install) suites.
-UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission)
+UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance)
 
 # The version every binary prints with --version (internal/version), from
 # the nearest tag; "dev" outside a git checkout.
@@ -129,12 +134,20 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml).
 controlplane: ## Build the local control-plane binaries (only those missing).
 	@dir=$$($(INSTALL_CONTROLPLANE)); echo "control-plane binaries in $$dir"
 
+.PHONY: pyenv
+pyenv: ## Build the engines' Python environments (vLLM + LMCache, SGLang) from the locks in test/tools/python (only those missing).
+	@for e in $(PYTHON_ENVS); do start=$$(date +%s); dir=$$($(INSTALL_PYTHON) $$e); echo "python env $$e in $$dir ($$(($$(date +%s) - start)) s)"; done
+
+.PHONY: pylock
+pylock: ## Re-resolve test/tools/python/tested-versions.txt into the lock files (needs PyPI).
+	bash test/tools/python/lock.sh
+
 .PHONY: packages
 packages: ## Install the Debian packages the tests use as real peers (only those missing; needs root).
 	$(INSTALL_PACKAGES)
 
 .PHONY: test
-test: packages verify ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
+test: packages verify pyenv ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
 	# Test modules of their own, whose dependencies stay out of go.mod.

@@ -3,7 +3,8 @@
 # those missing: the reference ZeroMQ (libzmq through python3-zmq, with
 # python3-msgpack) for the KV-event interoperability tests, redis-server for
 # the index's Redis backend, Prometheus' promtool for the alert rules, and
-# protoc for the gRPC contract. CI runs as root on a fresh machine: one
+# protoc for the gRPC contract, and python3.11-venv so that
+# test/tools/install-python.sh can make the engines' virtual environments. CI runs as root on a fresh machine: one
 # `apt-get update`, then `apt-get install -y`. Prints nothing on success when
 # everything is already there.
 set -euo pipefail
@@ -11,6 +12,7 @@ set -euo pipefail
 # command-or-file the test looks for, and the Debian package that brings it.
 need=(
 	"/usr/bin/python3:python3"
+	"/usr/lib/python3.11/ensurepip:python3.11-venv"
 	"/usr/lib/python3/dist-packages/zmq:python3-zmq"
 	"/usr/lib/python3/dist-packages/msgpack:python3-msgpack"
 	"/usr/bin/redis-server:redis-server"
