@@ -2,11 +2,12 @@
 # Installs the Debian packages the tests use as real peers (not mocks), only
 # those missing: the reference ZeroMQ (libzmq through python3-zmq, with
 # python3-msgpack) for the KV-event interoperability tests, redis-server for
-# the index's Redis backend, Prometheus' promtool for the alert rules, and
+# the index's Redis backend, Prometheus' promtool for the alert rules,
 # protoc for the gRPC contract, and python3.11-venv so that
-# test/tools/install-python.sh can make the engines' virtual environments. CI runs as root on a fresh machine: one
-# `apt-get update`, then `apt-get install -y`. Prints nothing on success when
-# everything is already there.
+# test/tools/install-python.sh can make the engines' virtual environments.
+# CI runs as root on a fresh machine: one `apt-get update`, then
+# `apt-get install -y`. Prints nothing on success when everything is
+# already there.
 set -euo pipefail
 
 # command-or-file the test looks for, and the Debian package that brings it.
