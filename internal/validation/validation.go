@@ -97,6 +97,7 @@ func Validate(cb *v1alpha1.CacheBackend) field.ErrorList {
 			}
 		}
 	}
+	errs = append(errs, validateHiCache(cb)...)
 	return errs
 }
 
@@ -158,7 +159,7 @@ func (h *Handler) Handle(_ context.Context, req admission.Request) admission.Res
 		errs = ValidateUpdate(old, cb)
 	}
 	if len(errs) == 0 {
-		return admission.Allowed("")
+		return admission.Allowed("").WithWarnings(HiCacheWarnings(cb)...)
 	}
 	st := apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("CacheBackend").GroupKind(), cb.Name, errs).Status()
 	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}
