@@ -16,10 +16,14 @@ import (
 //     (--kv_transfer_config), takes --flag=value and --flag value, and
 //     sets one key of a JSON flag with a dotted name
 //     (--kv-transfer-config.kv_role=kv_both).
-//   - SGLang uses Python's argparse with abbreviations allowed: any prefix
-//     of a flag name that no other flag shares (--hicache-rat 2) is that
-//     flag. The webhook does not know SGLang's whole flag list, so every
-//     prefix of an injected flag counts as that flag.
+//   - Both engines use Python's argparse with abbreviations allowed (vLLM's
+//     FlexibleArgumentParser leaves allow_abbrev on): any prefix of a flag
+//     name that no other flag shares (--hicache-rat 2, --kv-transfer-conf
+//     '{...}') is that flag. The webhook does not know the engines' whole
+//     flag lists, so every prefix of an injected flag counts as that flag.
+//     (No vLLM flag is a prefix of --kv-transfer-config,
+//     --kv-events-config or --prefix-caching-hash-algo; the conformance
+//     suite runs vLLM's parser on such spellings.)
 //
 // Underscore spellings are recognised for both engines: treating one as the
 // user's own setting only ever leaves a pod unwired, never wires it twice.
@@ -80,8 +84,11 @@ func canonical(key string) string {
 }
 
 // Abbreviates reports whether the runtime's parser accepts prefix
-// abbreviations of long flags.
-func Abbreviates(rt v1alpha1.Runtime) bool { return rt == v1alpha1.RuntimeSGLang }
+// abbreviations of long flags: both do (vLLM 0.33 and SGLang 0.5 parse
+// with argparse's allow_abbrev on).
+func Abbreviates(rt v1alpha1.Runtime) bool {
+	return rt == v1alpha1.RuntimeSGLang || rt == v1alpha1.RuntimeVLLM || rt == ""
+}
 
 // wrappers are init programs that run the rest of their command line:
 // the shell check looks through them.
@@ -91,8 +98,32 @@ var shells = map[string]bool{"sh": true, "bash": true, "dash": true, "ash": true
 
 // shellCommand returns the shell and whether the command line runs `<shell>
 // -c ...`, looking through init wrappers (tini --, dumb-init, env with
-// NAME=value assignments and options, env -S "...").
+// NAME=value assignments and options, env -S "..."), and behind any other
+// program: a word naming a shell followed by a -c option anywhere on the
+// command line counts (nohup sh -c, setsid bash -c, timeout 1h sh -c,
+// stdbuf -oL sh -c, gosu user sh -c, ...). Flags appended after such a
+// command line reach the shell's positional parameters, never the engine;
+// counting one shell too many only leaves a pod unwired, with the reason.
 func shellCommand(cmdline []string) (string, bool) {
+	if sh, ok := wrappedShell(cmdline); ok {
+		return sh, true
+	}
+	for i, a := range cmdline {
+		if shells[path.Base(a)] && slices.ContainsFunc(cmdline[i+1:], isCOption) {
+			return a, true
+		}
+	}
+	return "", false
+}
+
+// isCOption reports whether a shell argument is -c or a cluster of short
+// options holding c (-ec, -lc).
+func isCOption(a string) bool {
+	return a == "-c" || (strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && strings.Contains(a, "c"))
+}
+
+// wrappedShell is shellCommand's walk through the init wrappers it knows.
+func wrappedShell(cmdline []string) (string, bool) {
 	for len(cmdline) > 0 {
 		prog := path.Base(cmdline[0])
 		if prog == "busybox" && len(cmdline) > 1 { // busybox sh -c ...
@@ -100,9 +131,7 @@ func shellCommand(cmdline []string) (string, bool) {
 			prog = path.Base(cmdline[0])
 		}
 		if shells[prog] {
-			return cmdline[0], slices.ContainsFunc(cmdline[1:], func(a string) bool {
-				return a == "-c" || (strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && strings.Contains(a, "c"))
-			})
+			return cmdline[0], slices.ContainsFunc(cmdline[1:], isCOption)
 		}
 		if !wrappers[prog] {
 			return "", false
@@ -117,11 +146,11 @@ func shellCommand(cmdline []string) (string, bool) {
 			}
 			if prog == "env" && (a == "-S" || a == "--split-string") && skipped+1 < len(rest) {
 				// env -S "sh -c ..." splits its argument into words.
-				return shellCommand(append(strings.Fields(rest[skipped+1]), rest[skipped+2:]...))
+				return wrappedShell(append(strings.Fields(rest[skipped+1]), rest[skipped+2:]...))
 			}
 			if prog == "env" && (strings.HasPrefix(a, "-S") || strings.HasPrefix(a, "--split-string=")) {
 				s := strings.TrimPrefix(strings.TrimPrefix(a, "--split-string="), "-S")
-				return shellCommand(append(strings.Fields(s), rest[skipped+1:]...))
+				return wrappedShell(append(strings.Fields(s), rest[skipped+1:]...))
 			}
 			if strings.HasPrefix(a, "-") || (prog == "env" && strings.Contains(a, "=")) {
 				if prog == "env" && (a == "-u" || a == "--unset" || a == "-C" || a == "--chdir") {

@@ -404,11 +404,16 @@ func lmcacheEnv(cb *v1alpha1.CacheBackend, domain string) []corev1.EnvVar {
 }
 
 // GiB renders a Kubernetes quantity as the plain number LMCache parses for
-// its sizes: a decimal count of GiB (LMCache multiplies it by 1024³), at
-// most three decimals, e.g. 4Gi → "4", 512Mi → "0.5", 10G → "9.313".
+// its sizes: a decimal count of GiB, exact, e.g. 4Gi → "4", 512Mi → "0.5",
+// 1500Mi → "1.46484375", 10G → "9.313225746154785". LMCache reads it with
+// float() and allocates int(size * 1024**3) bytes, which gives back the
+// quantity's bytes: dividing and multiplying by a power of two is exact in
+// binary floating point and the shortest decimal reads back as the same
+// float. A rounded value would not: 1500Mi rounded to "1.465" is 164 KiB
+// more than the user's maxSize, and anything under 0.5 MiB rounded to "0",
+// which turns LMCache's tier off.
 func GiB(q resource.Quantity) string {
-	v := float64(q.Value()) / float64(1<<30)
-	return strconv.FormatFloat(float64(int64(v*1000+0.5))/1000, 'f', -1, 64)
+	return strconv.FormatFloat(float64(q.Value())/float64(1<<30), 'f', -1, 64)
 }
 
 func hiCacheFlags(h *v1alpha1.HiCache) []Flag {

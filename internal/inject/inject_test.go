@@ -378,7 +378,7 @@ func TestSkipRequested(t *testing.T) {
 }
 
 func TestGiB(t *testing.T) {
-	for in, want := range map[string]string{"4Gi": "4", "512Mi": "0.5", "1536Mi": "1.5", "10G": "9.313", "100Gi": "100", "1Ti": "1024"} {
+	for in, want := range map[string]string{"4Gi": "4", "512Mi": "0.5", "1536Mi": "1.5", "10G": "9.313225746154785", "100Gi": "100", "1Ti": "1024", "1500Mi": "1.46484375", "1Ki": "0.00000095367431640625"} {
 		assert.Equal(t, want, GiB(resource.MustParse(in)), in)
 	}
 }

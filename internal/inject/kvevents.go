@@ -163,7 +163,7 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	if !vllm {
 		engine, algo, blockSize = "sglang", hashAlgoSGLang, lastValue(cmdline, "--page-size", true)
 	} else {
-		if uses := FlagUses(cmdline, HashAlgoFlag, false); len(uses) > 0 {
+		if uses := FlagUses(cmdline, HashAlgoFlag, abbrev); len(uses) > 0 {
 			// The user's own algorithm is kept; the subscriber is told it.
 			algo = uses[len(uses)-1].Value
 			if algo == "" || uses[len(uses)-1].Partial {
@@ -285,8 +285,14 @@ func DataParallelSize(cmdline []string, rt v1alpha1.Runtime) (int, bool) {
 	} else {
 		values = append(values, flagValues(cmdline, "--data-parallel-size", false)...)
 		values = append(values, shortValues(cmdline, "-dp")...)
-		for _, name := range []string{"--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-rank"} {
-			multiNode = multiNode || len(FlagUses(cmdline, name, false)) > 0
+		// vLLM's parser takes a unique prefix of a long flag for the flag
+		// (--data-parallel-start 2). --data-parallel-size is a flag of its
+		// own and a prefix of --data-parallel-size-local: its exact uses
+		// are not the local size.
+		local := len(FlagUses(cmdline, "--data-parallel-size-local", true)) - len(FlagUses(cmdline, "--data-parallel-size", false))
+		multiNode = local > 0
+		for _, name := range []string{"--data-parallel-start-rank", "--data-parallel-rank"} {
+			multiNode = multiNode || len(FlagUses(cmdline, name, true)) > 0
 		}
 		for _, short := range []string{"-dpl", "-dpr", "-dpn"} {
 			multiNode = multiNode || len(shortValues(cmdline, short)) > 0

@@ -109,6 +109,14 @@ func TestKVEventsWiring(t *testing.T) {
 			},
 		},
 		{
+			name: "the user's own hash algorithm (an abbreviation vLLM's parser takes) is kept",
+			pod:  enginePod(withArgs("--prefix-caching-hash", "xxhash_cbor")), backend: backend("cache", observed), opts: opts,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, hashAlgos(out), "no --prefix-caching-hash-algo added after the user's own")
+				assert.Equal(t, "xxhash_cbor", sidecarEnv(t, out)["KV_EVENTS_HASH_ALGORITHM"])
+			},
+		},
+		{
 			name: "the user's own hash algorithm (underscore spelling) is kept",
 			pod:  enginePod(withArgs("--prefix_caching_hash_algo", "sha256")), backend: backend("cache", observed), opts: opts,
 			check: func(t *testing.T, out *corev1.Pod) {
@@ -417,6 +425,11 @@ func TestDataParallelSize(t *testing.T) {
 		{v1alpha1.RuntimeVLLM, []string{"-dp", "4", "-dpl", "2"}, 0, false},
 		{v1alpha1.RuntimeVLLM, []string{"--data-parallel-start-rank", "2"}, 0, false},
 		{v1alpha1.RuntimeVLLM, []string{"--data-parallel-rank=1"}, 0, false},
+		// vLLM's parser takes unique prefixes: abbreviated multi-node flags count.
+		{v1alpha1.RuntimeVLLM, []string{"--data-parallel-size", "4", "--data-parallel-size-l", "2"}, 0, false},
+		{v1alpha1.RuntimeVLLM, []string{"--data-parallel-size", "4", "--data-parallel-start", "2"}, 0, false},
+		{v1alpha1.RuntimeVLLM, []string{"--data-parallel-ra=1"}, 0, false},
+		{v1alpha1.RuntimeVLLM, []string{"--data-parallel-size", "4", "--data_parallel_size_local", "4"}, 0, false},
 		{v1alpha1.RuntimeVLLM, []string{"--", "-dp", "2"}, 1, true},
 		{v1alpha1.RuntimeSGLang, []string{"--dp-size", "2"}, 2, true},
 		{v1alpha1.RuntimeSGLang, []string{"--dp", "4"}, 4, true},
