@@ -120,6 +120,8 @@ type lmcacheResult struct {
 	Warnings []string       `json:"warnings"`
 	Unknown  []string       `json:"unknown"`
 	Config   map[string]any `json:"config"`
+	// DiskPaths are the directories LMCache's local disk tier uses.
+	DiskPaths []string `json:"disk_paths"`
 }
 
 // TestLMCacheReadsEveryEnvironment feeds every LMCACHE_* set the webhook
@@ -187,6 +189,7 @@ func TestLMCacheReadsEveryEnvironment(t *testing.T) {
 			}
 			if w.diskBytes >= 0 {
 				assert.Equal(t, strings.TrimSuffix(w.diskPath, "/")+"/", cfg["local_disk"], "local_disk is the directory")
+				assert.Equal(t, []string{strings.TrimSuffix(w.diskPath, "/") + "/"}, res.DiskPaths, "LMCache's disk tier uses the one directory")
 				assertGiB(t, w.diskBytes, cfg["max_local_disk_size"], "max_local_disk_size")
 			} else {
 				assert.Nil(t, cfg["local_disk"])

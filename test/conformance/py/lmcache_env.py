@@ -13,7 +13,8 @@ captured (they do not propagate to the root logger), and every name of env
 is checked against the config's declared fields and aliases.
 
 Standard output: per case the warnings, the unknown names, the error (if
-from_env or validate raised) and every config field as JSON.
+from_env or validate raised), every config field as JSON, and the local disk
+directories LMCache's PathSharder makes of local_disk.
 """
 
 import json
@@ -72,6 +73,14 @@ def main():
             cfg = LMCacheEngineConfig.from_env()
             cfg.validate()
             out["config"] = {n: plain(getattr(cfg, n)) for n in v1config._CONFIG_DEFINITIONS}
+            if cfg.local_disk:
+                # The directories LocalDiskBackend uses: local_disk is a
+                # comma-separated list it shards across devices.
+                from lmcache.v1.storage_backend.path_sharder import PathSharder
+
+                out["disk_paths"] = PathSharder(
+                    raw_csv=cfg.local_disk, strategy=cfg.local_disk_path_sharding, dst_device="cuda:0"
+                ).all_paths
         except Exception as e:  # noqa: BLE001 - every failure is the answer
             out["error"] = f"{type(e).__name__}: {e}"
         out["warnings"] = list(records)
