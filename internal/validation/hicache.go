@@ -36,8 +36,11 @@ const (
 // Flags of SGLang the HiCache rules read from engineOverrides.args (the
 // CRD has no field for them).
 const (
-	flagHostMemoryMode   = "--hicache-host-memory-mode"
-	hostMemoryBufferOnly = "buffer_only"
+	flagHostMemoryMode = "--hicache-host-memory-mode"
+	// FlagStorageExtraConfig configures the storage backend; the dynamic
+	// backend reads the class to load from it.
+	FlagStorageExtraConfig = "--hicache-storage-backend-extra-config"
+	hostMemoryBufferOnly   = "buffer_only"
 )
 
 // hiCacheExclusive are SGLang flags its resolution refuses together with
@@ -144,7 +147,27 @@ func HiCacheWarnings(cb *v1alpha1.CacheBackend) []string {
 		out = append(out, fmt.Sprintf("%s: SGLang runs %s %s, not %s: %s; set %s: %s to say what runs",
 			r.Field, r.Flag, r.To, from, r.Why, r.Field, r.To))
 	}
+	if w := dynamicStorageWarning(cb); w != "" {
+		out = append(out, w)
+	}
 	return out
+}
+
+// dynamicStorageWarning warns about storageBackend dynamic without
+// --hicache-storage-backend-extra-config in engineOverrides.args: SGLang's
+// parser accepts it, and its storage factory then fails when the engine
+// starts, unless the pod's own command line names the class to load
+// (which the validating webhook does not see).
+func dynamicStorageWarning(cb *v1alpha1.CacheBackend) string {
+	if cb.Spec.HiCache == nil || cb.Spec.HiCache.StorageBackend != "dynamic" {
+		return ""
+	}
+	if _, _, ok := overrideFlag(cb, FlagStorageExtraConfig); ok {
+		return ""
+	}
+	return fmt.Sprintf("spec.hiCache.storageBackend: dynamic loads the class that %s names (backend_name, module_path, class_name); "+
+		"unless the engine's command line sets it, SGLang fails at start with \"Unknown storage backend 'dynamic'\": "+
+		"add it to spec.integration.engineOverrides.args", FlagStorageExtraConfig)
 }
 
 // specSets reports whether cb's spec sets the spec.hiCache field path.

@@ -81,8 +81,15 @@ func TestHiCacheWarnings(t *testing.T) {
 			}
 		})
 	}
+	// The dynamic storage backend fails at start without its class.
+	w := HiCacheWarnings(hiCacheBackend(&v1alpha1.HiCache{StorageBackend: "dynamic"}))
+	require.Len(t, w, 1)
+	assert.True(t, strings.HasPrefix(w[0], "spec.hiCache.storageBackend: dynamic "), w[0])
+	assert.Contains(t, w[0], "Unknown storage backend 'dynamic'")
+	assert.Empty(t, HiCacheWarnings(hiCacheBackend(&v1alpha1.HiCache{StorageBackend: "dynamic"},
+		"--hicache-storage-backend-extra-config={\"backend_name\":\"b\",\"module_path\":\"m\",\"class_name\":\"C\"}")))
 	// A field left unset is named as SGLang's default.
-	w := HiCacheWarnings(hiCacheBackend(&v1alpha1.HiCache{IOBackend: "direct"}))
+	w = HiCacheWarnings(hiCacheBackend(&v1alpha1.HiCache{IOBackend: "direct"}))
 	require.Len(t, w, 1)
 	assert.Contains(t, w[0], "not page_first (SGLang's default, the field being unset)")
 	// Only SGLangHiCache backends.
