@@ -45,6 +45,10 @@ const (
 	HashAlgoSHA256CBOR = "sha256_cbor"
 	// hashAlgoSGLang is SGLang's chained SHA-256 of the page tokens.
 	hashAlgoSGLang = "sglang_sha256"
+	// sglangDefaultPageSize is SGLang's page size when --page-size is
+	// unset (sglang/srt/arg_groups/overrides.py, _page_size_default; the
+	// conformance suite holds it to SGLang's resolution).
+	sglangDefaultPageSize = "1"
 	// hashAlgoUnknown tells the subscriber the algorithm could not be read
 	// from the command line; it then reports hashes as unverifiable.
 	hashAlgoUnknown = "unknown"
@@ -162,6 +166,11 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	w.Flags = append(w.Flags, Flag{KVEventsConfigFlag, config})
 	if !vllm {
 		engine, algo, blockSize = "sglang", hashAlgoSGLang, lastValue(cmdline, "--page-size", true)
+		if blockSize == "" {
+			// Without --page-size SGLang pages 1 token (its default on
+			// CUDA and CPU), not the subscriber's default block of 16.
+			blockSize = sglangDefaultPageSize
+		}
 	} else {
 		if uses := FlagUses(cmdline, HashAlgoFlag, abbrev); len(uses) > 0 {
 			// The user's own algorithm is kept; the subscriber is told it.
