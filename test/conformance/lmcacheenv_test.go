@@ -186,6 +186,11 @@ func TestLMCacheReadsEveryEnvironment(t *testing.T) {
 			if w.cpuBytes >= 0 {
 				assert.Equal(t, true, cfg["local_cpu"])
 				assertGiB(t, w.cpuBytes, cfg["max_local_cpu_size"], "max_local_cpu_size")
+			} else {
+				// Without spec.lmCache.localCPU the webhook sets nothing and
+				// LMCache's own default applies: a 5 GiB local CPU tier.
+				assert.Equal(t, true, cfg["local_cpu"], "LMCache's default local_cpu")
+				assert.Equal(t, 5.0, cfg["max_local_cpu_size"], "LMCache's default max_local_cpu_size")
 			}
 			if w.diskBytes >= 0 {
 				assert.Equal(t, strings.TrimSuffix(w.diskPath, "/")+"/", cfg["local_disk"], "local_disk is the directory")
