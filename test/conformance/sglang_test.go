@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/utils/ptr"
@@ -79,6 +81,8 @@ type sglangCase struct {
 	// refusal is part of SGLang's error for a command line it refuses (the
 	// webhook must refuse the backend).
 	refusal string
+	// fields are ServerArgs fields SGLang must read (the user's own flags).
+	fields map[string]any
 }
 
 func sglangBackend(h *v1alpha1.HiCache, mut ...func(*v1alpha1.CacheBackend)) v1alpha1.CacheBackend {
@@ -110,11 +114,11 @@ var (
 	sglangPageSizes     = []int32{0, 1, 16, 64, 4096}
 )
 
-func sglangCases() []sglangCase {
+func sglangCases(t *testing.T) []sglangCase {
 	var cases []sglangCase
 	add := func(name string, cb v1alpha1.CacheBackend, shape int, user []string) {
 		s := sglangShapes[shape%len(sglangShapes)]
-		tc := sglangCase{name: name + " (" + s.name + ")", backend: cb, outcome: inject.Injected,
+		tc := sglangCase{name: name + " (" + s.name + ")", backend: cb, outcome: inject.Injected, fields: sglangUserFields,
 			c: func(m string) corev1.Container { return s.c(m, user...) }}
 		if cb.Spec.Observation != nil {
 			tc.opts = observeOptions()
@@ -187,6 +191,11 @@ func sglangCases() []sglangCase {
 		add("engineOverrides: "+o.name, sglangBackend(o.h, sglangOverrides(o.args...)), len(cases), sglangUser)
 		cases[len(cases)-1].refusal = o.refusal
 	}
+	// The example (examples/sglang-hicache): its CacheBackend and its
+	// engine's container, with the local model config and the CPU device.
+	example := sglangExample(t)
+	cases = append(cases, sglangCase{name: "examples/sglang-hicache", backend: example.backend, outcome: inject.Injected, c: example.c,
+		fields: map[string]any{"host": "0.0.0.0", "port": 30000.0}})
 	// A shell-wrapped command line is left unwired (the webhook cannot
 	// extend it): SGLang runs it as written, without HiCache.
 	cases = append(cases, sglangCase{
@@ -194,9 +203,43 @@ func sglangCases() []sglangCase {
 		c: func(m string) corev1.Container {
 			return corev1.Container{Command: []string{"sh", "-c", "exec python3 -m sglang.launch_server --model-path " + m + " " + strings.Join(sglangUser, " ")}}
 		},
-		outcome: inject.Skipped, reason: inject.SkippedShellWrapper,
+		outcome: inject.Skipped, reason: inject.SkippedShellWrapper, fields: sglangUserFields,
 	})
 	return cases
+}
+
+type sglangExampleCase struct {
+	backend v1alpha1.CacheBackend
+	c       func(model string) corev1.Container
+}
+
+// sglangExample reads examples/sglang-hicache: the CacheBackend, and the
+// engine Deployment's container with its --model-path replaced by model
+// and --device cpu added (no hub access, no GPU here).
+func sglangExample(t *testing.T) sglangExampleCase {
+	t.Helper()
+	dir := filepath.Join(pyenv.Root(t), "examples", "sglang-hicache")
+	var cb v1alpha1.CacheBackend
+	b, err := os.ReadFile(filepath.Join(dir, "cachebackend.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, yaml.UnmarshalStrict(b, &cb))
+	var dep appsv1.Deployment
+	b, err = os.ReadFile(filepath.Join(dir, "engine.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(b, &dep))
+	require.Len(t, dep.Spec.Template.Spec.Containers, 1)
+	// The case pods carry the case label; the example's selector is its own.
+	cb.Namespace, cb.UID, cb.Generation = caseNamespace, "uid-example", 1
+	cb.Spec.EngineSelector.MatchLabels = map[string]string{"app": caseLabel}
+	c := dep.Spec.Template.Spec.Containers[0]
+	return sglangExampleCase{backend: cb, c: func(model string) corev1.Container {
+		c := *c.DeepCopy()
+		i := slices.Index(c.Args, "--model-path")
+		require.GreaterOrEqual(t, i, 0, "the example's engine sets no --model-path")
+		c.Args[i+1] = model
+		c.Args = append(c.Args, "--device", "cpu")
+		return c
+	}}
 }
 
 func unset(s string) string {
@@ -252,7 +295,7 @@ func sglangModel(t *testing.T) string {
 // warning, and the warnings predict exactly what SGLang runs with.
 func TestSGLangServerArgs(t *testing.T) {
 	modelDir := sglangModel(t)
-	cases := sglangCases()
+	cases := sglangCases(t)
 	type in struct {
 		Name string   `json:"name"`
 		Argv []string `json:"argv"`
@@ -310,7 +353,7 @@ func TestSGLangServerArgs(t *testing.T) {
 			}
 			require.True(t, dummy.Accepted, "SGLang's parser refuses the command line with model path dummy (%s): %s", dummy.Stage, dummy.Error)
 			require.True(t, full.Accepted, "SGLang refuses the command line (%s): %s", full.Stage, full.Error)
-			for f, v := range sglangUserFields {
+			for f, v := range tc.fields {
 				assert.Equal(t, v, full.Resolved[f], "the user's own %s", f)
 			}
 			if tc.outcome != inject.Injected {
