@@ -51,7 +51,8 @@ const (
 	// storage, all replicas share the PVC <name>-data.
 	DeploymentKindDeployment DeploymentKind = "Deployment"
 	// DeploymentKindStatefulSet runs the cache server as a StatefulSet; with
-	// storage, each replica gets its own PVC from a volumeClaimTemplate.
+	// storage, each replica gets its own PVC from a volumeClaimTemplate
+	// (mounted, not written, by lmcache_server 0.5.x).
 	DeploymentKindStatefulSet DeploymentKind = "StatefulSet"
 )
 
@@ -74,7 +75,7 @@ const OwnershipManaged Ownership = "Managed"
 type RetentionAction string
 
 const (
-	// RetentionRetain keeps the PVC (and its data) after the event.
+	// RetentionRetain keeps the PVC (and whatever data is on it) after the event.
 	RetentionRetain RetentionAction = "Retain"
 	// RetentionDelete lets Kubernetes garbage-collect the PVC after the event.
 	RetentionDelete RetentionAction = "Delete"
@@ -139,8 +140,11 @@ type CacheBackendSpec struct {
 	// +optional
 	DeploymentKind DeploymentKind `json:"deploymentKind,omitempty"`
 
-	// Storage gives the cache server persistent volumes. Without it the
-	// server keeps its cache in memory only.
+	// Storage gives the cache server persistent volume claims, mounted at
+	// /data. lmcache_server (LMCache 0.5.x) keeps KV in memory only, with or
+	// without them: it does not write the claim, and a restarted server
+	// starts empty (the webhook warns). For KV that survives a restart, use
+	// the engines' local disk tier (spec.lmCache.localDisk).
 	// +optional
 	Storage *Storage `json:"storage,omitempty"`
 
@@ -293,8 +297,11 @@ type RemoteStorage struct {
 
 // LMCacheServer configures the managed lmcache-server workload.
 type LMCacheServer struct {
-	// Image is the container image that provides the lmcache_server command.
-	// +kubebuilder:default="lmcache/vllm-openai:latest"
+	// Image is the container image that provides the lmcache_server command
+	// and python3 (the container probes send LMCache's HEALTH request from
+	// it). The default's tag is the LMCache version the operator is tested
+	// with.
+	// +kubebuilder:default="lmcache/vllm-openai:v0.5.6"
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
@@ -318,7 +325,12 @@ type LMCacheServer struct {
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 
-	// ExtraArgs are appended to `lmcache_server <host> <port>`.
+	// ExtraArgs is refused by the validating webhook when set or changed:
+	// lmcache_server (LMCache 0.5.x) takes exactly `<host> <port> [device]`
+	// and exits on any other argument, and the operator renders all three
+	// (`lmcache_server 0.0.0.0 <port> cpu`). The field stays for
+	// compatibility; values stored before the rule are kept, with a
+	// warning, and never passed to the server.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:items:MaxLength=4096
@@ -326,9 +338,12 @@ type LMCacheServer struct {
 	ExtraArgs []string `json:"extraArgs,omitempty"`
 }
 
-// Storage gives the cache server persistent volumes.
+// Storage gives the cache server persistent volume claims. lmcache_server
+// (LMCache 0.5.x) keeps KV in memory only: the claims are mounted at /data
+// and kept as retention says, but the server does not write them.
 type Storage struct {
-	// PVC requests persistent volume claims for the cache data.
+	// PVC requests persistent volume claims, mounted at /data in the server
+	// container (not written by lmcache_server 0.5.x).
 	// +optional
 	PVC *PVCStorage `json:"pvc,omitempty"`
 }
@@ -352,9 +367,9 @@ type PVCStorage struct {
 	// +optional
 	AccessModes []corev1.PersistentVolumeAccessMode `json:"accessModes,omitempty"`
 
-	// Retention says what happens to the claims, and the cached data in
+	// Retention says what happens to the claims, and whatever data is on
 	// them, when the CacheBackend is deleted or scaled down. The default keeps
-	// the data.
+	// them. (lmcache_server 0.5.x writes no KV there.)
 	// +optional
 	Retention *PVCRetention `json:"retention,omitempty"`
 }

@@ -451,7 +451,7 @@ func (r *CacheBackendReconciler) finalize(ctx context.Context, s *pass, p plan.P
 		requeue = r.Prober.Interval
 	default:
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionFunctionalProbeOK, Status: metav1.ConditionTrue,
-			Reason: v1alpha1.ReasonProbeSucceeded, Message: "the cache server accepts connections on its port", ObservedGeneration: cb.Generation})
+			Reason: v1alpha1.ReasonProbeSucceeded, Message: "the cache server answers LMCache's HEALTH request", ObservedGeneration: cb.Generation})
 	}
 	previous := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
 	evaluate.SetConditions(st, cb.Generation, v)

@@ -29,6 +29,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -114,7 +115,8 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 	assert.Equal(t, []string{"lmcache_server"}, c.Command)
 	assert.Equal(t, []string{"0.0.0.0", "65432", "cpu"}, c.Args)
 	assert.Equal(t, corev1.ProtocolTCP, c.Ports[0].Protocol)
-	require.NotNil(t, c.ReadinessProbe.TCPSocket, "readiness is a tcpSocket probe: lmcache_server speaks raw TCP")
+	require.NotNil(t, c.ReadinessProbe.Exec, "readiness sends LMCache's HEALTH request from the image's python3")
+	assert.Equal(t, render.ProbeCommand(cb), c.ReadinessProbe.Exec.Command)
 
 	svc := &corev1.Service{}
 	require.NoError(t, k8s.Get(ctx, key, svc))
@@ -244,8 +246,8 @@ func TestForeignLabelSurvivesReconciles(t *testing.T) {
 	assert.Contains(t, managers(dep), "platform-team/Apply")
 }
 
-// TestSpecChangeUpdatesChildren: port, replicas, args and resources flow
-// from the spec into the Deployment and Service.
+// TestSpecChangeUpdatesChildren: port, replicas and resources flow from the
+// spec into the Deployment (arguments and probes) and Service.
 func TestSpecChangeUpdatesChildren(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -255,7 +257,7 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{
-			Port: 7000, Replicas: ptr.To[int32](3), ExtraArgs: []string{"--verbose"},
+			Port: 7000, Replicas: ptr.To[int32](3),
 			Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}},
 		}}
 	})
@@ -266,7 +268,8 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 		return nil
 	})
 	c := dep.Spec.Template.Spec.Containers[0]
-	assert.Equal(t, []string{"0.0.0.0", "7000", "cpu", "--verbose"}, c.Args)
+	assert.Equal(t, []string{"0.0.0.0", "7000", "cpu"}, c.Args)
+	assert.Equal(t, "7000", c.ReadinessProbe.Exec.Command[len(c.ReadinessProbe.Exec.Command)-1], "the probe follows the port")
 	assert.Equal(t, int32(7000), c.Ports[0].ContainerPort)
 	assert.Equal(t, "2Gi", ptr.To(c.Resources.Requests[corev1.ResourceMemory]).String())
 	testutil.Eventually(t, 10*time.Second, func() error {
@@ -465,15 +468,29 @@ func TestEngineSelectorMatching(t *testing.T) {
 	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the drop to zero is reported once")
 }
 
-// reconciled changes the backend's spec (one more server argument) and waits
-// until a reconcile evaluated the new generation.
+// reconciled changes the backend's spec (one more millicore of server CPU
+// request: a change of the pod template, as an argument was before
+// extraArgs were refused) and waits until a reconcile evaluated the new
+// generation.
 func reconciled(t *testing.T, key client.ObjectKey) {
 	t.Helper()
 	cb := updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		if cb.Spec.RemoteStorage == nil {
-			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{}}
+			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{}
 		}
-		cb.Spec.RemoteStorage.LMCacheServer.ExtraArgs = append(cb.Spec.RemoteStorage.LMCacheServer.ExtraArgs, "--verbose")
+		s := cb.Spec.RemoteStorage.LMCacheServer
+		if s == nil {
+			s = &v1alpha1.LMCacheServer{}
+			cb.Spec.RemoteStorage.LMCacheServer = s
+		}
+		if s.Resources == nil {
+			s.Resources = &corev1.ResourceRequirements{}
+		}
+		if s.Resources.Requests == nil {
+			s.Resources.Requests = corev1.ResourceList{}
+		}
+		cpu := s.Resources.Requests[corev1.ResourceCPU]
+		s.Resources.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(cpu.MilliValue()+1, resource.DecimalSI)
 	})
 	waitBackend(t, key, func(got *v1alpha1.CacheBackend) error {
 		if got.Status.ObservedGeneration < cb.Generation {

@@ -69,7 +69,7 @@ func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
 	cb := newBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("3Gi"), Retention: &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}}}
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 4, TargetMemoryUtilizationPercentage: ptr.To[int32](70)}
-	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Port: 7100, ExtraArgs: []string{"--verbose"}}}
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Port: 7100}}
 	key := testutil.StartBackend(t, k8s, cb)
 	// Once the generation is evaluated, every child was applied.
 	live := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {

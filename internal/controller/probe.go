@@ -13,20 +13,23 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/render"
 )
 
 // ProbeResults counts functional probes by result.
 var ProbeResults = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "inferencecache_functional_probes_total",
-	Help: "Functional probes of cache servers (a TCP connection to the Service), by result (success, failure).",
+	Help: "Functional probes of cache servers (LMCache's HEALTH request to the Service, answered with code 200), by result (success, failure).",
 }, []string{"result"})
 
 func init() { metrics.Registry.MustRegister(ProbeResults) }
 
-// Prober checks that a cache server answers on its port before a backend is
-// Ready: a TCP connection to its Service, at most once per Interval per
-// backend. Its per-backend slot holds the last result; every path on which
+// Prober checks that a cache server answers before a backend is Ready: it
+// sends LMCache's HEALTH request to the Service (lmcacheproto.Health) and
+// requires a full reply with code 200 within Timeout, at most once per
+// Interval per backend; a port that accepts connections and says nothing
+// fails. Its per-backend slot holds the last result; every path on which
 // a backend leaves the ready state clears the slot (Forget), so that coming
 // back always probes afresh instead of trusting a stale success.
 type Prober struct {
@@ -34,7 +37,7 @@ type Prober struct {
 	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 	// Interval between two probes of one backend.
 	Interval time.Duration
-	// Timeout of one probe.
+	// Timeout of one probe: the dial and the HEALTH exchange.
 	Timeout time.Duration
 	// ClusterDomain is the DNS domain of the probed Service's fully
 	// qualified name (render.Host); empty is cluster.local.
@@ -70,12 +73,10 @@ func (p *Prober) Check(ctx context.Context, cb *v1alpha1.CacheBackend) (error, b
 	addr := net.JoinHostPort(render.Host(cb, p.ClusterDomain), strconv.Itoa(int(render.Port(cb))))
 	dctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
-	conn, err := p.Dial(dctx, "tcp", addr)
+	err := probe(dctx, p.Dial, addr)
 	if err == nil {
-		_ = conn.Close()
 		ProbeResults.WithLabelValues("success").Inc()
 	} else {
-		err = fmt.Errorf("cache server at %s does not answer: %w", addr, err)
 		ProbeResults.WithLabelValues("failure").Inc()
 	}
 	p.mu.Lock()
@@ -85,6 +86,19 @@ func (p *Prober) Check(ctx context.Context, cb *v1alpha1.CacheBackend) (error, b
 	p.slots[key] = probeSlot{uid: cb.UID, at: time.Now(), err: err}
 	p.mu.Unlock()
 	return err, true
+}
+
+// probe dials addr and sends LMCache's HEALTH request on the connection.
+func probe(ctx context.Context, dial func(ctx context.Context, network, address string) (net.Conn, error), addr string) error {
+	conn, err := dial(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("cache server at %s does not accept connections: %w", addr, err)
+	}
+	defer func() { _ = conn.Close() }()
+	if err := lmcacheproto.Health(ctx, conn); err != nil {
+		return fmt.Errorf("cache server at %s does not answer LMCache's HEALTH request: %w", addr, err)
+	}
+	return nil
 }
 
 // Forget clears the slot of the backend key.

@@ -2,7 +2,10 @@ package controller_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -14,8 +17,100 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/test/testutil"
 )
+
+// serveHealth answers every HEALTH request on l with a reply of code, as
+// lmcache_server does (code 200); any other header closes the connection.
+func serveHealth(l net.Listener, code int32) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			h := make([]byte, lmcacheproto.HeaderSize)
+			for {
+				if _, err := io.ReadFull(c, h); err != nil || binary.LittleEndian.Uint32(h) != uint32(lmcacheproto.CommandHealth) {
+					return
+				}
+				reply := make([]byte, lmcacheproto.ReplySize)
+				binary.LittleEndian.PutUint32(reply, uint32(code))
+				if _, err := c.Write(reply); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// TestProberSpeaksLMCacheHealth: the probe passes only for a server that
+// answers LMCache's HEALTH request with code 200 within the timeout; a
+// listener that accepts and says nothing, one that closes at once, and one
+// that answers FAIL all fail it. (No control plane is used; the package's
+// suite starts one anyway. test/conformance runs the same probe against
+// the real lmcache_server.)
+func TestProberSpeaksLMCacheHealth(t *testing.T) {
+	listen := func(t *testing.T, serve func(net.Listener)) string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Close() })
+		go serve(l)
+		return l.Addr().String()
+	}
+	silent := func(l net.Listener) {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
+	}
+	closing := func(l net.Listener) {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		serve func(net.Listener)
+		want  string
+	}{
+		{"answers 200", func(l net.Listener) { serveHealth(l, lmcacheproto.CodeSuccess) }, ""},
+		{"accepts and says nothing", silent, "i/o timeout"},
+		{"closes at once", closing, "reading the reply to HEALTH"},
+		{"answers 400", func(l net.Listener) { serveHealth(l, lmcacheproto.CodeFail) }, "code 400"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := listen(t, tc.serve)
+			p := &controller.Prober{Interval: time.Minute, Timeout: 300 * time.Millisecond,
+				Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+					return (&net.Dialer{}).DialContext(ctx, network, addr)
+				}}
+			cb := &v1alpha1.CacheBackend{}
+			cb.Namespace, cb.Name, cb.UID = "llm", "cache-"+fmt.Sprint(time.Now().UnixNano()), "u"
+			start := time.Now()
+			err, probed := p.Check(context.Background(), cb)
+			assert.True(t, probed)
+			assert.Less(t, time.Since(start), 2*time.Second, "bounded by the timeout")
+			if tc.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "does not answer LMCache's HEALTH request")
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
 
 // TestFunctionalProbe: a closed port keeps Ready=False with a reason and
 // FunctionalProbeOK=False; once the server answers, both become True.

@@ -31,6 +31,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/manifests"
 	"github.com/inferencecache/operator/test/testutil"
@@ -110,24 +111,16 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	// The functional probe dials a local listener instead of the Service;
-	// a test closes a backend's target by putting its address in
-	// closedTargets.
+	// The functional probe dials a local listener that answers LMCache's
+	// HEALTH request as lmcache_server does, instead of the Service; a test
+	// closes a backend's target by putting its address in closedTargets.
 	listener, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer listener.Close()
-	go func() {
-		for {
-			c, err := listener.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	go serveHealth(listener, lmcacheproto.CodeSuccess)
 	prober = &controller.Prober{Interval: time.Second, Timeout: time.Second,
 		Dial: func(ctx context.Context, network, address string) (net.Conn, error) {
 			if _, closed := closedTargets.Load(address); closed {

@@ -19,6 +19,7 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/version"
 )
 
@@ -56,7 +57,11 @@ const (
 	AnnotationRetentionWhenDeleted = v1alpha1.AnnotationRetentionWhenDeleted
 
 	// DefaultImage is the cache-server image when the spec names none.
-	DefaultImage = "lmcache/vllm-openai:latest"
+	// The tag follows the LMCache version the conformance suite runs
+	// (test/tools/python/tested-versions.txt;
+	// TestDefaultImageIsTheTestedLMCache holds them together, and the CRD
+	// default of spec.remoteStorage.lmCacheServer.image).
+	DefaultImage = "lmcache/vllm-openai:v0.5.6"
 	// DefaultPort is the cache-server port when the spec names none.
 	DefaultPort = int32(65432)
 )
@@ -255,45 +260,24 @@ func strategy(cb *v1alpha1.CacheBackend) *appsv1ac.DeploymentStrategyApplyConfig
 func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfiguration {
 	port := Port(cb)
 	image := DefaultImage
-	var extra []string
 	var resources *corev1.ResourceRequirements
 	if s := server(cb); s != nil {
 		if s.Image != "" {
 			image = s.Image
 		}
-		extra = s.ExtraArgs
 		resources = s.Resources
-	}
-	// lmcache_server <host> <port> <device>: device "cpu" keeps the cache in
-	// memory; a directory stores it on disk.
-	device := "cpu"
-	if pvcSpec(cb) != nil {
-		device = dataMountPath
-	}
-	args := append([]string{"0.0.0.0", strconv.Itoa(int(port)), device}, extra...)
-
-	probe := func(initialDelay, period, failures int32) *corev1ac.ProbeApplyConfiguration {
-		p := corev1ac.Probe().
-			WithTCPSocket(corev1ac.TCPSocketAction().WithPort(intstr.FromString(portName))).
-			WithPeriodSeconds(period).
-			WithFailureThreshold(failures)
-		if initialDelay > 0 {
-			// A zero would be applied but never stored (omitempty).
-			p.WithInitialDelaySeconds(initialDelay)
-		}
-		return p
 	}
 	container := corev1ac.Container().
 		WithName(containerName).
 		WithImage(image).
-		WithCommand("lmcache_server").
-		WithArgs(args...).
+		WithCommand(ServerCommand).
+		WithArgs(ServerArgs(cb)...).
 		WithPorts(corev1ac.ContainerPort().
 			WithName(portName).
 			WithContainerPort(port).
 			WithProtocol(corev1.ProtocolTCP)).
-		WithReadinessProbe(probe(0, 5, 3)).
-		WithLivenessProbe(probe(15, 10, 6))
+		WithReadinessProbe(probe(cb, 0, 10, 3)).
+		WithLivenessProbe(probe(cb, 15, 20, 3))
 	if resources != nil {
 		rr := corev1ac.ResourceRequirements()
 		if len(resources.Requests) > 0 {
@@ -306,6 +290,9 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 	}
 	podSpec := corev1ac.PodSpec()
 	if pvcSpec(cb) != nil {
+		// The claim is mounted at /data and kept as the retention says,
+		// but lmcache_server 0.5 keeps KV in memory only (ServerDevice)
+		// and writes nothing there.
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(DataVolumeName).WithMountPath(dataMountPath))
 		// A StatefulSet's volume comes from its volumeClaimTemplate of the
 		// same name; a Deployment mounts the shared claim.
@@ -319,6 +306,52 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 	return corev1ac.PodTemplateSpec().
 		WithLabels(Labels(cb)).
 		WithSpec(podSpec)
+}
+
+// ServerCommand is the cache-server container's command, LMCache's
+// lmcache_server console script (lmcache.v1.server.__main__:main).
+const ServerCommand = "lmcache_server"
+
+// ServerDevice is the storage device argument of lmcache_server: "cpu",
+// the only one its storage backend accepts in LMCache 0.5
+// (lmcache/v1/server/storage_backend CreateStorageBackend raises
+// "Unsupported device" on anything else). The server keeps KV in memory
+// only: with spec.storage.pvc the claim is mounted at /data, but the server
+// does not write it.
+const ServerDevice = "cpu"
+
+// ServerArgs are the arguments of ServerCommand: `<host> <port> <device>`,
+// exactly what lmcache_server takes (it exits on any other argument count,
+// so spec.remoteStorage.lmCacheServer.extraArgs is refused at admission and
+// never rendered).
+func ServerArgs(cb *v1alpha1.CacheBackend) []string {
+	return []string{"0.0.0.0", strconv.Itoa(int(Port(cb))), ServerDevice}
+}
+
+// ProbeCommand is the exec command of the server container's readiness
+// and liveness probes: the image's own python3 sends LMCache's HEALTH
+// request to 127.0.0.1:<port> and exits 0 only on code 200, the exchange
+// the controller's functional probe makes (lmcacheproto). The port is the
+// last argument.
+func ProbeCommand(cb *v1alpha1.CacheBackend) []string {
+	return []string{"python3", "-c", lmcacheproto.ProbeScript(), strconv.Itoa(int(Port(cb)))}
+}
+
+// probeTimeoutSeconds is the container probes' timeout: a Python start and
+// the exchange, above the script's own socket timeout.
+const probeTimeoutSeconds = lmcacheproto.ProbeTimeoutSeconds + 2
+
+func probe(cb *v1alpha1.CacheBackend, initialDelay, period, failures int32) *corev1ac.ProbeApplyConfiguration {
+	p := corev1ac.Probe().
+		WithExec(corev1ac.ExecAction().WithCommand(ProbeCommand(cb)...)).
+		WithTimeoutSeconds(probeTimeoutSeconds).
+		WithPeriodSeconds(period).
+		WithFailureThreshold(failures)
+	if initialDelay > 0 {
+		// A zero would be applied but never stored (omitempty).
+		p.WithInitialDelaySeconds(initialDelay)
+	}
+	return p
 }
 
 func service(cb *v1alpha1.CacheBackend) *corev1ac.ServiceApplyConfiguration {

@@ -12,9 +12,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/version"
 )
@@ -125,10 +127,21 @@ func TestRenderRules(t *testing.T) {
 				}
 			}
 		}},
-		{"readiness is a tcpSocket probe on the server port", "testdata/minimal.yaml", func(t *testing.T, c render.Children) {
-			p := c.Deployment.Spec.Template.Spec.Containers[0].ReadinessProbe
-			require.NotNil(t, p.TCPSocket)
-			assert.Nil(t, p.HTTPGet)
+		{"readiness and liveness send LMCache's HEALTH request from the image's python3", "testdata/full.yaml", func(t *testing.T, c render.Children) {
+			ctr := c.Deployment.Spec.Template.Spec.Containers[0]
+			for _, p := range []*corev1ac.ProbeApplyConfiguration{ctr.ReadinessProbe, ctr.LivenessProbe} {
+				require.NotNil(t, p.Exec)
+				assert.Nil(t, p.TCPSocket)
+				assert.Equal(t, []string{"python3", "-c", lmcacheproto.ProbeScript(), "7000"}, p.Exec.Command)
+				assert.GreaterOrEqual(t, *p.TimeoutSeconds, int32(5), "an exec probe starts Python")
+			}
+		}},
+		{"lmcache_server gets exactly host, port and device cpu, with storage too", "testdata/full.yaml", func(t *testing.T, c render.Children) {
+			ctr := c.Deployment.Spec.Template.Spec.Containers[0]
+			assert.Equal(t, []string{"lmcache_server"}, ctr.Command)
+			assert.Equal(t, []string{"0.0.0.0", "7000", "cpu"}, ctr.Args)
+			require.Len(t, ctr.VolumeMounts, 1, "the claim is still mounted")
+			assert.Equal(t, "/data", *ctr.VolumeMounts[0].MountPath)
 		}},
 		{"engine-local backends have no children", "testdata/hicache.yaml", func(t *testing.T, c render.Children) {
 			assert.Equal(t, render.Children{}, c)
@@ -139,6 +152,32 @@ func TestRenderRules(t *testing.T) {
 			c := render.Render(load(t, tc.file))
 			tc.check(t, c)
 		})
+	}
+}
+
+// TestStoredExtraArgsAreNotRendered: extraArgs an object was stored with
+// before the webhook refused them never reach lmcache_server, which would
+// exit on them.
+func TestStoredExtraArgsAreNotRendered(t *testing.T) {
+	for _, file := range []string{"testdata/full.yaml", "testdata/statefulset.yaml", "testdata/minimal.yaml"} {
+		cb := load(t, file)
+		if cb.Spec.RemoteStorage == nil {
+			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{}
+		}
+		if cb.Spec.RemoteStorage.LMCacheServer == nil {
+			cb.Spec.RemoteStorage.LMCacheServer = &v1alpha1.LMCacheServer{}
+		}
+		cb.Spec.RemoteStorage.LMCacheServer.ExtraArgs = []string{"--log-level", "debug"}
+		c := render.Render(cb)
+		tpl := c.Deployment
+		var args []string
+		if tpl != nil {
+			args = tpl.Spec.Template.Spec.Containers[0].Args
+		} else {
+			args = c.StatefulSet.Spec.Template.Spec.Containers[0].Args
+		}
+		assert.Equal(t, render.ServerArgs(cb), args, file)
+		assert.Len(t, args, 3, file)
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package validation holds the CacheBackend rules the CRD schema cannot
 // express, and the validating admission webhook that enforces them. The
 // schema (enums, bounds, CEL) is checked first by the API server; these
-// rules come on top. Every rejection names the field and the limit.
+// rules come on top. Every rejection names the field and the limit; what is
+// admitted but does not do what it suggests comes back as a warning.
 package validation
 
 import (
@@ -27,8 +28,12 @@ import (
 const Path = "/validate-inferencecache-io-v1alpha1-cachebackend"
 
 // Validate returns what is wrong with cb beyond its schema.
-func Validate(cb *v1alpha1.CacheBackend) field.ErrorList {
-	var errs field.ErrorList
+func Validate(cb *v1alpha1.CacheBackend) field.ErrorList { return validate(nil, cb) }
+
+// validate is Validate, with the stored object old on an update (nil on a
+// create) for the rules that let a stored value stand (server.go).
+func validate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
+	errs := serverErrors(old, cb)
 	spec := field.NewPath("spec")
 
 	sel := spec.Child("engineSelector", "matchLabels")
@@ -107,7 +112,7 @@ const maxStatefulSetName = validation.LabelValueMaxLength - 11
 // ValidateUpdate returns what is wrong with a change from old to cb: the
 // rules of Validate, and that a Deployment's shared claim never shrinks.
 func ValidateUpdate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
-	errs := Validate(cb)
+	errs := validate(old, cb)
 	if render.IsStatefulSet(cb) || render.IsStatefulSet(old) || old.Spec.Storage == nil || old.Spec.Storage.PVC == nil ||
 		cb.Spec.Storage == nil || cb.Spec.Storage.PVC == nil {
 		return errs
@@ -151,15 +156,16 @@ func (h *Handler) Handle(_ context.Context, req admission.Request) admission.Res
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	errs := Validate(cb)
+	var old *v1alpha1.CacheBackend
 	if req.Operation == admissionv1.Update {
-		old := &v1alpha1.CacheBackend{}
+		old = &v1alpha1.CacheBackend{}
 		if err := h.Decoder.DecodeRaw(req.OldObject, old); err != nil {
 			return admission.Errored(http.StatusBadRequest, err)
 		}
 		errs = ValidateUpdate(old, cb)
 	}
 	if len(errs) == 0 {
-		return admission.Allowed("").WithWarnings(HiCacheWarnings(cb)...)
+		return admission.Allowed("").WithWarnings(append(HiCacheWarnings(cb), Warnings(old, cb)...)...)
 	}
 	st := apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("CacheBackend").GroupKind(), cb.Name, errs).Status()
 	return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &st}}

@@ -1,0 +1,59 @@
+package validation
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/render"
+)
+
+// ExtraArgsRefused is why spec.remoteStorage.lmCacheServer.extraArgs is
+// refused: LMCache's lmcache_server takes no argument beyond the three the
+// operator renders.
+const ExtraArgsRefused = "lmcache_server (LMCache 0.5) takes exactly <host> <port> [device] and exits with a usage error on any other argument; " +
+	"the operator renders all three (" + render.ServerCommand + " 0.0.0.0 <port> " + render.ServerDevice + "), so extraArgs must be empty"
+
+// StorageInMemoryOnly is the admission warning on spec.storage.pvc.
+const StorageInMemoryOnly = "spec.storage.pvc: lmcache_server (LMCache 0.5) keeps KV in memory only: the claim is mounted at /data but the server does not write it, " +
+	"and a restarted server starts empty; for KV that survives an engine restart use spec.lmCache.localDisk (LMCache's local disk tier in the engines)"
+
+// ExtraArgsIgnored is the admission warning on an update that keeps the
+// extraArgs an object was stored with before they were refused.
+const ExtraArgsIgnored = "spec.remoteStorage.lmCacheServer.extraArgs: ignored (the server is run without them); remove them: any change to them is refused"
+
+var extraArgsPath = field.NewPath("spec", "remoteStorage", "lmCacheServer", "extraArgs")
+
+func extraArgs(cb *v1alpha1.CacheBackend) []string {
+	if cb == nil || cb.Spec.RemoteStorage == nil || cb.Spec.RemoteStorage.LMCacheServer == nil {
+		return nil
+	}
+	return cb.Spec.RemoteStorage.LMCacheServer.ExtraArgs
+}
+
+// serverErrors are the rules of the managed server: extraArgs must be
+// empty. On an update (old set) extraArgs kept exactly as stored are let
+// through, so that an object created before the rule can still be edited
+// (and deleted through finalizer updates); render never passes them.
+func serverErrors(old, cb *v1alpha1.CacheBackend) field.ErrorList {
+	args := extraArgs(cb)
+	if len(args) == 0 || (old != nil && slices.Equal(args, extraArgs(old))) {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(extraArgsPath, ExtraArgsRefused)}
+}
+
+// Warnings are the admission warnings for cb (old is the stored object on
+// an update, nil on a create): storage that does not persist, and
+// extraArgs kept from before they were refused.
+func Warnings(old, cb *v1alpha1.CacheBackend) []string {
+	var w []string
+	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Spec.Storage != nil && cb.Spec.Storage.PVC != nil {
+		w = append(w, StorageInMemoryOnly)
+	}
+	if old != nil && len(extraArgs(cb)) > 0 && serverErrors(old, cb) == nil {
+		w = append(w, ExtraArgsIgnored)
+	}
+	return w
+}
