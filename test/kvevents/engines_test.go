@@ -6,18 +6,20 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -165,21 +167,153 @@ func sidecarProcessEnv(t *testing.T, c corev1.Container, indexAddr string) []str
 	return env
 }
 
-// lockPodEndpoints holds, for the test's life, the host-wide lock of the
-// endpoints the webhook gives every engine pod (the fixed abstract names
-// @inferencecache-kvevents-pub/-replay and tcp ports 5557 and up). Pods
-// have a network namespace each; tests on one host share one, so tests
-// that bind those endpoints take turns.
-func lockPodEndpoints(t *testing.T) {
+// The pod: the engine's publishers, the sidecar and the index run in one
+// network namespace of their own, as the containers of a pod share one,
+// so the webhook's fixed endpoints (the abstract names
+// @inferencecache-kvevents-pub/-replay, tcp ports 5557 and up) are the
+// pod's alone and never collide with another test's engine on this host.
+// The test reaches the index and the sidecar's metrics from a thread that
+// joined the namespace (podDial). Creating a network namespace needs root
+// (this machine's tests run as root); without it the test fails loudly.
+var (
+	podNSOnce sync.Once
+	podNSPath string
+	podNSErr  error
+	podNSHold io.WriteCloser
+)
+
+// podNetns is the test binary's pod network namespace (/proc/PID/ns/net
+// of a holder process that ends when the test binary does: it waits on
+// its stdin).
+func podNetns(t *testing.T) string {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(os.TempDir(), "inferencecache-kvevents-pod-endpoints.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	podNSOnce.Do(func() {
+		cmd := exec.Command("unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && read _")
+		cmd.Stderr = os.Stderr
+		if podNSHold, podNSErr = cmd.StdinPipe(); podNSErr != nil {
+			return
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			podNSErr = err
+			return
+		}
+		if podNSErr = cmd.Start(); podNSErr != nil {
+			return
+		}
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		if strings.TrimSpace(line) != "up" {
+			podNSErr = fmt.Errorf("unshare --net (needs root) with iproute2's ip: %q", line)
+			return
+		}
+		podNSPath = fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+	})
+	if podNSErr != nil {
+		t.Fatalf("a network namespace for the pod: %v", podNSErr)
+	}
+	return podNSPath
+}
+
+// inPod makes cmd run in the pod's network namespace (nsenter execs it,
+// so cmd's PID is the program's).
+func inPod(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	ns := podNetns(t)
+	cmd.Args = append([]string{"nsenter", "--net=" + ns, "--", cmd.Path}, cmd.Args[1:]...)
+	cmd.Path = "/usr/bin/nsenter"
+	if p, err := exec.LookPath("nsenter"); err == nil {
+		cmd.Path = p
+	}
+}
+
+// podDial dials addr from inside the pod's network namespace: a thread
+// joins it (setns) and creates the socket; the socket keeps its namespace,
+// and the thread, never unlocked, exits with its goroutine.
+func podDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		f, err := os.Open(podNSPath)
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		defer func() { _ = f.Close() }()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{nil, fmt.Errorf("setns %s: %w", podNSPath, err)}
+			return
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, network, addr)
+		ch <- result{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
+}
+
+// podHTTP is an HTTP client whose connections are made in the pod.
+var podHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: podDial}}
+
+// podMetrics scrapes the sidecar's counters from inside the pod.
+func podMetrics(addr string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := podHTTP.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer func() { _ = resp.Body.Close() }()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, "inferencecache_kvevents_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[strings.TrimPrefix(line[:i], "inferencecache_kvevents_")] = v
+		}
+	}
+	return out
+}
+
+// startPodIndex runs the cache-index binary in the pod's namespace (memory
+// store, --auth none) with its gRPC API on 127.0.0.1:port there.
+func startPodIndex(t *testing.T) string {
+	t.Helper()
+	bin, _ := binaries(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t)) // any port: the namespace is empty
+	probe := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	logs := filepath.Join(t.TempDir(), "cache-index.log")
+	f, err := os.Create(logs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatal(err)
+	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t)),
+		"--health-probe-bind-address", probe, "--auth", "none", "--heartbeat", "1s")
+	inPod(t, cmd)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start cache-index: %v", err)
 	}
-	t.Cleanup(func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); _ = f.Close() })
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; ; i++ {
+		resp, err := podHTTP.Get("http://" + probe + "/healthz")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return addr
+			}
+		}
+		if i == 300 {
+			b, _ := os.ReadFile(logs)
+			t.Fatalf("cache-index did not become healthy: %v\n%s", err, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // enginePeer is one engine's driver process (py/*_publisher.py): the
@@ -219,6 +353,7 @@ func launchPeer(t *testing.T, rt v1alpha1.Runtime) *enginePeer {
 	start := time.Now()
 	cmd := exec.Command(python, filepath.Join(fixture.RepoRoot(), "test", "kvevents", "py", script))
 	cmd.Env = pyenv.Env()
+	inPod(t, cmd)
 	cmd.Stderr = &prefixWriter{prefix: "[" + env + "] ", w: os.Stderr}
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -361,7 +496,8 @@ type engineIndex struct {
 
 func newEngineIndex(t *testing.T, addr string, w wiring) *engineIndex {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return podDial(ctx, "tcp", a) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,11 +606,10 @@ func startSidecar(t *testing.T, w wiring, indexAddr string) *sidecar {
 		t.Fatal(err)
 	}
 	// The container's own command and args (the image's entrypoint is the
-	// binary), plus one flag a pod does not need: the probe port is the
-	// pod's 8090, on this host any free one.
-	args := append(append([]string{}, w.sidecar.Command...), w.sidecar.Args...)
-	args = append(args, "--http-bind-address", "127.0.0.1:0")
-	cmd := exec.Command(bin, args...)
+	// binary; the webhook adds none) and environment, in the pod's
+	// namespace: its probe port is the container's.
+	cmd := exec.Command(bin, append(append([]string{}, w.sidecar.Command...), w.sidecar.Args...)...)
+	inPod(t, cmd)
 	cmd.Env = sidecarProcessEnv(t, w.sidecar, indexAddr)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
@@ -482,17 +617,24 @@ func startSidecar(t *testing.T, w wiring, indexAddr string) *sidecar {
 	}
 	s := &sidecar{cmd: cmd, logs: logs}
 	t.Cleanup(s.stop)
-	re := regexp.MustCompile(`"http": ?"(127\.0\.0\.1:\d+)"`)
-	for i := 0; s.httpAddr == ""; i++ {
-		b, _ := os.ReadFile(logs)
-		if m := re.FindSubmatch(b); m != nil {
-			s.httpAddr = string(m[1])
-		} else if i == 300 {
-			t.Fatalf("the subscriber did not start:\n%s", b)
+	if len(w.sidecar.Ports) != 1 || w.sidecar.StartupProbe == nil || w.sidecar.StartupProbe.HTTPGet == nil {
+		t.Fatalf("sidecar ports %v, startup probe %v", w.sidecar.Ports, w.sidecar.StartupProbe)
+	}
+	s.httpAddr = fmt.Sprintf("127.0.0.1:%d", w.sidecar.Ports[0].ContainerPort)
+	// The kubelet's startup probe: the engine starts once it passes.
+	for i := 0; ; i++ {
+		resp, err := podHTTP.Get("http://" + s.httpAddr + w.sidecar.StartupProbe.HTTPGet.Path)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s
+			}
+		}
+		if i == 300 {
+			t.Fatalf("the subscriber's startup probe did not pass: %v\n%s", err, s.tail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return s
 }
 
 func (s *sidecar) stop() {
@@ -577,10 +719,7 @@ func engineScenario(t *testing.T, tc engineCase) {
 	if w.dp != len(tc.pubs) {
 		t.Fatalf("webhook wired %d ranks, want %d", w.dp, len(tc.pubs))
 	}
-	lockPodEndpoints(t)
-	indexAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
-	idx := startCacheIndex(t, indexAddr)
-	defer idx.stop()
+	indexAddr := startPodIndex(t)
 	ix := newEngineIndex(t, indexAddr, w)
 
 	// One engine publisher per data-parallel rank, each built by the
@@ -690,7 +829,7 @@ func engineScenario(t *testing.T, tc engineCase) {
 	if n == 0 {
 		t.Fatal("the engine holds nothing; the comparison proves nothing")
 	}
-	m := metrics(t, sc.httpAddr)
+	m := podMetrics(sc.httpAddr)
 	for r := range pubs {
 		if m[fmt.Sprintf(`replay_requests_total{rank="%d",result="ok"}`, r)] < 1 {
 			t.Errorf("rank %d: no replay through the engine's ROUTER succeeded after the restart: %v", r, m)
@@ -715,6 +854,30 @@ func engineScenario(t *testing.T, tc engineCase) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("index: pod %v, summary %s/%v; want Verified, %d ranks", p, s.GetHashScheme(), s.GetHashCompatibility(), w.dp)
+		}
+	}
+	if tc.runtime == v1alpha1.RuntimeVLLM {
+		// The index hashes a prompt's token IDs itself with the pod's
+		// Verified scheme: it finds the blocks vLLM's own hasher named.
+		toks := append(prompt(0, 40, 3), prompt(0, 51, 1)...)
+		ids := make([]uint32, len(toks))
+		for i, v := range toks {
+			ids[i] = uint32(v)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r, err := ix.q.Score(ctx, &pb.ScoreRequest{CacheBackend: ix.backend, Model: ix.model, TokenIds: ids})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got uint32
+		for _, p := range r.GetPods() {
+			if p.GetPodName() == enginePodName && p.GetRank() == 0 {
+				got = p.GetTiers().GetGpu()
+			}
+		}
+		if want := uint32(len(toks) / bs); got != want {
+			t.Errorf("Score by token IDs: rank 0 matches %d leading blocks, want %d (the engine holds them): %v", got, want, r)
 		}
 	}
 	t.Logf("final: %d blocks over %d ranks equal; index scheme %s %v; subscriber %v", n, w.dp, s.GetHashScheme(), p.GetHashCompatibility(), m)

@@ -1,7 +1,6 @@
 """vLLM's own KV-event publisher, fed by vLLM's own block pool.
 
-  vllm_publisher.py               one JSON command per stdin line, one JSON reply per line
-  vllm_publisher.py bench SPEC    publish at a fixed rate (test/kvbench), report samples
+  vllm_publisher.py    one JSON command per stdin line, one JSON reply per line
 
 Every command names a publisher ("pub"); {"op": "open", "pub": NAME, SPEC...}
 builds one, {"op": "close"} shuts it down. SPEC:
@@ -29,6 +28,9 @@ Commands:
   {"op": "clear"}                    reset_prefix_cache (AllBlocksCleared)
   {"op": "state"}                    the cached blocks, as the events name them
   {"op": "hashes", "tokens": [...]}  the event hashes of a prompt's full blocks
+  {"op": "count"}                    how many blocks are cached
+  {"op": "bench_prepare", ...}       test/kvbench: build a run's batches (bench_prepare below)
+  {"op": "bench_warm"}, {"op": "bench_run"}   publish them (bench_publish below)
 """
 import json
 import sys
@@ -104,7 +106,7 @@ def setup(spec):
             node = node.next_free_block
         pool.evict_blocks(set(victims))
 
-    return dict(publisher=publisher, pool=pool, step=step, run_request=run_request, held=held, evict=evict,
+    return dict(publisher=publisher, pool=pool, block_size=bs, step=step, run_request=run_request, held=held, evict=evict,
                 convert=kv_cache_utils.maybe_convert_block_hash, request=request, config=config, rank=rank)
 
 
@@ -130,6 +132,12 @@ def handler(e):
         elif op == "hashes":
             reply["hashes"] = [str(e["convert"](h)) for h in e["request"](c["tokens"]).block_hashes]
             return reply
+        elif op == "bench_prepare":
+            return bench_prepare(e, c)
+        elif op in ("bench_warm", "bench_run"):
+            return bench_publish(e, "warm" if op == "bench_warm" else "timed")
+        elif op == "count":
+            return {"ok": True, "held": len(e["held"]())}
         elif op == "close":
             # EngineCore's shutdown: the publisher thread drains, sockets close.
             e["publisher"].shutdown()
@@ -164,73 +172,63 @@ def serve():
         print(json.dumps(reply), flush=True)
 
 
-def bench(spec):
-    """Publish `rate` block events per second for `seconds`, in `steps_per_second`
-    batches; every request stores `blocks_per_request` new blocks, and once the
-    pool is full each one evicts as many (BlockRemoved). Batches are built by
-    the block pool before the timed window, so the window measures the
-    publisher and the subscriber, not Python's hashing. Prints one JSON line
-    per sampled batch ({"hash", "ts"}: the first stored block of the batch and
-    the batch's ts) and a summary line ({"done": ...})."""
-    e = setup(spec)
-    rate, seconds = float(spec["rate"]), float(spec["seconds"])
-    steps = int(spec.get("steps_per_second", 100))
-    bpr = int(spec.get("blocks_per_request", 4))
-    bs = int(spec.get("block_size", 16))
-    sample_every = int(spec.get("sample_every", 5))
-    from vllm.distributed.kv_events import BlockStored, KVEventBatch
-    per_step = max(1, round(rate / steps))
-    total_steps = int(steps * seconds)
-    # Warm the pool up to full so the steady state stores and evicts.
-    counter = [0]
+def bench_prepare(e, c):
+    """Build the batches of one benchmark run with the block pool, before the
+    timed window (so the window measures the publisher and the subscriber,
+    not Python's hashing): `warm_blocks` blocks that fill the pool, then
+    `seconds` x `steps_per_second` steps of `rate / steps_per_second` block
+    events each; every request stores `blocks_per_request` new blocks, and
+    once the pool is full each one evicts as many (BlockRemoved)."""
+    from vllm.distributed.kv_events import BlockStored
+    pool, bs = e["pool"], e["block_size"]
+    bpr, steps = int(c.get("blocks_per_request", 4)), int(c.get("steps_per_second", 100))
+    per_step = max(1, round(float(c["rate"]) / steps))
+    seq = iter(range(1 << 40))
 
     def prompt():
-        counter[0] += 1
-        base = (counter[0] * 7919) % 150000
-        return [(base + i) % 151000 for i in range(bpr * bs)]
+        n = next(seq)
+        return [(n * bpr * bs + i) % 150000 + n // 1000 * 7 for i in range(bpr * bs)]
 
-    pool = e["pool"]
-    while pool.get_num_free_blocks() > bpr and any(b.block_hash is None for b in pool.blocks[1:]):
-        e["run_request"](prompt())
-    pool.take_events()
-    batches = []
-    for _ in range(total_steps):
-        made = 0
-        while made < per_step:
+    def batch(blocks):
+        while sum(len(getattr(x, "block_hashes", ())) for x in pool.kv_event_queue) < blocks:
             e["run_request"](prompt())
-            made = sum(len(getattr(x, "block_hashes", ())) for x in pool.kv_event_queue)
-        batches.append(pool.take_events())
-    print(json.dumps({"ready": True, "batches": len(batches), "per_step": per_step}), flush=True)
-    go = sys.stdin.readline()  # the driver starts the window
-    if not go:
-        return
-    start = time.time()
-    period = 1.0 / steps
-    published = 0
+        return pool.take_events()
+
+    warm = [batch(per_step * 4) for _ in range(max(1, int(c.get("warm_blocks", 0)) // (per_step * 4)))]
+    timed = [batch(per_step) for _ in range(int(steps * float(c["seconds"])))]
+    e["bench"] = dict(warm=warm, timed=timed, steps=steps, sample_every=int(c.get("sample_every", 10)),
+                      stored=BlockStored)
+    return {"ok": True, "warm_batches": len(warm), "batches": len(timed), "per_step": per_step,
+            "held": len(e["held"]())}
+
+
+def bench_publish(e, which):
+    """Publish the warm-up batches at once, or the timed ones at the step rate,
+    printing {"sample": hash, "ts": ts} for every sample_every-th timed batch
+    (its first stored block and the batch's ts, the time the scheduler made it)."""
+    from vllm.distributed.kv_events import KVEventBatch
+    b, pub = e["bench"], e["publisher"]
+    batches = b[which]
+    start, period, published = time.time(), 1.0 / b["steps"], 0
     for i, events in enumerate(batches):
-        due = start + i * period
-        now = time.time()
-        if due > now:
-            time.sleep(due - now)
+        if which == "timed":
+            due = start + i * period
+            now = time.time()
+            if due > now:
+                time.sleep(due - now)
         ts = time.time()
-        e["publisher"].publish(KVEventBatch(ts=ts, events=events))
+        pub.publish(KVEventBatch(ts=ts, events=events))
         published += sum(len(getattr(x, "block_hashes", ())) for x in events)
-        if i % sample_every == 0:
-            first = next((x for x in events if isinstance(x, BlockStored)), None)
+        if which == "timed" and i % b["sample_every"] == 0:
+            first = next((x for x in events if isinstance(x, b["stored"])), None)
             if first is not None:
-                print(json.dumps({"hash": str(first.block_hashes[0]), "ts": ts}), flush=True)
+                print(json.dumps({"sample": str(first.block_hashes[0]), "ts": ts}), flush=True)
     elapsed = time.time() - start
-    # Wait for the publisher thread to send everything before reporting.
-    while e["publisher"]._event_queue.qsize() > 0:
-        time.sleep(0.01)
-    print(json.dumps({"done": True, "block_events": published, "seconds": elapsed,
-                      "batches": len(batches)}), flush=True)
-    sys.stdin.readline()
-    e["publisher"].shutdown()
+    while pub._event_queue.qsize() > 0:  # the publisher thread has sent them all
+        time.sleep(0.005)
+    return {"ok": True, "block_events": published, "seconds": elapsed, "sent_seconds": time.time() - start,
+            "batches": len(batches)}
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["bench"]:
-        bench(json.loads(sys.argv[2]))
-    else:
-        serve()
+    serve()
