@@ -19,6 +19,13 @@ const ExtraArgsRefused = "lmcache_server (LMCache 0.5) takes exactly <host> <por
 const StorageInMemoryOnly = "spec.storage.pvc: lmcache_server (LMCache 0.5) keeps KV in memory only: the claim is mounted at /data but the server does not write it, " +
 	"and a restarted server starts empty; for KV that survives an engine restart use spec.lmCache.localDisk (LMCache's local disk tier in the engines)"
 
+// ReplicasPartition is the admission warning on more than one server
+// replica (spec replicas above 1, or an HPA): each lmcache_server keeps its
+// own memory, and an engine's LMCache connector holds one connection,
+// which the Service gives to one replica.
+const ReplicasPartition = "more than one lmcache_server replica: each replica keeps its own KV in memory and shares nothing with the others, " +
+	"and each engine's LMCache connection reaches one replica through the Service, so engines share KV only with the engines that reached the same replica"
+
 // ExtraArgsIgnored is the admission warning on an update that keeps the
 // extraArgs an object was stored with before they were refused.
 const ExtraArgsIgnored = "spec.remoteStorage.lmCacheServer.extraArgs: ignored (the server is run without them); remove them: any change to them is refused"
@@ -45,12 +52,16 @@ func serverErrors(old, cb *v1alpha1.CacheBackend) field.ErrorList {
 }
 
 // Warnings are the admission warnings for cb (old is the stored object on
-// an update, nil on a create): storage that does not persist, and
-// extraArgs kept from before they were refused.
+// an update, nil on a create): storage that does not persist, replicas
+// that partition the cache, and extraArgs kept from before they were
+// refused.
 func Warnings(old, cb *v1alpha1.CacheBackend) []string {
 	var w []string
 	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Spec.Storage != nil && cb.Spec.Storage.PVC != nil {
 		w = append(w, StorageInMemoryOnly)
+	}
+	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && (render.Replicas(cb) > 1 || (cb.Spec.Autoscaling != nil && cb.Spec.Autoscaling.MaxReplicas > 1)) {
+		w = append(w, ReplicasPartition)
 	}
 	if old != nil && len(extraArgs(cb)) > 0 && serverErrors(old, cb) == nil {
 		w = append(w, ExtraArgsIgnored)

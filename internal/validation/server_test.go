@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -59,10 +60,22 @@ func TestExtraArgsRefused(t *testing.T) {
 }
 
 // TestServerWarnings: storage.pvc is admitted with a warning that the
-// server keeps KV in memory only; extraArgs kept from before the rule are
-// admitted with a warning that they are ignored.
+// server keeps KV in memory only; more than one replica with a warning
+// that replicas share nothing; extraArgs kept from before the rule with a
+// warning that they are ignored.
 func TestServerWarnings(t *testing.T) {
 	assert.Empty(t, Warnings(nil, lmcacheBackend(nil, false)))
+	one := lmcacheBackend(nil, false)
+	one.Spec.RemoteStorage.LMCacheServer.Replicas = ptr.To[int32](1)
+	assert.Empty(t, Warnings(nil, one))
+	three := lmcacheBackend(nil, false)
+	three.Spec.RemoteStorage.LMCacheServer.Replicas = ptr.To[int32](3)
+	assert.Equal(t, []string{ReplicasPartition}, Warnings(nil, three))
+	hpa := lmcacheBackend(nil, false)
+	hpa.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 2}
+	assert.Equal(t, []string{ReplicasPartition}, Warnings(nil, hpa))
+	hpa.Spec.Autoscaling.MaxReplicas = 1
+	assert.Empty(t, Warnings(nil, hpa))
 	assert.Equal(t, []string{StorageInMemoryOnly}, Warnings(nil, lmcacheBackend(nil, true)))
 	kept := lmcacheBackend([]string{"--verbose"}, false)
 	assert.Equal(t, []string{ExtraArgsIgnored}, Warnings(kept.DeepCopy(), kept))
