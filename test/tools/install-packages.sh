@@ -3,8 +3,9 @@
 # those missing: the reference ZeroMQ (libzmq through python3-zmq, with
 # python3-msgpack) for the KV-event interoperability tests, redis-server for
 # the index's Redis backend, Prometheus' promtool for the alert rules,
-# protoc for the gRPC contract, and python3.11-venv so that
-# test/tools/install-python.sh can make the engines' virtual environments.
+# protoc for the gRPC contract, tcmalloc for vLLM's CPU backend
+# (test/realengine), and python3.11-venv so that test/tools/install-python.sh
+# can make the engines' virtual environments.
 # CI runs as root on a fresh machine: one `apt-get update`, then
 # `apt-get install -y`. Prints nothing on success when everything is
 # already there.
@@ -19,6 +20,7 @@ need=(
 	"/usr/bin/redis-server:redis-server"
 	"/usr/bin/promtool:prometheus"
 	"/usr/bin/protoc:protobuf-compiler"
+	"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:libtcmalloc-minimal4"
 )
 
 missing=()

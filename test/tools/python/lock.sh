@@ -22,6 +22,12 @@ while IFS= read -r line; do
 done < "$here/tested-versions.txt"
 
 for env in "${!reqs[@]}"; do
+	if [ -f "$here/lock-$env.sh" ]; then
+		# An environment pip cannot resolve as is has its own locker.
+		# shellcheck disable=SC2086
+		bash "$here/lock-$env.sh" ${reqs[$env]}
+		continue
+	fi
 	echo "lock: resolving $env: ${reqs[$env]}" >&2
 	# shellcheck disable=SC2086
 	"$tmp/venv/bin/pip" install --quiet --dry-run --ignore-installed --report "$tmp/$env.json" ${reqs[$env]} >&2
