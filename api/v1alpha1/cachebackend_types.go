@@ -238,8 +238,9 @@ type Observation struct {
 }
 
 // LMCacheConfig tunes the LMCache client in the engines. Sizes are
-// Kubernetes quantities; the webhook converts them to the plain numbers of GB
-// that LMCache parses.
+// Kubernetes quantities; the webhook converts them to the plain numbers of
+// GiB that LMCache parses (exactly: LMCache multiplies them by 1024³ back
+// into the quantity's bytes).
 type LMCacheConfig struct {
 	// ChunkSize is LMCache's token chunk size (LMCACHE_CHUNK_SIZE).
 	// +kubebuilder:validation:Minimum=1
@@ -253,7 +254,9 @@ type LMCacheConfig struct {
 	// +optional
 	Serde string `json:"serde,omitempty"`
 
-	// LocalCPU enables LMCache's local CPU tier of the given size.
+	// LocalCPU sets the size of LMCache's local CPU tier. Unset, LMCache's
+	// own default applies: LMCache 0.5 keeps a local CPU tier of 5 GiB in
+	// each engine.
 	// +optional
 	LocalCPU *LocalCPUTier `json:"localCPU,omitempty"`
 
@@ -264,17 +267,20 @@ type LMCacheConfig struct {
 
 // LocalCPUTier is LMCache's local CPU tier.
 type LocalCPUTier struct {
-	// MaxSize is the size of the tier (LMCACHE_MAX_LOCAL_CPU_SIZE, in GB).
+	// MaxSize is the size of the tier (LMCACHE_MAX_LOCAL_CPU_SIZE, in GiB).
 	MaxSize resource.Quantity `json:"maxSize"`
 }
 
 // LocalDiskTier is LMCache's local disk tier.
 type LocalDiskTier struct {
 	// Path is the directory in the engine container (LMCACHE_LOCAL_DISK).
+	// It has no comma: LMCache splits LMCACHE_LOCAL_DISK at commas into
+	// several directories.
 	// +kubebuilder:validation:Pattern=`^/`
+	// +kubebuilder:validation:XValidation:rule="!self.contains(',')",message="path must not contain a comma: LMCache splits LMCACHE_LOCAL_DISK at commas into several directories"
 	// +kubebuilder:validation:MaxLength=1024
 	Path string `json:"path"`
-	// MaxSize is the size of the tier (LMCACHE_MAX_LOCAL_DISK_SIZE, in GB).
+	// MaxSize is the size of the tier (LMCACHE_MAX_LOCAL_DISK_SIZE, in GiB).
 	MaxSize resource.Quantity `json:"maxSize"`
 }
 

@@ -63,6 +63,8 @@ func TestAPIServerRejectsInvalidCacheBackends(t *testing.T) {
 			"spec.hiCache.ratio", "ratio must be greater than 1"},
 		{"HiCache ratio and size", `spec: {type: SGLangHiCache, runtime: SGLang, hiCache: {ratio: "2", sizeGB: 10}}`,
 			"spec.hiCache", "set either ratio or sizeGB"},
+		{"local disk path with a comma", `spec: {type: LMCache, lmCache: {localDisk: {path: "/data/a,b", maxSize: 1Gi}}}`,
+			"spec.lmCache.localDisk.path", "path must not contain a comma"},
 		{"unknown HiCache write policy", `spec: {type: SGLangHiCache, runtime: SGLang, hiCache: {writePolicy: lazy}}`,
 			"spec.hiCache.writePolicy", `Unsupported value: "lazy"`},
 		{"duplicate override env", `spec: {type: LMCache, integration: {engineOverrides: {env: [{name: A, value: "1"}, {name: A, value: "2"}]}}}`,
