@@ -163,12 +163,14 @@ func TestVLLMCPUServesAndTheIndexHoldsItsBlocks(t *testing.T) {
 	waitHTTP(t, ctx, "kvevent-subscriber", fmt.Sprintf("http://127.0.0.1:%d%s", probe.Port.IntValue(), probe.Path))
 
 	// The engine: the webhook's command line and environment, less the
-	// LMCache connector: LMCache's in-process connector does not run on
-	// vLLM's CPU backend (and LMCache is not in this environment), so
+	// LMCache connector. LMCache's in-process connector has no CPU path:
+	// LMCache 0.5.6 added by hand to this environment, vLLM's CPU backend
+	// with LMCacheConnectorV1 starts and answers but LMCache logs "No
+	// supported cpu connector found ... degraded mode (recompute)". So
 	// --kv-transfer-config and the LMCACHE_* variables, the webhook's
-	// cache wiring, are checked present and then left out. The KV-event
-	// wiring (--kv-events-config, --prefix-caching-hash-algo) is kept as
-	// the webhook wrote it.
+	// cache wiring, are checked present and then left out (LMCache is not
+	// in this environment). The KV-event wiring (--kv-events-config,
+	// --prefix-caching-hash-algo) is kept as the webhook wrote it.
 	argv := slices.Concat(engine.Command, engine.Args)
 	if argv[0] != "vllm" || argv[1] != "serve" {
 		t.Fatalf("engine command line %q", argv)
