@@ -224,6 +224,11 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 			return skip(d, SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, sh, KVTransferConfigFlag))
 		}
 	}
+	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+		if f := hiCacheExclusiveSet(append(slices.Clone(c.Command), c.Args...)); f != "" {
+			return skip(d, SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
+		}
+	}
 	want := Desired(cb, opts)
 	if msg := overridesDenied(cb, pod); msg != "" {
 		return skip(d, SkippedOverrideNotAllowed, msg)
@@ -414,6 +419,28 @@ func lmcacheEnv(cb *v1alpha1.CacheBackend, domain string) []corev1.EnvVar {
 // which turns LMCache's tier off.
 func GiB(q resource.Quantity) string {
 	return strconv.FormatFloat(float64(q.Value())/float64(1<<30), 'f', -1, 64)
+}
+
+// HiCacheExclusiveFlags are the SGLang flags its argument resolution
+// refuses together with --enable-hierarchical-cache, which the webhook
+// always sets: an engine with one of them fails at start once wired.
+var HiCacheExclusiveFlags = []string{"--disable-radix-cache", "--enable-lmcache", "--enable-unified-cache-external-linker"}
+
+// hiCacheExclusiveSet returns the first of HiCacheExclusiveFlags cmdline
+// sets, in any spelling SGLang's parser reads (abbreviations included).
+func hiCacheExclusiveSet(cmdline []string) string {
+	for _, a := range cmdline {
+		if a == "--" {
+			break
+		}
+		key, _, _ := strings.Cut(a, "=")
+		for _, f := range HiCacheExclusiveFlags {
+			if SpellsFlag(key, f, true) {
+				return f
+			}
+		}
+	}
+	return ""
 }
 
 func hiCacheFlags(h *v1alpha1.HiCache) []Flag {

@@ -309,6 +309,15 @@ func TestDecide(t *testing.T) {
 			},
 		},
 		{
+			name: "an SGLang pod that sets a flag SGLang refuses with HiCache (abbreviated) is left unwired",
+			pod:  enginePod(withArgs("--disable-radix")),
+			backends: []v1alpha1.CacheBackend{backend("hicache", func(cb *v1alpha1.CacheBackend) {
+				cb.Spec.Runtime, cb.Spec.Type, cb.Status.Endpoint = v1alpha1.RuntimeSGLang, v1alpha1.BackendTypeSGLangHiCache, ""
+			})},
+			outcome: Skipped, reason: SkippedUserConfig, backend: "hicache",
+			receipts: map[string]string{AnnotationSkipped: SkippedUserConfig}, check: unchangedSpec,
+		},
+		{
 			name: "SGLang HiCache flags, no endpoint needed",
 			pod:  enginePod(),
 			backends: []v1alpha1.CacheBackend{backend("hicache", func(cb *v1alpha1.CacheBackend) {

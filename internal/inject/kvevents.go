@@ -94,6 +94,11 @@ const (
 	// such engine pods on one node would collide on the name: the webhook
 	// wires no event stream and no sidecar (the cache is still wired).
 	KVEventsHostNetwork = "host-network"
+	// KVEventsPrefixCachingOff: the vLLM engine turns prefix caching off
+	// (--no-enable-prefix-caching last): vLLM then only logs a warning and
+	// publishes no block events, so a sidecar would report a pod that never
+	// streams anything.
+	KVEventsPrefixCachingOff = "prefix-caching-off"
 )
 
 // Environment the kvevent-subscriber reads (cmd/kvevent-subscriber).
@@ -155,6 +160,10 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	if pod.Spec.HostNetwork {
 		return nil, KVEventsHostNetwork, fmt.Sprintf("the pod uses the node's network namespace (spec.hostNetwork): its KV-event sockets would be the node's, reachable by every process there; no %s sidecar added",
 			SubscriberContainer)
+	}
+	if vllm && !PrefixCachingOn(cmdline) {
+		return nil, KVEventsPrefixCachingOff, fmt.Sprintf("container %q turns vLLM's prefix caching off (--no-enable-prefix-caching): vLLM publishes no block events without it; no %s sidecar added",
+			c.Name, SubscriberContainer)
 	}
 	if !dpOK {
 		return nil, KVEventsDataParallel, fmt.Sprintf("container %q sets data-parallel flags the webhook cannot follow (multi-node ranks, not a size from 1 to %d, or set twice); no %s sidecar added",
@@ -272,6 +281,28 @@ func kvEventsConfig(vllm bool, pub, replay string) string {
 	}
 	b, _ := json.Marshal(cfg)
 	return string(b)
+}
+
+// PrefixCachingOn reports whether vLLM's prefix caching stays on for
+// cmdline: on unless the last of --enable-prefix-caching and
+// --no-enable-prefix-caching (argparse's BooleanOptionalAction, in any
+// spelling vLLM's parser reads) is the negative one. vLLM enables it by
+// default for generative models.
+func PrefixCachingOn(cmdline []string) bool {
+	on := true
+	for _, a := range cmdline {
+		if a == "--" {
+			break
+		}
+		key, _, _ := strings.Cut(a, "=")
+		switch {
+		case SpellsFlag(key, "--no-enable-prefix-caching", true):
+			on = false
+		case SpellsFlag(key, "--enable-prefix-caching", true):
+			on = true
+		}
+	}
+	return on
 }
 
 // DataParallelSize reads the number of data-parallel ranks an engine runs

@@ -271,6 +271,28 @@ func TestKVEventsWiring(t *testing.T) {
 			},
 		},
 		{
+			name: "vLLM with prefix caching off: it publishes no block events, so no stream and no sidecar; cache still wired",
+			pod:  enginePod(withArgs("--no-enable-prefix-caching")), backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsPrefixCachingOff,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Empty(t, out.Spec.InitContainers)
+				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, true))
+				_, wired := env(out.Spec.Containers[0], envRemoteURL)
+				assert.True(t, wired, "the cache wiring does not depend on the sidecar")
+			},
+		},
+		{
+			name: "vLLM with prefix caching off in an abbreviated underscore spelling",
+			pod:  enginePod(withArgs("--no_enable_prefix")), backend: backend("cache", observed), opts: opts,
+			skipped: KVEventsPrefixCachingOff,
+			check:   func(t *testing.T, out *corev1.Pod) { assert.Empty(t, out.Spec.InitContainers) },
+		},
+		{
+			name: "vLLM with prefix caching off, then on again: the last one counts, the sidecar is added",
+			pod:  enginePod(withArgs("--no-enable-prefix-caching", "--enable-prefix-caching")), backend: backend("cache", observed), opts: opts,
+			check: func(t *testing.T, out *corev1.Pod) { assert.Len(t, out.Spec.InitContainers, 1) },
+		},
+		{
 			name: "SGLang with hostNetwork: no --kv-events-config, no sidecar",
 			pod:  enginePod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), backend: backend("hicache", observed, sglang), opts: opts,
 			skipped: KVEventsHostNetwork,

@@ -46,11 +46,17 @@ const (
 // hiCacheExclusive are SGLang flags its resolution refuses together with
 // --enable-hierarchical-cache, which the webhook always sets, with SGLang's
 // reason.
-var hiCacheExclusive = []struct{ flag, why string }{
-	{"--disable-radix-cache", "SGLang refuses it with --enable-hierarchical-cache, which the webhook always sets (\"mutually exclusive\"): HiCache is a tier of the radix cache"},
-	{"--enable-lmcache", "SGLang refuses it with --enable-hierarchical-cache, which the webhook always sets (\"mutually exclusive\")"},
-	{"--enable-unified-cache-external-linker", "SGLang refuses it with --enable-hierarchical-cache, which the webhook always sets (\"mutually exclusive\")"},
-}
+var hiCacheExclusive = func() []struct{ flag, why string } {
+	var out []struct{ flag, why string }
+	for _, f := range inject.HiCacheExclusiveFlags {
+		why := "SGLang refuses it with --enable-hierarchical-cache, which the webhook always sets (\"mutually exclusive\")"
+		if f == "--disable-radix-cache" {
+			why += ": HiCache is a tier of the radix cache"
+		}
+		out = append(out, struct{ flag, why string }{f, why})
+	}
+	return out
+}()
 
 // HiCacheSettings are the HiCache settings of an SGLang engine, as the
 // values of its flags. StorageBackend is empty for none.

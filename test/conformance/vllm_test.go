@@ -191,6 +191,18 @@ func vllmCases() []vllmCase {
 			events: &wantEvents{endpoint: "tcp://*:6000", topic: "mine", dp: 1}, hashAlgo: "sha256",
 		},
 		vllmCase{
+			name: "prefix caching off: vLLM publishes no block events, so no stream and no sidecar", backend: lmcacheVLLM(observed), opts: observeOptions(),
+			pod:     newEnginePod(plain("--no-enable-prefix-caching")),
+			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsPrefixCachingOff, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
+			fields: map[string]any{"enable_prefix_caching": false},
+		},
+		vllmCase{
+			name: "prefix caching off, abbreviated: still off for vLLM, still no sidecar", backend: lmcacheVLLM(observed), opts: observeOptions(),
+			pod:     newEnginePod(plain("--no-enable-prefix")),
+			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsPrefixCachingOff, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
+			fields: map[string]any{"enable_prefix_caching": false},
+		},
+		vllmCase{
 			name: "the user's own hash algorithm is kept and told to the sidecar", backend: lmcacheVLLM(observed), opts: observeOptions(),
 			pod:     newEnginePod(plain("--prefix-caching-hash-algo=xxhash")),
 			outcome: inject.Injected, transfer: lmcacheTransfer(""), events: ipcEvents(), hashAlgo: "xxhash",
