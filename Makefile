@@ -137,7 +137,14 @@ controlplane: ## Build the local control-plane binaries (only those missing).
 
 .PHONY: pyenv
 pyenv: ## Build the engines' Python environments (vLLM + LMCache, SGLang, vLLM's CPU backend) from the locks in test/tools/python (only those missing).
-	@for e in $(PYTHON_ENVS); do start=$$(date +%s); dir=$$($(INSTALL_PYTHON) $$e); echo "python env $$e in $$dir ($$(($$(date +%s) - start)) s)"; done
+	@# The environments are built side by side (downloading and unpacking,
+	@# not compiling); each prints its own time, the last line the whole.
+	@start=$$(date +%s); pids=(); \
+	for e in $(PYTHON_ENVS); do \
+		( s=$$(date +%s); dir=$$($(INSTALL_PYTHON) $$e) && echo "python env $$e in $$dir ($$(($$(date +%s) - s)) s)" ) & pids+=($$!); \
+	done; \
+	status=0; for p in "$${pids[@]}"; do wait "$$p" || status=1; done; \
+	echo "python envs ready in $$(($$(date +%s) - start)) s"; exit $$status
 
 .PHONY: pylock
 pylock: ## Re-resolve test/tools/python/tested-versions.txt into the lock files (needs PyPI).
@@ -148,7 +155,11 @@ packages: ## Install the Debian packages the tests use as real peers (only those
 	$(INSTALL_PACKAGES)
 
 .PHONY: test
-test: packages verify pyenv ## Run unit, fuzz-seed, integration (kube-apiserver + etcd) and end-to-end (whole local cluster) tests.
+test: packages ## Run unit, fuzz-seed, integration (kube-apiserver + etcd), engine-conformance and end-to-end (whole local cluster) tests.
+	@# The control plane (compiling) and the Python environments (downloading)
+	@# are built side by side on a fresh machine.
+	$(MAKE) --no-print-directory -j2 controlplane pyenv
+	$(MAKE) --no-print-directory verify
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
 	# Test modules of their own, whose dependencies stay out of go.mod.
