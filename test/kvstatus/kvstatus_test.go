@@ -34,6 +34,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -289,7 +290,7 @@ func bindable(ep string) string {
 // they are, downward-API fieldRefs from the pod object; endpoints and the
 // token file through the explicit mappings. Anything else fails the test,
 // so a change of the injection shows up here.
-func subscriberEnv(t *testing.T, c corev1.Container, pod *corev1.Pod, eps *endpointMap, tokenFor func(path string) string) []string {
+func subscriberEnv(t *testing.T, c corev1.Container, pod *corev1.Pod, mapEP func(ep string) string, tokenFor func(path string) string) []string {
 	t.Helper()
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	for _, e := range c.Env {
@@ -316,7 +317,7 @@ func subscriberEnv(t *testing.T, c corev1.Container, pod *corev1.Pod, eps *endpo
 		switch e.Name {
 		case "KV_EVENTS_ENDPOINT", "KV_EVENTS_REPLAY_ENDPOINT":
 			if v != "" {
-				v = eps.mapEP(v)
+				v = mapEP(v)
 			}
 		case "INDEX_TOKEN_FILE":
 			v = tokenFor(v)
@@ -374,7 +375,24 @@ func waitWebhook(t *testing.T, o envtest.WebhookInstallOptions) {
 	})
 }
 
-func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
+// stack is the operator side of a test: envtest, cache-index with
+// TokenReview, the manager's controllers and webhooks (reading the index
+// through reader), a serving backend with observation (key) and an engine
+// pod the webhook admitted.
+type stack struct {
+	c             *cluster
+	index         *proc
+	reader        *countingReader
+	subscriberBin string
+	grpcAddr      string // the index's gRPC address, the sidecars' INDEX_ENDPOINT
+	httpAddr      string // the index's HTTP address, read by the controller
+	readerToken   string // the operator's token file for the index
+	key           client.ObjectKey
+	pod           *corev1.Pod
+}
+
+func startStack(t *testing.T) *stack {
+	t.Helper()
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(testutil.ZapLevel())))
 	indexBin, subscriberBin, err := fixture.BuildBinaries(t.TempDir())
 	if err != nil {
@@ -406,13 +424,16 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 	// and its HTTP address for the status; the manager's own token.
 	mgr, err := ctrl.NewManager(c.cfg, ctrl.Options{
 		Scheme: testutil.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		// Each test of the package runs a manager of its own in this process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 		WebhookServer: webhook.NewServer(webhook.Options{Host: env.WebhookInstallOptions.LocalServingHost,
 			Port: env.WebhookInstallOptions.LocalServingPort, CertDir: env.WebhookInstallOptions.LocalServingCertDir}),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	reader := &countingReader{IndexReader: &controller.HTTPIndexReader{BaseURL: "http://" + httpAddr, TokenFile: c.token(t, operatorNS, operatorSA, indexAud, 3600, nil)}}
+	readerToken := c.token(t, operatorNS, operatorSA, indexAud, 3600, nil)
+	reader := &countingReader{IndexReader: &controller.HTTPIndexReader{BaseURL: "http://" + httpAddr, TokenFile: readerToken}}
 	if err := controller.Setup(mgr, controller.Options{Webhooks: true, Namespace: operatorNS, KeyRefresh: time.Second,
 		Inject: inject.Options{KVEventSubscriberImage: "ghcr.io/inferencecache/kvevent-subscriber:test", IndexEndpoint: grpcAddr},
 		Index:  reader, IndexPoll: pollPeriod}); err != nil {
@@ -434,12 +455,20 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 	if err := c.k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
 		t.Fatal(err)
 	}
+	return &stack{c: c, index: index, reader: reader, subscriberBin: subscriberBin, grpcAddr: grpcAddr, httpAddr: httpAddr,
+		readerToken: readerToken, key: key, pod: pod}
+}
+
+func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
+	s := startStack(t)
+	c, index, reader, subscriberBin, key, pod := s.c, s.index, s.reader, s.subscriberBin, s.key, s.pod
+	ctx := context.Background()
 	side := sidecar(t, pod)
 
 	// The fixture engine on the endpoints the engine was told to bind.
 	eps := &endpointMap{t: t, uniq: fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano()), dir: t.TempDir(), m: map[string]string{}}
 	enginePub, engineReplay := engineKVEventsConfig(t, pod)
-	subEnv := subscriberEnv(t, side, pod, eps, func(path string) string {
+	subEnv := subscriberEnv(t, side, pod, eps.mapEP, func(path string) string {
 		aud, exp := projectedAudience(t, pod, side, path)
 		return c.token(t, pod.Namespace, pod.Spec.ServiceAccountName, aud, exp, pod)
 	})

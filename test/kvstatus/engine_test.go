@@ -1,0 +1,279 @@
+package kvstatus_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protojson"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
+	pb "github.com/inferencecache/operator/internal/kvindexpb"
+	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/pyenv"
+)
+
+// podNetns is a network namespace of the test's own, as a pod's containers
+// share one: the webhook's fixed endpoints (the abstract names
+// @inferencecache-kvevents-pub/-replay, the sidecar's probe port) are the
+// pod's alone and never collide with another test's engine on this host.
+// It is /proc/PID/ns/net of a holder process (unshare; needs root) that
+// ends with t.
+func podNetns(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command("unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && read _")
+	cmd.Stderr = os.Stderr
+	hold, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("a network namespace for the pod (unshare --net, needs root): %v", err)
+	}
+	t.Cleanup(func() { _ = hold.Close(); _ = cmd.Wait() })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "up" {
+		t.Fatalf("a network namespace for the pod (unshare --net, needs root, with iproute2's ip): %q", line)
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
+}
+
+// inNetns is bin args run in the namespace ns (nsenter execs bin, so the
+// process is bin's).
+func inNetns(t *testing.T, ns, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	nsenter, err := exec.LookPath("nsenter")
+	if err != nil {
+		t.Fatalf("nsenter (util-linux) runs the pod's processes in its network namespace: %v", err)
+	}
+	return exec.Command(nsenter, append([]string{"--net=" + ns, "--", bin}, args...)...)
+}
+
+// forwardInto makes the host's TCP address addr reachable at the same
+// address inside ns, as a cluster's Service is from a pod: a listener made
+// by a thread that joined ns (the socket keeps the namespace; the thread,
+// never unlocked, exits with its goroutine), each connection copied to
+// and from addr on the host.
+func forwardInto(t *testing.T, ns, addr string) {
+	t.Helper()
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		f, err := os.Open(ns)
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		defer func() { _ = f.Close() }()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
+			return
+		}
+		ln, err := net.Listen("tcp", addr)
+		ch <- result{ln, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatalf("listening on %s in the pod: %v", addr, r.err)
+	}
+	t.Cleanup(func() { _ = r.ln.Close() })
+	go func() {
+		for {
+			in, err := r.ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer func() { _ = in.Close() }()
+				out, err := net.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				defer func() { _ = out.Close() }()
+				go func() { _, _ = io.Copy(out, in); _ = out.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(in, out)
+			}()
+		}
+	}()
+}
+
+// score asks the index's HTTP /v1/score, as the operator, how many leading
+// blocks of tokens the pod holds in GPU.
+func (s *stack) score(tokens []int) (uint32, error) {
+	ids := make([]uint32, len(tokens))
+	for i, v := range tokens {
+		ids[i] = uint32(v)
+	}
+	body, err := protojson.Marshal(&pb.ScoreRequest{CacheBackend: &pb.CacheBackendRef{Namespace: s.key.Namespace, Name: s.key.Name},
+		Model: modelID, TokenIds: ids})
+	if err != nil {
+		return 0, err
+	}
+	tok, err := os.ReadFile(s.readerToken)
+	if err != nil {
+		return 0, err
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+s.httpAddr+"/v1/score", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("score: %s: %s", resp.Status, b)
+	}
+	var r pb.ScoreResponse
+	if err := protojson.Unmarshal(b, &r); err != nil {
+		return 0, fmt.Errorf("score %s: %w", b, err)
+	}
+	for _, p := range r.GetPods() {
+		if p.GetPodName() == s.pod.Name {
+			return p.GetTiers().GetGpu(), nil
+		}
+	}
+	return 0, nil
+}
+
+// TestIndexParticipationWithVLLMsPublisher is the happy path of
+// TestIndexParticipationWithTheRealBinaries with vLLM 0.33's own
+// ZmqEventPublisher, fed by vLLM's own BlockPool (test/kvevents/py), built
+// from the --kv-events-config and --prefix-caching-hash-algo the webhook
+// gave the admitted pod; it and the kvevent-subscriber (the sidecar's
+// args and env) run in a network namespace of their own, the index's
+// gRPC address forwarded into it. The pod is counted Live with vLLM's
+// blocks, hashes Verified, IndexSynced True, and the index finds vLLM's
+// blocks from the prompts' token IDs.
+func TestIndexParticipationWithVLLMsPublisher(t *testing.T) {
+	python := pyenv.Python(t, pyenv.VLLM) // builds the environment if needed
+	s := startStack(t)
+	c, pod := s.c, s.pod
+	side := sidecar(t, pod)
+	ns := podNetns(t)
+	forwardInto(t, ns, s.grpcAddr) // the sidecar's INDEX_ENDPOINT, unchanged
+
+	// vLLM's publisher, from exactly what the webhook gave the engine.
+	cmdline := append(append([]string{}, pod.Spec.Containers[0].Command...), pod.Spec.Containers[0].Args...)
+	kv := inject.FlagUses(cmdline, inject.KVEventsConfigFlag, inject.Abbreviates(v1alpha1.RuntimeVLLM))
+	algo := inject.FlagUses(cmdline, inject.HashAlgoFlag, false)
+	if len(kv) != 1 || len(algo) != 1 {
+		t.Fatalf("the engine's command line %q has %d %s and %d %s", cmdline, len(kv), inject.KVEventsConfigFlag, len(algo), inject.HashAlgoFlag)
+	}
+	enginePub, engineReplay := engineKVEventsConfig(t, pod)
+	cmd := inNetns(t, ns, python, filepath.Join(fixture.RepoRoot(), "test", "kvevents", "py", "vllm_publisher.py"))
+	cmd.Env = pyenv.Env()
+	vllm := fixture.Drive(t, cmd, "vLLM's publisher (test/kvevents/py/vllm_publisher.py)")
+	const bs = 16 // vLLM's default --block-size; the webhook sets none
+	do := func(c map[string]any) fixture.Reply {
+		t.Helper()
+		c["pub"] = "engine"
+		r := vllm.Do(c)
+		if !r.OK {
+			t.Fatalf("vLLM's publisher refused %v", c)
+		}
+		return r
+	}
+	open := do(map[string]any{"op": "open", "kv_events_config": kv[0].Value, "hash_algo": algo[0].Value, "block_size": bs})
+	if open.Endpoint != enginePub || open.ReplayEndpoint != engineReplay {
+		t.Fatalf("vLLM bound %s and %s, the webhook told it %s and %s", open.Endpoint, open.ReplayEndpoint, enginePub, engineReplay)
+	}
+	prompt := func(base, blocks int) []int {
+		toks := make([]int, bs*blocks)
+		for i := range toks {
+			toks[i] = base + i
+		}
+		return toks
+	}
+	first := prompt(1000, 5)
+	do(map[string]any{"op": "store", "tokens": first}) // served before the sidecar started
+
+	// The sidecar: its command and args as the container's, its env as the
+	// kubelet resolves it, in the pod's namespace (its probe port is the
+	// container's own there).
+	env := subscriberEnv(t, side, pod, func(ep string) string { return ep }, func(path string) string {
+		aud, exp := projectedAudience(t, pod, side, path)
+		return c.token(t, pod.Namespace, pod.Spec.ServiceAccountName, aud, exp, pod)
+	})
+	args := append([]string{}, side.Args...)
+	if len(side.Command) > 1 {
+		args = append(append([]string{}, side.Command[1:]...), args...)
+	}
+	f, err := os.Create(filepath.Join(t.TempDir(), "kvevent-subscriber.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := inNetns(t, ns, s.subscriberBin, args...)
+	sub.Env, sub.Stdout, sub.Stderr = env, f, f
+	if err := sub.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Process.Kill(); _ = sub.Wait() })
+	defer func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(f.Name())
+			t.Logf("kvevent-subscriber logs:\n%s\ncache-index logs:\n%s", b, s.index.logs())
+		}
+	}()
+
+	// The subscriber reached the index; a second request sharing the
+	// first's prefix (3 blocks hit, 2 stored) shows it the gap, and it
+	// replays the first from vLLM's ROUTER.
+	c.waitBackend(t, s.key, indexSynced(metav1.ConditionTrue, v1alpha1.ReasonAllPodsLive))
+	second := append(prompt(1000, 3), prompt(50000, 2)...)
+	do(map[string]any{"op": "store", "tokens": second})
+	held := do(map[string]any{"op": "state"}).Held
+	if len(held) != 7 {
+		t.Fatalf("vLLM's block pool holds %d blocks, want 7 (5 + 2 after a 3-block prefix hit): %v", len(held), held)
+	}
+	for _, h := range held {
+		if _, err := strconv.ParseUint(h, 10, 64); err != nil {
+			t.Fatalf("vLLM's block hash %q: %v", h, err)
+		}
+	}
+	got := c.waitBackend(t, s.key, func(cb *v1alpha1.CacheBackend) error {
+		if err := indexSynced(metav1.ConditionTrue, v1alpha1.ReasonAllPodsLive)(cb); err != nil {
+			return err
+		}
+		p := cb.Status.IndexParticipation
+		if p.Indexed != "1/1" || p.LivePods != 1 || len(p.Pods) != 1 || p.Pods[0].Name != pod.Name ||
+			p.Pods[0].State != v1alpha1.IndexPodLive || p.Pods[0].Blocks != int64(len(held)) || p.Blocks.GPU != int64(len(held)) ||
+			p.HashCompatibility != v1alpha1.HashVerified || p.LastEventTime == nil {
+			return fmt.Errorf("indexParticipation %+v", p)
+		}
+		return nil
+	})
+	t.Logf("indexParticipation %+v", got.Status.IndexParticipation)
+
+	// The index hashes the prompts' token IDs with the pod's Verified
+	// scheme and finds every block vLLM's hasher named.
+	for _, toks := range [][]int{first, second} {
+		n, err := s.score(toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := uint32(len(toks) / bs); n != want {
+			t.Errorf("the index matches %d leading blocks of a prompt vLLM holds %d of", n, want)
+		}
+	}
+}
