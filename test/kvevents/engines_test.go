@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +29,7 @@ import (
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/netns"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
 
@@ -167,96 +166,12 @@ func sidecarProcessEnv(t *testing.T, c corev1.Container, indexAddr string) []str
 	return env
 }
 
-// The pod: the engine's publishers, the sidecar and the index run in one
-// network namespace of their own, as the containers of a pod share one,
-// so the webhook's fixed endpoints (the abstract names
-// @inferencecache-kvevents-pub/-replay, tcp ports 5557 and up) are the
-// pod's alone and never collide with another test's engine on this host.
-// The test reaches the index and the sidecar's metrics from a thread that
-// joined the namespace (podDial). Creating a network namespace needs root
-// (this machine's tests run as root); without it the test fails loudly.
-var (
-	podNSOnce sync.Once
-	podNSPath string
-	podNSErr  error
-	podNSHold io.WriteCloser
-)
-
-// podNetns is the test binary's pod network namespace (/proc/PID/ns/net
-// of a holder process that ends when the test binary does: it waits on
-// its stdin).
-func podNetns(t *testing.T) string {
-	t.Helper()
-	podNSOnce.Do(func() {
-		cmd := exec.Command("unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && read _")
-		cmd.Stderr = os.Stderr
-		if podNSHold, podNSErr = cmd.StdinPipe(); podNSErr != nil {
-			return
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			podNSErr = err
-			return
-		}
-		if podNSErr = cmd.Start(); podNSErr != nil {
-			return
-		}
-		line, _ := bufio.NewReader(out).ReadString('\n')
-		if strings.TrimSpace(line) != "up" {
-			podNSErr = fmt.Errorf("unshare --net (needs root) with iproute2's ip: %q", line)
-			return
-		}
-		podNSPath = fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
-	})
-	if podNSErr != nil {
-		t.Fatalf("a network namespace for the pod: %v", podNSErr)
-	}
-	return podNSPath
-}
-
-// inPod makes cmd run in the pod's network namespace (nsenter execs it,
-// so cmd's PID is the program's).
-func inPod(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	ns := podNetns(t)
-	cmd.Args = append([]string{"nsenter", "--net=" + ns, "--", cmd.Path}, cmd.Args[1:]...)
-	cmd.Path = "/usr/bin/nsenter"
-	if p, err := exec.LookPath("nsenter"); err == nil {
-		cmd.Path = p
-	}
-}
-
-// podDial dials addr from inside the pod's network namespace: a thread
-// joins it (setns) and creates the socket; the socket keeps its namespace,
-// and the thread, never unlocked, exits with its goroutine.
-func podDial(ctx context.Context, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(podNSPath)
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		defer func() { _ = f.Close() }()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, fmt.Errorf("setns %s: %w", podNSPath, err)}
-			return
-		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
-}
-
+// The pod: the engine, the sidecar and the index run in one network
+// namespace of their own (netns.Shared), as a pod's containers share one,
+// so the webhook's fixed endpoints never collide with another test's
+// engine on this host; the test reaches them through it (netns.DialShared).
 // podHTTP is an HTTP client whose connections are made in the pod.
-var podHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: podDial}}
+var podHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netns.DialShared}}
 
 // podMetrics scrapes the sidecar's counters from inside the pod.
 func podMetrics(addr string) map[string]float64 {
@@ -294,7 +209,7 @@ func startPodIndex(t *testing.T) string {
 	}
 	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t)),
 		"--health-probe-bind-address", probe, "--auth", "none", "--heartbeat", "1s")
-	inPod(t, cmd)
+	netns.Shared(t).Enter(t, cmd)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start cache-index: %v", err)
@@ -353,7 +268,7 @@ func launchPeer(t *testing.T, rt v1alpha1.Runtime) *enginePeer {
 	start := time.Now()
 	cmd := exec.Command(python, filepath.Join(fixture.RepoRoot(), "test", "kvevents", "py", script))
 	cmd.Env = pyenv.Env()
-	inPod(t, cmd)
+	netns.Shared(t).Enter(t, cmd)
 	cmd.Stderr = &prefixWriter{prefix: "[" + env + "] ", w: os.Stderr}
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -497,7 +412,7 @@ type engineIndex struct {
 func newEngineIndex(t *testing.T, addr string, w wiring) *engineIndex {
 	t.Helper()
 	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return podDial(ctx, "tcp", a) }))
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return netns.DialShared(ctx, "tcp", a) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +524,7 @@ func startSidecar(t *testing.T, w wiring, indexAddr string) *sidecar {
 	// binary; the webhook adds none) and environment, in the pod's
 	// namespace: its probe port is the container's.
 	cmd := exec.Command(bin, append(append([]string{}, w.sidecar.Command...), w.sidecar.Args...)...)
-	inPod(t, cmd)
+	netns.Shared(t).Enter(t, cmd)
 	cmd.Env = sidecarProcessEnv(t, w.sidecar, indexAddr)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {

@@ -1,21 +1,16 @@
 package kvstatus_test
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -23,99 +18,9 @@ import (
 	"github.com/inferencecache/operator/internal/inject"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/netns"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
-
-// podNetns is a network namespace of the test's own, as a pod's containers
-// share one: the webhook's fixed endpoints (the abstract names
-// @inferencecache-kvevents-pub/-replay, the sidecar's probe port) are the
-// pod's alone and never collide with another test's engine on this host.
-// It is /proc/PID/ns/net of a holder process (unshare; needs root) that
-// ends with t.
-func podNetns(t *testing.T) string {
-	t.Helper()
-	cmd := exec.Command("unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && read _")
-	cmd.Stderr = os.Stderr
-	hold, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("a network namespace for the pod (unshare --net, needs root): %v", err)
-	}
-	t.Cleanup(func() { _ = hold.Close(); _ = cmd.Wait() })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); strings.TrimSpace(line) != "up" {
-		t.Fatalf("a network namespace for the pod (unshare --net, needs root, with iproute2's ip): %q", line)
-	}
-	return fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
-}
-
-// inNetns is bin args run in the namespace ns (nsenter execs bin, so the
-// process is bin's).
-func inNetns(t *testing.T, ns, bin string, args ...string) *exec.Cmd {
-	t.Helper()
-	nsenter, err := exec.LookPath("nsenter")
-	if err != nil {
-		t.Fatalf("nsenter (util-linux) runs the pod's processes in its network namespace: %v", err)
-	}
-	return exec.Command(nsenter, append([]string{"--net=" + ns, "--", bin}, args...)...)
-}
-
-// forwardInto makes the host's TCP address addr reachable at the same
-// address inside ns, as a cluster's Service is from a pod: a listener made
-// by a thread that joined ns (the socket keeps the namespace; the thread,
-// never unlocked, exits with its goroutine), each connection copied to
-// and from addr on the host.
-func forwardInto(t *testing.T, ns, addr string) {
-	t.Helper()
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(ns)
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		defer func() { _ = f.Close() }()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
-		ln, err := net.Listen("tcp", addr)
-		ch <- result{ln, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("listening on %s in the pod: %v", addr, r.err)
-	}
-	t.Cleanup(func() { _ = r.ln.Close() })
-	go func() {
-		for {
-			in, err := r.ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer func() { _ = in.Close() }()
-				out, err := net.Dial("tcp", addr)
-				if err != nil {
-					return
-				}
-				defer func() { _ = out.Close() }()
-				go func() { _, _ = io.Copy(out, in); _ = out.(*net.TCPConn).CloseWrite() }()
-				_, _ = io.Copy(in, out)
-			}()
-		}
-	}()
-}
 
 // score asks the index's HTTP /v1/score, as the operator, how many leading
 // blocks of tokens the pod holds in GPU.
@@ -170,8 +75,8 @@ func TestIndexParticipationWithVLLMsPublisher(t *testing.T) {
 	s := startStack(t)
 	c, pod := s.c, s.pod
 	side := sidecar(t, pod)
-	ns := podNetns(t)
-	forwardInto(t, ns, s.grpcAddr) // the sidecar's INDEX_ENDPOINT, unchanged
+	ns := netns.New(t)
+	ns.ForwardInto(t, s.grpcAddr) // the sidecar's INDEX_ENDPOINT, unchanged
 
 	// vLLM's publisher, from exactly what the webhook gave the engine.
 	cmdline := append(append([]string{}, pod.Spec.Containers[0].Command...), pod.Spec.Containers[0].Args...)
@@ -181,7 +86,7 @@ func TestIndexParticipationWithVLLMsPublisher(t *testing.T) {
 		t.Fatalf("the engine's command line %q has %d %s and %d %s", cmdline, len(kv), inject.KVEventsConfigFlag, len(algo), inject.HashAlgoFlag)
 	}
 	enginePub, engineReplay := engineKVEventsConfig(t, pod)
-	cmd := inNetns(t, ns, python, filepath.Join(fixture.RepoRoot(), "test", "kvevents", "py", "vllm_publisher.py"))
+	cmd := ns.Command(t, python, filepath.Join(fixture.RepoRoot(), "test", "kvevents", "py", "vllm_publisher.py"))
 	cmd.Env = pyenv.Env()
 	vllm := fixture.Drive(t, cmd, "vLLM's publisher (test/kvevents/py/vllm_publisher.py)")
 	const bs = 16 // vLLM's default --block-size; the webhook sets none
@@ -223,7 +128,7 @@ func TestIndexParticipationWithVLLMsPublisher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub := inNetns(t, ns, s.subscriberBin, args...)
+	sub := ns.Command(t, s.subscriberBin, args...)
 	sub.Env, sub.Stdout, sub.Stderr = env, f, f
 	if err := sub.Start(); err != nil {
 		t.Fatal(err)

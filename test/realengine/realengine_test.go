@@ -12,18 +12,15 @@
 package realengine_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,7 +29,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
@@ -44,6 +40,7 @@ import (
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/netns"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
 
@@ -216,7 +213,7 @@ func TestVLLMCPUServesAndTheIndexHoldsItsBlocks(t *testing.T) {
 	}
 
 	conn, err := grpc.NewClient("passthrough:///"+indexAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return podDial(ctx, "tcp", addr) }))
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return netns.DialShared(ctx, "tcp", addr) }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,12 +335,8 @@ func startProcess(t *testing.T, name, bin string, args, env []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nsenter, err := exec.LookPath("nsenter")
-	if err != nil {
-		t.Fatalf("nsenter (util-linux) runs the pod's processes in its network namespace: %v", err)
-	}
 	// nsenter execs bin: the process is bin's.
-	cmd := exec.Command(nsenter, append([]string{"--net=" + podNetns(t), "--", bin}, args...)...)
+	cmd := netns.Shared(t).Command(t, bin, args...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -400,80 +393,9 @@ func run(t *testing.T, ctx context.Context, python string, args []string, out an
 	}
 }
 
-// The pod: the engine, the sidecar and the index run in a network
-// namespace of their own, as the containers of a pod share one, so the
-// webhook's fixed endpoints (the abstract names
-// @inferencecache-kvevents-pub/-replay) and the fixed ports are the pod's
-// alone and never collide with another test's engine on this host. The
-// test reaches them from a thread that joined the namespace (podDial).
-// Creating a network namespace needs root (this machine's tests run as
-// root); without it the test fails loudly.
-var (
-	podNSOnce sync.Once
-	podNSPath string
-	podNSErr  error
-	podNSHold io.WriteCloser
-)
-
-// podNetns is the pod's network namespace: /proc/PID/ns/net of a holder
-// process (unshare) that ends with the test binary (it waits on stdin).
-func podNetns(t *testing.T) string {
-	t.Helper()
-	podNSOnce.Do(func() {
-		cmd := exec.Command("unshare", "--net", "--", "sh", "-c", "ip link set lo up && echo up && read _")
-		cmd.Stderr = os.Stderr
-		if podNSHold, podNSErr = cmd.StdinPipe(); podNSErr != nil {
-			return
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			podNSErr = err
-			return
-		}
-		if podNSErr = cmd.Start(); podNSErr != nil {
-			return
-		}
-		line, _ := bufio.NewReader(out).ReadString('\n')
-		if strings.TrimSpace(line) != "up" {
-			podNSErr = fmt.Errorf("unshare --net (needs root) with iproute2's ip: %q", line)
-			return
-		}
-		podNSPath = fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)
-	})
-	if podNSErr != nil {
-		t.Fatalf("a network namespace for the pod: %v", podNSErr)
-	}
-	return podNSPath
-}
-
-// podDial dials addr from inside the pod's network namespace: a thread
-// joins it (setns) and creates the socket; the socket keeps its namespace,
-// and the thread, never unlocked, exits with its goroutine.
-func podDial(ctx context.Context, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(podNSPath)
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		defer func() { _ = f.Close() }()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, fmt.Errorf("setns %s: %w", podNSPath, err)}
-			return
-		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
-}
-
+// The pod: the engine, the sidecar and the index run in one network
+// namespace of their own (netns.Shared), as a pod's containers share one,
+// so the webhook's fixed endpoints never collide with another test's
+// engine on this host; the test reaches them through it (netns.DialShared).
 // podHTTP is an HTTP client whose connections are made in the pod.
-var podHTTP = &http.Client{Transport: &http.Transport{DialContext: podDial}}
+var podHTTP = &http.Client{Transport: &http.Transport{DialContext: netns.DialShared}}
