@@ -20,10 +20,11 @@ INSTALL_PACKAGES := bash test/tools/install-packages.sh
 # golangci-lint is built from the Go module proxy in its own tools module
 # (hack/tools/go.mod), so its dependency graph stays out of the operator's.
 GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
-# The packages whose tests need no control plane (no KUBEBUILDER_ASSETS):
-# everything but the integration (internal/controller) and end-to-end
-# (test/e2e, test/install) suites.
-UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance)
+# The packages whose tests need no control plane (no KUBEBUILDER_ASSETS) and
+# no engine environment: everything but the integration (internal/controller),
+# end-to-end (test/e2e, test/install) and real-peer suites (test/conformance,
+# test/kvevents, test/realengine: vLLM, LMCache, SGLang from test/tools/python).
+UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance -e /test/kvevents -e /test/realengine)
 
 # The version every binary prints with --version (internal/version), from
 # the nearest tag; "dev" outside a git checkout.
@@ -186,7 +187,7 @@ bench-scale: ## Run the scale benchmark at full size (SCALE_N CacheBackends, SCA
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -run '^$$' -bench ServedAdmission -count 6 ./test/admission/
 
 .PHONY: test-unit
-test-unit: ## Run the tests that need no control plane (every package but internal/controller, test/e2e and test/install).
+test-unit: ## Run the tests that need neither the control plane nor an engine environment (the unit suites).
 	env -u KUBEBUILDER_ASSETS -u CONTROLPLANE_DIR go test -count=1 $(UNIT_PACKAGES)
 
 .PHONY: demo
