@@ -43,20 +43,15 @@ const (
 	hostMemoryBufferOnly   = "buffer_only"
 )
 
-// hiCacheExclusive are SGLang flags its resolution refuses together with
-// --enable-hierarchical-cache, which the webhook always sets, with SGLang's
-// reason.
-var hiCacheExclusive = func() []struct{ flag, why string } {
-	var out []struct{ flag, why string }
-	for _, f := range inject.HiCacheExclusiveFlags {
-		why := "SGLang refuses it with --enable-hierarchical-cache, which the webhook always sets (\"mutually exclusive\")"
-		if f == "--disable-radix-cache" {
-			why += ": HiCache is a tier of the radix cache"
-		}
-		out = append(out, struct{ flag, why string }{f, why})
+// hiCacheExclusiveWhy is SGLang's reason for refusing flag, one of
+// inject.HiCacheExclusiveFlags, together with --enable-hierarchical-cache.
+func hiCacheExclusiveWhy(flag string) string {
+	why := "SGLang refuses it with --enable-hierarchical-cache, which the webhook always sets (\"mutually exclusive\")"
+	if flag == "--disable-radix-cache" {
+		why += ": HiCache is a tier of the radix cache"
 	}
-	return out
-}()
+	return why
+}
 
 // HiCacheSettings are the HiCache settings of an SGLang engine, as the
 // values of its flags. StorageBackend is empty for none.
@@ -203,9 +198,9 @@ func validateHiCache(cb *v1alpha1.CacheBackend) field.ErrorList {
 	args := field.NewPath("spec", "integration", "engineOverrides", "args")
 	for i, a := range cb.Spec.Integration.EngineOverrides.Args {
 		key, _, _ := strings.Cut(a, "=")
-		for _, x := range hiCacheExclusive {
-			if inject.SpellsFlag(key, x.flag, true) {
-				errs = append(errs, field.Forbidden(args.Index(i), fmt.Sprintf("%s is %s: %s", key, x.flag, x.why)))
+		for _, f := range inject.HiCacheExclusiveFlags {
+			if inject.SpellsFlag(key, f, true) {
+				errs = append(errs, field.Forbidden(args.Index(i), fmt.Sprintf("%s is %s: %s", key, f, hiCacheExclusiveWhy(f))))
 			}
 		}
 	}
