@@ -219,13 +219,14 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		return d
 	}
 	c := &out.Spec.Containers[idx]
+	cmdline := append(slices.Clone(c.Command), c.Args...)
 	if len(c.Command) > 0 {
-		if sh, wrapped := shellCommand(append(slices.Clone(c.Command), c.Args...)); wrapped {
+		if sh, wrapped := shellCommand(cmdline); wrapped {
 			return skip(d, SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, sh, KVTransferConfigFlag))
 		}
 	}
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
-		if f := hiCacheExclusiveSet(append(slices.Clone(c.Command), c.Args...)); f != "" {
+		if f := hiCacheExclusiveSet(cmdline); f != "" {
 			return skip(d, SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
 		}
 	}

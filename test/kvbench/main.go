@@ -414,7 +414,12 @@ func once(p *peer, w wired, indexBin, subBin string, rate, rep int, seconds floa
 	if s, err := q.Participation(context.Background(), &pb.ParticipationRequest{CacheBackend: ref}); err == nil {
 		res.IndexLagP50, res.IndexLagP99 = s.GetLagP50Millis(), s.GetLagP99Millis()
 	}
-	m := scrape(httpAddr)
+	// The subscriber's counters summed over their labels.
+	m := map[string]float64{}
+	for k, v := range fixture.SubscriberMetrics(http.DefaultClient, httpAddr) {
+		name, _, _ := strings.Cut(k, "{")
+		m[name] += v
+	}
 	res.Dropped = m["dropped_total"]
 	res.Gaps = m["sequence_gaps_total"]
 	return res, nil
@@ -523,32 +528,6 @@ func waitHTTP(url string) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return errors.New("not healthy")
-}
-
-// scrape sums the subscriber's counters by name (labels dropped).
-func scrape(addr string) map[string]float64 {
-	out := map[string]float64{}
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return out
-	}
-	defer func() { _ = resp.Body.Close() }()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "inferencecache_kvevents_") {
-			continue
-		}
-		name := strings.TrimPrefix(line, "inferencecache_kvevents_")
-		if i := strings.IndexAny(name, "{ "); i >= 0 {
-			name = name[:i]
-		}
-		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-		if err == nil {
-			out[name] += v
-		}
-	}
-	return out
 }
 
 func mean(v []float64) float64 {

@@ -173,28 +173,6 @@ func sidecarProcessEnv(t *testing.T, c corev1.Container, indexAddr string) []str
 // podHTTP is an HTTP client whose connections are made in the pod.
 var podHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netns.DialShared}}
 
-// podMetrics scrapes the sidecar's counters from inside the pod.
-func podMetrics(addr string) map[string]float64 {
-	out := map[string]float64{}
-	resp, err := podHTTP.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return out
-	}
-	defer func() { _ = resp.Body.Close() }()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, "inferencecache_kvevents_") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-			out[strings.TrimPrefix(line[:i], "inferencecache_kvevents_")] = v
-		}
-	}
-	return out
-}
-
 // startPodIndex runs the cache-index binary in the pod's namespace (memory
 // store, --auth none) with its gRPC API on 127.0.0.1:port there.
 func startPodIndex(t *testing.T) string {
@@ -744,7 +722,7 @@ func engineScenario(t *testing.T, tc engineCase) {
 	if n == 0 {
 		t.Fatal("the engine holds nothing; the comparison proves nothing")
 	}
-	m := podMetrics(sc.httpAddr)
+	m := fixture.SubscriberMetrics(podHTTP, sc.httpAddr)
 	for r := range pubs {
 		if m[fmt.Sprintf(`replay_requests_total{rank="%d",result="ok"}`, r)] < 1 {
 			t.Errorf("rank %d: no replay through the engine's ROUTER succeeded after the restart: %v", r, m)
