@@ -26,6 +26,11 @@ GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
 # test/kvevents, test/realengine: vLLM, LMCache, SGLang from test/tools/python).
 UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance -e /test/kvevents -e /test/realengine)
 
+# The suites whose peers are the engines' own code (test/tools/python), and
+# every other package.
+PEER_PACKAGES = ./test/conformance/... ./test/kvevents/... ./test/kvstatus/... ./test/realengine/...
+NON_PEER_PACKAGES = $(shell go list ./... | grep -v -e /test/conformance -e /test/kvevents -e /test/kvstatus -e /test/realengine)
+
 # The version every binary prints with --version (internal/version), from
 # the nearest tag; "dev" outside a git checkout.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -162,7 +167,12 @@ test: packages ## Run unit, fuzz-seed, integration (kube-apiserver + etcd), engi
 	$(MAKE) --no-print-directory -j2 controlplane pyenv
 	$(MAKE) --no-print-directory verify
 	dir=$$($(INSTALL_CONTROLPLANE)); \
-	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m ./...
+	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m $(NON_PEER_PACKAGES)
+	@# The real-peer suites (engine imports, a served vLLM) run after the rest,
+	@# so that their CPU does not starve the suites that measure memory and
+	@# requests (test/security's RSS budget, test/scale).
+	dir=$$($(INSTALL_CONTROLPLANE)); \
+	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m $(PEER_PACKAGES)
 	# Test modules of their own, whose dependencies stay out of go.mod.
 	cd test/promql && go test -count=1 ./...
 	dir=$$($(INSTALL_CONTROLPLANE)); \
