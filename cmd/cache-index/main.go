@@ -27,8 +27,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/kubernetes"
@@ -38,6 +36,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/kvindex"
 	"github.com/inferencecache/operator/internal/kvindex/redisstore"
+	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/version"
 )
 
@@ -89,7 +88,7 @@ func run(args []string) error {
 	if len(audiences) == 0 {
 		audiences = stringList{v1alpha1.IndexTokenAudience}
 	}
-	zl, err := newLogger(*development)
+	zl, err := logging.New(*development)
 	if err != nil {
 		return err
 	}
@@ -234,13 +233,4 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("no --kubeconfig and not in a cluster (%w); use --auth=none only for local tests", err)
 	}
 	return cfg, nil
-}
-
-func newLogger(development bool) (*zap.Logger, error) {
-	if development {
-		return zap.NewDevelopment()
-	}
-	cfg := zap.NewProductionConfig()
-	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	return cfg.Build()
 }

@@ -26,13 +26,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/inferencecache/operator/internal/kvevent/forward"
 	"github.com/inferencecache/operator/internal/kvevent/hashcheck"
 	"github.com/inferencecache/operator/internal/kvevent/subscriber"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
+	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/version"
 )
 
@@ -102,15 +101,7 @@ func run(ctx context.Context, args []string) error {
 	if *dpSize < 1 || *dpSize > 1024 {
 		return fmt.Errorf("--data-parallel-size %d: want 1 to 1024", *dpSize)
 	}
-	var zl *zap.Logger
-	var err error
-	if *development {
-		zl, err = zap.NewDevelopment()
-	} else {
-		cfg := zap.NewProductionConfig()
-		cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-		zl, err = cfg.Build()
-	}
+	zl, err := logging.New(*development)
 	if err != nil {
 		return fmt.Errorf("logger: %w", err)
 	}

@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/go-logr/zapr"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -36,6 +34,7 @@ import (
 	"github.com/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/metrics"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/version"
@@ -88,7 +87,7 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 
-	logger, err := newLogger(*development)
+	logger, err := logging.New(*development)
 	if err != nil {
 		return err
 	}
@@ -236,15 +235,6 @@ func applyMemoryLimit(env string, ratio float64) (int64, bool) {
 	limit := int64(float64(n) * ratio)
 	debug.SetMemoryLimit(limit)
 	return limit, true
-}
-
-func newLogger(development bool) (*zap.Logger, error) {
-	if development {
-		return zap.NewDevelopment()
-	}
-	cfg := zap.NewProductionConfig()
-	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	return cfg.Build()
 }
 
 func envOr(name, def string) string {
