@@ -102,6 +102,10 @@ type CacheBackendReconciler struct {
 	// reconciler reads can lag its own status write; without this a
 	// reconcile woken in that window would report the observation again.
 	unmatchedReported sync.Map
+
+	// sidecars remembers which wired pods carry the kvevent-subscriber
+	// sidecar (indexPods).
+	sidecars sidecarMemo
 }
 
 // RBAC markers: rbac.go.
@@ -296,6 +300,7 @@ func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectK
 			r.unmatchedReported.Delete(key)
 			r.unwiredReported.Delete(key)
 			r.statusWritten.Delete(key)
+			r.sidecars.m.Delete(key)
 		}
 		return nil, client.IgnoreNotFound(err)
 	}
@@ -303,6 +308,7 @@ func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectK
 		r.unmatchedReported.Delete(key)
 		r.unwiredReported.Delete(key)
 		r.statusWritten.Delete(key)
+		r.sidecars.m.Delete(key)
 		return nil, nil
 	}
 	return cb, nil

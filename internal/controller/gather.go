@@ -45,8 +45,8 @@ type observation struct {
 	// matchedKnown is false when they could not be listed.
 	matched      int32
 	matchedKnown bool
-	// wired are the matched pods that carry cb's receipt (the pods the
-	// KV-block index should know, with observation).
+	// wired are the matched pods that carry cb's receipt and the
+	// kvevent-subscriber sidecar (the pods the KV-block index should know).
 	wired []evaluate.IndexPod
 	// engines are the matched pods' metadata (labels and annotations are
 	// what the wiring report reads).
@@ -76,8 +76,10 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 			obs.engines = append(obs.engines, pods[i])
 		}
 	}
-	obs.wired = wiredForIndex(cb, pods)
 	obs.matchedKnown = true
+	if obs.wired, err = r.indexPods(ctx, cb, pods); err != nil {
+		return obs, err
+	}
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
 		// Without a pod list or keys there is no trustworthy verdict: the
 		// reconcile stops and the previous one stands.

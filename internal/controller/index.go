@@ -86,9 +86,8 @@ func (h *HTTPIndexReader) Participation(ctx context.Context, namespace, name str
 }
 
 // wiredForIndex lists the pods of pods that are wired to cb (they carry
-// its receipt), not stamped kv-events-skipped and not terminating: with
-// observation and a subscriber image, the pods that carry the
-// kvevent-subscriber sidecar.
+// its receipt), not stamped kv-events-skipped and not terminating: the
+// candidates of indexPods, which keeps those that carry the sidecar.
 func wiredForIndex(cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadata) []evaluate.IndexPod {
 	key := cb.Namespace + "/" + cb.Name
 	var out []evaluate.IndexPod
@@ -181,12 +180,17 @@ func (p *IndexPoller) poll(ctx context.Context) {
 		if cb.Spec.Observation == nil || !cb.DeletionTimestamp.IsZero() {
 			continue
 		}
-		wired, err := p.r.matchedPods(ctx, cb)
+		matched, err := p.r.matchedPods(ctx, cb)
 		if err != nil {
 			log.FromContext(ctx).Error(err, "listing engine pods for the index poll", "cachebackend", client.ObjectKeyFromObject(cb))
 			continue
 		}
-		part, v := p.r.indexView(ctx, cb, wiredForIndex(cb, wired), gateAvailable(cb))
+		wired, err := p.r.indexPods(ctx, cb, matched)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "reading engine pods for the index poll", "cachebackend", client.ObjectKeyFromObject(cb))
+			continue
+		}
+		part, v := p.r.indexView(ctx, cb, wired, gateAvailable(cb))
 		cur := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionIndexSynced)
 		if evaluate.ParticipationEqual(part, cb.Status.IndexParticipation) && cur != nil &&
 			cur.Status == v.Status && cur.Reason == v.Reason && cur.Message == v.Message {
