@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // InstanceHash is the value of AnnotationServerInstance for a server
@@ -35,35 +35,14 @@ type Workload struct {
 
 func (w Workload) String() string { return w.Kind + "/" + w.Name }
 
-// EngineWorkload resolves the Deployment (through its ReplicaSet, read
-// with r) or StatefulSet that controls pod. ok is false for a pod of
-// neither (a bare pod, a Job's), or whose ReplicaSet is gone or is not the
-// one its owner reference names (by UID).
+// EngineWorkload resolves the workload that controls pod
+// (workload.ControllerOf: a Deployment through its ReplicaSet, read with r,
+// or a StatefulSet). ok is false for a pod of neither (a bare pod, a
+// Job's), or whose ReplicaSet is gone or is not the one its owner
+// reference names (by UID).
 func EngineWorkload(ctx context.Context, r client.Reader, pod metav1.Object) (Workload, bool, error) {
-	ref := metav1.GetControllerOf(pod)
-	if ref == nil {
-		return Workload{}, false, nil
-	}
-	switch ref.Kind {
-	case "StatefulSet":
-		return Workload{Kind: "StatefulSet", Name: ref.Name}, true, nil
-	case "ReplicaSet":
-		rs := &metav1.PartialObjectMetadata{}
-		rs.SetGroupVersionKind(appsv1.SchemeGroupVersion.WithKind("ReplicaSet"))
-		if err := r.Get(ctx, client.ObjectKey{Namespace: pod.GetNamespace(), Name: ref.Name}, rs); err != nil {
-			if apierrors.IsNotFound(err) {
-				return Workload{}, false, nil // gone with a rollout already under way
-			}
-			return Workload{}, false, fmt.Errorf("reading ReplicaSet %s/%s: %w", pod.GetNamespace(), ref.Name, err)
-		}
-		if rs.UID != ref.UID {
-			return Workload{}, false, nil
-		}
-		if d := metav1.GetControllerOf(rs); d != nil && d.Kind == "Deployment" {
-			return Workload{Kind: "Deployment", Name: d.Name}, true, nil
-		}
-	}
-	return Workload{}, false, nil
+	kind, name, ok, err := workload.ControllerOf(ctx, r, pod)
+	return Workload{Kind: kind, Name: name}, ok, err
 }
 
 // RollEngines is the restart cascade: it rolls, once, every Deployment or
@@ -122,24 +101,11 @@ func (a *Applier) Roll(ctx context.Context, r client.Reader, namespace string, w
 	ws = append([]Workload(nil), ws...)
 	sort.Slice(ws, func(i, j int) bool { return ws[i].String() < ws[j].String() })
 	for _, w := range ws {
-		var template map[string]string
-		switch w.Kind {
-		case "Deployment":
-			d := &appsv1.Deployment{}
-			if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: w.Name}, d); err != nil {
-				continue
-			}
-			template = d.Spec.Template.Annotations
-		case "StatefulSet":
-			s := &appsv1.StatefulSet{}
-			if err := r.Get(ctx, client.ObjectKey{Namespace: namespace, Name: w.Name}, s); err != nil {
-				continue
-			}
-			template = s.Spec.Template.Annotations
-		default:
+		live, ok, err := workload.ReadNamed(ctx, r, w.Kind, namespace, w.Name)
+		if err != nil || !ok {
 			continue
 		}
-		if template[v1alpha1.AnnotationServerInstance] == value {
+		if live.PodTemplate().Annotations[v1alpha1.AnnotationServerInstance] == value {
 			carrying = append(carrying, w)
 			continue
 		}

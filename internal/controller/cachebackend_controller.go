@@ -372,7 +372,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass, obs observation, f evaluate.F
 	if s.cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
 		return evaluate.EngineLocal(s.cb, obs.enginePods, obs.keys, r.Inject)
 	}
-	return evaluate.Server(f, render.IsStatefulSet(s.cb))
+	return evaluate.Server(f)
 }
 
 // engineLocalPoll is how often a non-ready engine-local backend with
@@ -406,12 +406,11 @@ func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p pl
 	}
 	// Container restarts and replacements of the server pods are watched
 	// (ServerEvents): a backend at rest is never polled.
-	var requeue time.Duration
 	if f.ApplyErr != nil || srv.change.Instance == "" {
-		return requeue, nil
+		return 0, nil
 	}
 	if s.cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever && srv.change.Changed {
-		canRoll := f.StorageHold == "" && evaluate.WorkloadVerdict(f.Workload).Available
+		canRoll := f.StorageHold == "" && evaluate.Health(f.Workload).Available
 		if !canRoll || !srv.settled {
 			return 2 * time.Second, nil
 		}
@@ -431,7 +430,7 @@ func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p pl
 		}
 	}
 	s.st.ObservedServerInstance = srv.change.Instance
-	return requeue, nil
+	return 0, nil
 }
 
 // finalize publishes the verdict computed for the current generation:

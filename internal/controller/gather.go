@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +17,7 @@ import (
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // This file holds every read of the cluster a CacheBackend reconcile makes:
@@ -138,7 +138,7 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass, p plan.Pl
 	if h := p.StatefulSetHold(); h != nil {
 		f.StorageHold = h.Message
 	}
-	w, err := plan.Workload(ctx, r.Client, cb)
+	w, err := workload.Read(ctx, r.Client, cb)
 	if err != nil {
 		return f, srv, err
 	}
@@ -148,7 +148,7 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass, p plan.Pl
 		return f, srv, err
 	}
 	srv.change = evaluate.ObserveServer(cb.Status.ObservedServerInstance, pods)
-	wv := evaluate.WorkloadKindVerdict(w, render.IsStatefulSet(cb))
+	wv := evaluate.Health(w)
 	if (wv.Available && cb.Status.FirstAvailableAt == nil) || srv.change.Changed {
 		// The cache may lag a status write: read the live status.
 		live := &v1alpha1.CacheBackend{}
@@ -178,38 +178,17 @@ func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend
 		r.Now().Sub(ready.LastTransitionTime.Time) >= endpointSettleTime
 }
 
-// serverPods lists the pods workload owns (Deployment → ReplicaSet → Pod,
-// or StatefulSet → Pod) that are not terminating. Pods that merely carry
-// the labels are not trusted.
-func (r *CacheBackendReconciler) serverPods(ctx context.Context, cb *v1alpha1.CacheBackend, workload client.Object) ([]evaluate.ServerPod, error) {
-	if workload == nil {
-		return nil, nil
+// serverPods lists the serving pods of the workload (workload.Server's
+// ServingPods: the pods it controls, not terminating; pods that merely
+// carry the labels are not trusted).
+func (r *CacheBackendReconciler) serverPods(ctx context.Context, cb *v1alpha1.CacheBackend, w workload.Server) ([]evaluate.ServerPod, error) {
+	pods, err := w.ServingPods(ctx, r.servers(), render.SelectorLabels(cb))
+	if err != nil {
+		return nil, err
 	}
-	var pods corev1.PodList
-	if err := r.servers().List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
-		return nil, fmt.Errorf("listing cache-server pods: %w", err)
-	}
-	owners := map[string]bool{}
-	if _, ok := workload.(*appsv1.Deployment); ok {
-		var rss appsv1.ReplicaSetList
-		if err := r.servers().List(ctx, &rss, client.InNamespace(cb.Namespace), client.MatchingLabels(render.SelectorLabels(cb))); err != nil {
-			return nil, fmt.Errorf("listing cache-server ReplicaSets: %w", err)
-		}
-		for i := range rss.Items {
-			if metav1.IsControlledBy(&rss.Items[i], workload) {
-				owners[string(rss.Items[i].UID)] = true
-			}
-		}
-	} else {
-		owners[string(workload.GetUID())] = true
-	}
-	var out []evaluate.ServerPod
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		ref := metav1.GetControllerOf(p)
-		if ref == nil || !owners[string(ref.UID)] || !p.DeletionTimestamp.IsZero() {
-			continue
-		}
+	out := make([]evaluate.ServerPod, 0, len(pods))
+	for i := range pods {
+		p := &pods[i]
 		var restarts int32
 		for _, c := range p.Status.ContainerStatuses {
 			restarts += c.RestartCount

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +15,7 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // healPoll is how soon a backend with engines admitted before its endpoint
@@ -138,19 +138,15 @@ func (r *CacheBackendReconciler) endpointSince(cb *v1alpha1.CacheBackend) *time.
 // workloadNames names the workload of each pod from its metadata alone, for
 // reports: Deployment/<name> for a pod of a ReplicaSet named
 // <name>-<pod-template-hash>, StatefulSet/<name>, else Pod/<name>. Rolls
-// resolve workloads through the API instead (apply.EngineWorkload).
+// resolve workloads through the API instead (apply.EngineWorkload); both
+// ask internal/workload.
 func workloadNames(pods []metav1.PartialObjectMetadata) []string {
 	out := make([]string, 0, len(pods))
 	for i := range pods {
 		p := &pods[i]
 		name := "Pod/" + p.Name
-		if ref := metav1.GetControllerOf(p); ref != nil {
-			switch hash := p.Labels[appsv1.DefaultDeploymentUniqueLabelKey]; {
-			case ref.Kind == "StatefulSet":
-				name = "StatefulSet/" + ref.Name
-			case ref.Kind == "ReplicaSet" && hash != "" && strings.HasSuffix(ref.Name, "-"+hash):
-				name = "Deployment/" + strings.TrimSuffix(ref.Name, "-"+hash)
-			}
+		if kind, n, ok := workload.NameOf(p); ok {
+			name = kind + "/" + n
 		}
 		out = append(out, name)
 	}

@@ -1,11 +1,10 @@
 package evaluate
 
 import (
-	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // Chain is an ordered list of policies over facts of type T. Each policy
@@ -35,9 +34,9 @@ type Facts struct {
 	// StorageHold is the StatefulSet hold's message when the plan held the
 	// StatefulSet because its storage cannot change, "" otherwise.
 	StorageHold string
-	// Workload is the cache-server workload as observed after the apply
-	// (nil when it does not exist yet).
-	Workload client.Object
+	// Workload is the cache-server workload of the kind the spec asks for,
+	// as observed after the apply (absent when it does not exist yet).
+	Workload workload.Server
 	// Probe is the functional probe's result; Probed is false when the
 	// backend was not probed (no prober, or the workload is not ready).
 	Probed   bool
@@ -49,61 +48,49 @@ type Facts struct {
 	FirstAvailableAt *metav1.Time
 }
 
-// WorkloadVerdict judges the workload alone.
-func WorkloadVerdict(w client.Object) Verdict {
-	switch w := w.(type) {
-	case *appsv1.StatefulSet:
-		return StatefulSetHealth(w)
-	case *appsv1.Deployment:
-		return DeploymentHealth(w)
-	}
-	return DeploymentHealth(nil)
-}
-
-// WorkloadKindVerdict judges a workload of the kind statefulSet says, nil
-// when it does not exist.
-func WorkloadKindVerdict(w client.Object, statefulSet bool) Verdict {
-	if statefulSet {
-		sts, _ := w.(*appsv1.StatefulSet)
-		return StatefulSetHealth(sts)
-	}
-	dep, _ := w.(*appsv1.Deployment)
-	return DeploymentHealth(dep)
-}
-
 // serverChain is the precedence of a server-backed backend's reasons: a
-// name conflict (nothing was applied), a failed apply, then held storage, then the workload's own state, then the
-// functional probe.
-func serverChain(statefulSet bool) Chain[Facts] {
-	return Chain[Facts]{
-		func(f Facts) (Verdict, bool) {
-			return Verdict{Reason: v1alpha1.ReasonNameConflict, Message: f.NameConflict, Degraded: true, Stalled: true}, f.NameConflict != ""
-		},
-		func(f Facts) (Verdict, bool) {
-			if f.ApplyErr == nil {
-				return Verdict{}, false
-			}
-			return Verdict{Reason: v1alpha1.ReasonApplyFailed, Message: f.ApplyErr.Error(), Degraded: true, Stalled: true}, true
-		},
-		func(f Facts) (Verdict, bool) {
-			return Verdict{Reason: v1alpha1.ReasonImmutableStatefulSetStorage, Message: f.StorageHold, Degraded: true, Stalled: true}, f.StorageHold != ""
-		},
-		func(f Facts) (Verdict, bool) {
-			v := WorkloadKindVerdict(f.Workload, statefulSet)
-			return withNote(v, f.StorageNote), !v.Ready
-		},
-		func(f Facts) (Verdict, bool) {
-			if !f.Probed || f.ProbeErr == nil {
-				return Verdict{}, false
-			}
-			v := WorkloadKindVerdict(f.Workload, statefulSet)
-			v.Ready, v.Reason, v.Degraded, v.Message = false, v1alpha1.ReasonFunctionalProbeFailed, true, f.ProbeErr.Error()
-			return withNote(v, f.StorageNote), true
-		},
-		func(f Facts) (Verdict, bool) {
-			return withNote(WorkloadKindVerdict(f.Workload, statefulSet), f.StorageNote), true
-		},
+// name conflict (nothing was applied), a failed apply, then held storage,
+// then the workload's own state, then the functional probe.
+var serverChain = Chain[Facts]{
+	nameConflict,
+	applyFailed,
+	storageHeld,
+	workloadNotReady,
+	probeFailed,
+	workloadReady,
+}
+
+func nameConflict(f Facts) (Verdict, bool) {
+	return Verdict{Reason: v1alpha1.ReasonNameConflict, Message: f.NameConflict, Degraded: true, Stalled: true}, f.NameConflict != ""
+}
+
+func applyFailed(f Facts) (Verdict, bool) {
+	if f.ApplyErr == nil {
+		return Verdict{}, false
 	}
+	return Verdict{Reason: v1alpha1.ReasonApplyFailed, Message: f.ApplyErr.Error(), Degraded: true, Stalled: true}, true
+}
+
+func storageHeld(f Facts) (Verdict, bool) {
+	return Verdict{Reason: v1alpha1.ReasonImmutableStatefulSetStorage, Message: f.StorageHold, Degraded: true, Stalled: true}, f.StorageHold != ""
+}
+
+func workloadNotReady(f Facts) (Verdict, bool) {
+	v := Health(f.Workload)
+	return withNote(v, f.StorageNote), !v.Ready
+}
+
+func probeFailed(f Facts) (Verdict, bool) {
+	if !f.Probed || f.ProbeErr == nil {
+		return Verdict{}, false
+	}
+	v := Health(f.Workload)
+	v.Ready, v.Reason, v.Degraded, v.Message = false, v1alpha1.ReasonFunctionalProbeFailed, true, f.ProbeErr.Error()
+	return withNote(v, f.StorageNote), true
+}
+
+func workloadReady(f Facts) (Verdict, bool) {
+	return withNote(Health(f.Workload), f.StorageNote), true
 }
 
 func withNote(v Verdict, note string) Verdict {
@@ -114,6 +101,6 @@ func withNote(v Verdict, note string) Verdict {
 }
 
 // Server evaluates a server-backed backend.
-func Server(f Facts, statefulSet bool) Verdict {
-	return serverChain(statefulSet).Evaluate(f)
+func Server(f Facts) Verdict {
+	return serverChain.Evaluate(f)
 }

@@ -15,8 +15,8 @@ import (
 // reasons: a name conflict, a failed apply, then held storage, then the workload's own
 // state, then the functional probe.
 func TestServerChain(t *testing.T) {
-	ready := dep(1, 1, 1, 1, 1, availableTrue, progressDone)
-	rolling := dep(2, 1, 1, 1, 1, availableTrue, progressDone)
+	ready := deployment(dep(1, 1, 1, 1, 1, availableTrue, progressDone))
+	rolling := deployment(dep(2, 1, 1, 1, 1, availableTrue, progressDone))
 	probeErr := errors.New("connection refused")
 	cases := []struct {
 		name   string
@@ -35,12 +35,12 @@ func TestServerChain(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			v := Server(tc.f, false)
+			v := Server(tc.f)
 			assert.Equal(t, tc.reason, v.Reason, v.Message)
 			assert.Equal(t, tc.ready, v.Ready)
 		})
 	}
-	v := Server(Facts{Workload: ready, StorageNote: "size 1Gi cannot be applied"}, false)
+	v := Server(Facts{Workload: ready, StorageNote: "size 1Gi cannot be applied"})
 	assert.Contains(t, v.Message, "size 1Gi cannot be applied", "a held claim change is said in the Ready message")
 	assert.True(t, v.Ready)
 }

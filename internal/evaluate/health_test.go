@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 func dep(gen, observed int64, replicas, updated, available int32, conds ...appsv1.DeploymentCondition) *appsv1.Deployment {
@@ -21,6 +22,12 @@ func dep(gen, observed int64, replicas, updated, available int32, conds ...appsv
 			ReadyReplicas: available, AvailableReplicas: available, Conditions: conds,
 		},
 	}
+}
+
+// deployment is the workload of a Deployment-kind backend holding d (absent
+// when d is nil).
+func deployment(d *appsv1.Deployment) workload.Server {
+	return workload.Observed(&v1alpha1.CacheBackend{}, d)
 }
 
 var (
@@ -48,7 +55,7 @@ func TestDeploymentHealth(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := DeploymentHealth(tc.dep)
+			h := Health(deployment(tc.dep))
 			assert.Equal(t, tc.reason, h.Reason)
 			assert.Equal(t, tc.ready, h.Ready, "ready")
 			assert.Equal(t, tc.available, h.Available, "available")
@@ -93,6 +100,37 @@ func TestObserveServer(t *testing.T) {
 			c := ObserveServer(tc.prev, tc.pods)
 			assert.Equal(t, tc.changed, c.Changed, "changed")
 			assert.Equal(t, tc.next, c.Instance, "instance")
+		})
+	}
+}
+
+// TestStatefulSetHealth: the one Health over a StatefulSet: replicas
+// created one by one are still rolling out, a lost replica after that is
+// unavailable, an older revision left is a rollout.
+func TestStatefulSetHealth(t *testing.T) {
+	sts := func(replicas, current, ready int32, cur, upd string) *appsv1.StatefulSet {
+		return &appsv1.StatefulSet{Spec: appsv1.StatefulSetSpec{Replicas: ptr.To(int32(2))},
+			Status: appsv1.StatefulSetStatus{Replicas: replicas, CurrentReplicas: current, UpdatedReplicas: replicas, ReadyReplicas: ready, CurrentRevision: cur, UpdateRevision: upd}}
+	}
+	cb := &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{DeploymentKind: v1alpha1.DeploymentKindStatefulSet}}
+	for _, tc := range []struct {
+		name   string
+		sts    *appsv1.StatefulSet
+		reason string
+		ready  bool
+	}{
+		{"not created yet", nil, v1alpha1.ReasonRolloutInProgress, false},
+		{"second replica starting", sts(1, 1, 1, "a", "a"), v1alpha1.ReasonRolloutInProgress, false},
+		{"replica lost after start", sts(2, 2, 1, "a", "a"), v1alpha1.ReasonReplicasUnavailable, false},
+		{"older revision left", sts(2, 2, 2, "a", "b"), v1alpha1.ReasonRolloutInProgress, false},
+		{"all ready", sts(2, 2, 2, "a", "a"), v1alpha1.ReasonBackendReady, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := workload.Observed(cb, tc.sts)
+			assert.Equal(t, "StatefulSet", w.Kind())
+			h := Health(w)
+			assert.Equal(t, tc.reason, h.Reason, h.Message)
+			assert.Equal(t, tc.ready, h.Ready)
 		})
 	}
 }

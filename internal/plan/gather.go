@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // Gather reads the Input of cb's plan: the workload, the prunable children
@@ -28,11 +28,13 @@ func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBack
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
 		return in, nil // runs no server: nothing to apply or prune
 	}
-	w, err := Workload(ctx, c, cb)
+	w, err := workload.Read(ctx, c, cb)
 	if err != nil {
 		return in, err
 	}
 	in.Workload = w
+	rendered := render.Render(cb)
+	in.Rendered = &rendered
 	// cb's claims, in full, from claims (which may be filtered to the
 	// operator's labelled claims).
 	var pvcs corev1.PersistentVolumeClaimList
@@ -57,15 +59,16 @@ func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBack
 	if err := gatherExisting(ctx, c, cb, &in); err != nil {
 		return in, err
 	}
-	for _, k := range []struct {
+	type prunable struct {
 		kind string
 		list client.ObjectList
-	}{
-		{"Deployment", &appsv1.DeploymentList{}},
-		{"StatefulSet", &appsv1.StatefulSetList{}},
-		{"Service", &corev1.ServiceList{}},
-		{"HorizontalPodAutoscaler", &autoscalingv2.HorizontalPodAutoscalerList{}},
-	} {
+	}
+	var kinds []prunable
+	for _, w := range workload.Kinds() {
+		kinds = append(kinds, prunable{w.Kind(), w.NewList()})
+	}
+	kinds = append(kinds, prunable{"Service", &corev1.ServiceList{}}, prunable{"HorizontalPodAutoscaler", &autoscalingv2.HorizontalPodAutoscalerList{}})
+	for _, k := range kinds {
 		if err := c.List(ctx, k.list, client.InNamespace(cb.Namespace), client.MatchingLabels{render.LabelCacheBackend: cb.Name}); err != nil {
 			return in, fmt.Errorf("listing %s children: %w", k.kind, err)
 		}
@@ -87,22 +90,19 @@ func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBack
 // gatherExisting reads the objects under the names of the children cb
 // renders (claims aside: Gather lists them).
 func gatherExisting(ctx context.Context, c client.Reader, cb *v1alpha1.CacheBackend, in *Input) error {
-	objs, err := render.Objects(render.Render(cb))
+	objs, err := render.Objects(*in.Rendered)
 	if err != nil {
 		return err
 	}
 	for _, o := range objs {
 		var live client.Object
-		switch o.GetKind() {
-		case "Deployment":
-			live = &appsv1.Deployment{}
-		case "StatefulSet":
-			live = &appsv1.StatefulSet{}
-		case "Service":
+		if w, ok := workload.ByKind(o.GetKind()); ok {
+			live = w.New()
+		} else if o.GetKind() == "Service" {
 			live = &corev1.Service{}
-		case "HorizontalPodAutoscaler":
+		} else if o.GetKind() == "HorizontalPodAutoscaler" {
 			live = &autoscalingv2.HorizontalPodAutoscaler{}
-		default:
+		} else {
 			continue
 		}
 		switch err := c.Get(ctx, client.ObjectKey{Namespace: cb.Namespace, Name: o.GetName()}, live); {
@@ -118,22 +118,4 @@ func gatherExisting(ctx context.Context, c client.Reader, cb *v1alpha1.CacheBack
 
 func existing(kind string, o metav1.Object) Child {
 	return Child{Kind: kind, Namespace: o.GetNamespace(), Name: o.GetName(), UID: o.GetUID(), Controller: metav1.GetControllerOf(o), Labels: o.GetLabels()}
-}
-
-// Workload returns the cache-server workload of the kind cb asks for, if it
-// exists and cb controls it; nil otherwise.
-func Workload(ctx context.Context, c client.Reader, cb *v1alpha1.CacheBackend) (client.Object, error) {
-	var obj client.Object = &appsv1.Deployment{}
-	if render.IsStatefulSet(cb) {
-		obj = &appsv1.StatefulSet{}
-	}
-	switch err := c.Get(ctx, client.ObjectKeyFromObject(cb), obj); {
-	case apierrors.IsNotFound(err):
-		return nil, nil
-	case err != nil:
-		return nil, fmt.Errorf("reading the cache-server %s: %w", render.WorkloadKind(cb), err)
-	case !metav1.IsControlledBy(obj, cb):
-		return nil, nil
-	}
-	return obj, nil
 }

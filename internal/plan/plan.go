@@ -15,17 +15,16 @@ import (
 	"slices"
 	"strings"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // Input is the cluster state a plan is built from, as Gather reads it.
@@ -33,10 +32,12 @@ type Input struct {
 	// Backend is the CacheBackend with the UID of the live object, so that
 	// owner references name it.
 	Backend *v1alpha1.CacheBackend
-	// Workload is the live cache-server workload of the kind the spec asks
-	// for (*appsv1.Deployment or *appsv1.StatefulSet) when Backend controls
-	// it, nil otherwise.
-	Workload client.Object
+	// Workload is the cache-server workload of the kind the spec asks for:
+	// live when Backend controls it, absent otherwise (nil reads as absent).
+	Workload workload.Server
+	// Rendered are the children Backend wants (render.Render), rendered
+	// once per reconcile by Gather; Build renders them when unset.
+	Rendered *render.Children
 	// Claims are the PersistentVolumeClaims labelled with Backend's name.
 	Claims []corev1.PersistentVolumeClaim
 	// Children are the live objects of the prunable kinds labelled with
@@ -166,14 +167,21 @@ func Build(in Input) (Plan, error) {
 	if p.Conflicts = Conflicts(cb, in.Existing); len(p.Conflicts) > 0 {
 		return p, nil
 	}
-	children := render.Render(cb)
+	if in.Workload == nil {
+		in.Workload = workload.For(cb)
+	}
+	var children render.Children
+	if in.Rendered != nil {
+		children = *in.Rendered // a copy: holds below drop children from it
+	} else {
+		children = render.Render(cb)
+	}
 
 	// A StatefulSet's claim templates cannot change: when the spec's
 	// storage no longer matches them, the StatefulSet is held and the
 	// backend reports it; the rest is still applied.
-	sts, _ := in.Workload.(*appsv1.StatefulSet)
-	if sts != nil && children.StatefulSet != nil {
-		if drift := ClaimTemplateDrift(children.StatefulSet.Spec.VolumeClaimTemplates, sts.Spec.VolumeClaimTemplates); drift != "" {
+	if in.Workload.Object() != nil && children.StatefulSet != nil {
+		if drift := ClaimTemplateDrift(children.StatefulSet.Spec.VolumeClaimTemplates, in.Workload.ClaimTemplates()); drift != "" {
 			children.StatefulSet = nil
 			p.Holds = append(p.Holds, Hold{Kind: "StatefulSet", Name: cb.Name, Reason: v1alpha1.ReasonImmutableStatefulSetStorage,
 				Message: fmt.Sprintf("storage of StatefulSet %s cannot change (%s); restore spec.storage, or delete the StatefulSet (its claims are kept) to recreate it", cb.Name, drift)})
@@ -283,18 +291,13 @@ func controlledBy(c Child, cb *v1alpha1.CacheBackend) bool {
 // handoff adds the replica hand-off of the live workload w when the
 // operator's field manager owns its spec.replicas and the hand-off manager
 // does not hold it yet.
-func (p *Plan) handoff(w client.Object) {
-	var replicas *int32
-	switch w := w.(type) {
-	case *appsv1.Deployment:
-		replicas = w.Spec.Replicas
-	case *appsv1.StatefulSet:
-		replicas = w.Spec.Replicas
-	default:
+func (p *Plan) handoff(w workload.Server) {
+	o := w.Object()
+	if o == nil {
 		return
 	}
-	if NeedsHandoff(w.GetManagedFields(), replicas) {
-		p.Handoffs = append(p.Handoffs, Handoff{Kind: kindOf(w), Namespace: w.GetNamespace(), Name: w.GetName(), Replicas: *replicas})
+	if replicas := w.Replicas(); NeedsHandoff(o.GetManagedFields(), replicas) {
+		p.Handoffs = append(p.Handoffs, Handoff{Kind: w.Kind(), Namespace: o.GetNamespace(), Name: o.GetName(), Replicas: *replicas})
 	}
 }
 
@@ -304,13 +307,6 @@ func (p *Plan) handoff(w client.Object) {
 // hold it yet.
 func NeedsHandoff(entries []metav1.ManagedFieldsEntry, replicas *int32) bool {
 	return replicas != nil && ownsReplicas(entries, v1alpha1.FieldManagerChildren) && !ownsReplicas(entries, v1alpha1.FieldManagerReplicasHandoff)
-}
-
-func kindOf(w client.Object) string {
-	if _, ok := w.(*appsv1.StatefulSet); ok {
-		return "StatefulSet"
-	}
-	return "Deployment"
 }
 
 // ownsReplicas reports whether manager holds spec.replicas through an apply.
@@ -385,9 +381,7 @@ func (p *Plan) planClaims(in Input, children *render.Children) {
 	// claims are still mounted, whatever the spec now says.
 	heldMounts := false
 	if h := p.StatefulSetHold(); h != nil {
-		if sts, ok := in.Workload.(*appsv1.StatefulSet); ok {
-			heldMounts = slices.ContainsFunc(sts.Spec.VolumeClaimTemplates, func(t corev1.PersistentVolumeClaim) bool { return t.Name == render.DataVolumeName })
-		}
+		heldMounts = slices.ContainsFunc(in.Workload.ClaimTemplates(), func(t corev1.PersistentVolumeClaim) bool { return t.Name == render.DataVolumeName })
 	}
 	for i := range in.Claims {
 		pvc := &in.Claims[i]

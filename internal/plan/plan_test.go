@@ -14,6 +14,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 func backend(kind v1alpha1.DeploymentKind, storage string) *v1alpha1.CacheBackend {
@@ -91,7 +92,7 @@ func TestStatefulSetStorageHold(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			cb := backend(v1alpha1.DeploymentKindStatefulSet, tc.spec)
-			in := Input{Backend: cb, Workload: liveStatefulSet(cb, tc.live),
+			in := Input{Backend: cb, Workload: workload.Observed(cb, liveStatefulSet(cb, tc.live)),
 				Claims: []corev1.PersistentVolumeClaim{claim("cache-data-cache-0", nil), claim("cache-data-cache-1", nil)}}
 			p, err := Build(in)
 			require.NoError(t, err)
@@ -139,7 +140,7 @@ func TestClaimWarnings(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := Input{Backend: tc.cb, Claims: tc.claims}
 			if tc.live != nil {
-				in.Workload = tc.live
+				in.Workload = workload.Observed(tc.cb, tc.live)
 			}
 			p, err := Build(in)
 			require.NoError(t, err)
@@ -205,7 +206,7 @@ func TestPruneOwnership(t *testing.T) {
 	// A held StatefulSet is never pruned.
 	sts := backend(v1alpha1.DeploymentKindStatefulSet, "2Gi")
 	sts.UID = cb.UID
-	p, err = Build(Input{Backend: sts, Workload: liveStatefulSet(sts, "1Gi"), Children: live})
+	p, err = Build(Input{Backend: sts, Workload: workload.Observed(sts, liveStatefulSet(sts, "1Gi")), Children: live})
 	require.NoError(t, err)
 	require.NotNil(t, p.StatefulSetHold())
 	for _, c := range p.Prune {
@@ -238,7 +239,7 @@ func TestReplicaHandoff(t *testing.T) {
 			cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 4}
 			dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", ManagedFields: tc.entries}}
 			dep.Spec.Replicas = ptr.To[int32](3)
-			p, err := Build(Input{Backend: cb, Workload: dep})
+			p, err := Build(Input{Backend: cb, Workload: workload.Observed(cb, dep)})
 			require.NoError(t, err)
 			if !tc.want {
 				assert.Empty(t, p.Handoffs)
@@ -251,7 +252,8 @@ func TestReplicaHandoff(t *testing.T) {
 	// Without an HPA the operator keeps applying replicas: no hand-off.
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", ManagedFields: []metav1.ManagedFieldsEntry{owns(v1alpha1.FieldManagerChildren)}}}
 	dep.Spec.Replicas = ptr.To[int32](3)
-	p, err := Build(Input{Backend: backend("", ""), Workload: dep})
+	b := backend("", "")
+	p, err := Build(Input{Backend: b, Workload: workload.Observed(b, dep)})
 	require.NoError(t, err)
 	assert.Empty(t, p.Handoffs)
 }

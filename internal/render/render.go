@@ -21,6 +21,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/version"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // Names and defaults that are part of the operator's contract: they appear
@@ -189,15 +190,13 @@ func Render(cb *v1alpha1.CacheBackend) Children {
 
 // IsStatefulSet reports whether cb's server runs as a StatefulSet.
 func IsStatefulSet(cb *v1alpha1.CacheBackend) bool {
-	return cb.Spec.DeploymentKind == v1alpha1.DeploymentKindStatefulSet
+	return WorkloadKind(cb) == string(v1alpha1.DeploymentKindStatefulSet)
 }
 
-// WorkloadKind is the kind of cb's server workload.
+// WorkloadKind is the kind of cb's server workload, as internal/workload
+// (the one place that decides it) chooses it from the spec.
 func WorkloadKind(cb *v1alpha1.CacheBackend) string {
-	if IsStatefulSet(cb) {
-		return "StatefulSet"
-	}
-	return "Deployment"
+	return workload.For(cb).Kind()
 }
 
 func server(cb *v1alpha1.CacheBackend) *v1alpha1.LMCacheServer {
