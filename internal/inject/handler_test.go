@@ -104,27 +104,34 @@ func FuzzAdmit(f *testing.F) {
 	})
 }
 
-// BenchmarkAdmit measures one admission (decode, decide, patch) with 1, 10
-// and 100 CacheBackends in the namespace, the last of which matches.
+// BenchmarkAdmit measures one admission (decode, decide, patch) with 1,
+// 100 and 1,000 CacheBackends in the namespace, the last of which selects
+// the wired pod and none the unmatched one.
 func BenchmarkAdmit(b *testing.B) {
-	raw, err := json.Marshal(enginePod())
-	require.NoError(b, err)
-	for _, n := range []int{1, 10, 100} {
-		cbs := make([]v1alpha1.CacheBackend, n)
-		for i := range cbs {
-			cbs[i] = backend(fmt.Sprintf("cache-%03d", i), func(cb *v1alpha1.CacheBackend) {
-				cb.Spec.EngineSelector.MatchLabels = map[string]string{"app": fmt.Sprintf("other-%d", i)}
+	for _, c := range []struct {
+		name string
+		app  string
+		want Outcome
+	}{{"wired", "qwen", Injected}, {"unmatched", "nothing-selects-this", NoMatch}} {
+		raw, err := json.Marshal(enginePod(func(p *corev1.Pod) { p.Labels["app"] = c.app }))
+		require.NoError(b, err)
+		for _, n := range []int{1, 100, 1000} {
+			cbs := make([]v1alpha1.CacheBackend, n)
+			for i := range cbs {
+				cbs[i] = backend(fmt.Sprintf("cache-%04d", i), func(cb *v1alpha1.CacheBackend) {
+					cb.Spec.EngineSelector.MatchLabels = map[string]string{"app": fmt.Sprintf("other-%d", i)}
+				})
+			}
+			cbs[n-1].Spec.EngineSelector.MatchLabels = map[string]string{"app": "qwen"}
+			b.Run(fmt.Sprintf("pod=%s/backends=%d", c.name, n), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					d, _, err := Admit(raw, cbs, Options{})
+					if err != nil || d.Outcome != c.want {
+						b.Fatalf("outcome %s, want %s: %v", d.Outcome, c.want, err)
+					}
+				}
 			})
 		}
-		cbs[n-1].Spec.EngineSelector.MatchLabels = map[string]string{"app": "qwen"}
-		b.Run(fmt.Sprintf("backends=%d", n), func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				d, _, err := Admit(raw, cbs, Options{})
-				if err != nil || d.Outcome != Injected {
-					b.Fatalf("outcome %s: %v", d.Outcome, err)
-				}
-			}
-		})
 	}
 }
