@@ -110,7 +110,11 @@ func TestDecide(t *testing.T) {
 				assert.Equal(t, "naive", v)
 				v, _ = env(c, "HF_HOME")
 				assert.Equal(t, "/models", v, "the pod's own env is kept")
+				// The sidecar is a native sidecar (an init container): look
+				// for it there, and among the containers too.
 				assert.Len(t, out.Spec.Containers, 1, "no sidecar without --kvevent-subscriber-image")
+				assert.Empty(t, out.Spec.InitContainers, "no sidecar without --kvevent-subscriber-image")
+				assert.Empty(t, FlagUses(c.Args, KVEventsConfigFlag, false), "no event stream without --kvevent-subscriber-image")
 			},
 		},
 		{
