@@ -82,7 +82,7 @@ func IsEnginePod(p *corev1.Pod, backends []v1alpha1.CacheBackend) bool {
 	if inject.Select(p.Labels, backends) != nil {
 		return true
 	}
-	for _, k := range []string{inject.AnnotationInjectedBy, inject.AnnotationSkip, inject.AnnotationSkipped} {
+	for _, k := range []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationSkipInject, v1alpha1.AnnotationInjectSkipped} {
 		if _, ok := p.Annotations[k]; ok {
 			return true
 		}

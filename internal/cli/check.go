@@ -475,14 +475,14 @@ func checkPodWebhook(ctx context.Context, c client.Client, ns string) CheckResul
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "inferencecache-check-", Labels: labels,
-			Annotations: map[string]string{inject.AnnotationInjectedBy: stale}},
+			Annotations: map[string]string{v1alpha1.AnnotationInjectedBy: stale}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: container, Image: "vllm/vllm-openai", Args: []string{"--model", "check"}}}},
 	}
 	if err := c.Create(ctx, pod, client.DryRunAll); err != nil {
 		r.Detail = fmt.Sprintf("dry-run create of a pod in %s: %v", ns, err)
 		return r
 	}
-	got := pod.Annotations[inject.AnnotationInjectedBy]
+	got := pod.Annotations[v1alpha1.AnnotationInjectedBy]
 	switch {
 	case got == stale:
 		r.Detail = fmt.Sprintf("the pod came back unchanged: the webhook was not called for namespace %s, or did not answer", ns)
@@ -490,8 +490,8 @@ func checkPodWebhook(ctx context.Context, c client.Client, ns string) CheckResul
 		r.OK, r.Detail = true, fmt.Sprintf("the webhook stripped a stale receipt (no CacheBackend in %s can wire a pod)", ns)
 	case got == target.Namespace+"/"+target.Name:
 		r.OK, r.Detail = true, fmt.Sprintf("a pod matching CacheBackend %s came back wired by it", target.Name)
-	case pod.Annotations[inject.AnnotationSkipped] != "":
-		r.OK, r.Detail = true, fmt.Sprintf("a pod matching CacheBackend %s came back skipped (%s)", target.Name, pod.Annotations[inject.AnnotationSkipped])
+	case pod.Annotations[v1alpha1.AnnotationInjectSkipped] != "":
+		r.OK, r.Detail = true, fmt.Sprintf("a pod matching CacheBackend %s came back skipped (%s)", target.Name, pod.Annotations[v1alpha1.AnnotationInjectSkipped])
 	default:
 		r.OK, r.Detail = true, fmt.Sprintf("the webhook answered; a pod matching CacheBackend %s was admitted unwired (fail-open)", target.Name)
 	}

@@ -200,7 +200,7 @@ func WireEngineWith(cb *v1alpha1.CacheBackend, engine *appsv1.Deployment, opts i
 	out := engine.DeepCopy()
 	out.Spec.Template.Spec = d.Pod.Spec
 	// Receipts are stamped on each pod, not on its template.
-	for _, k := range []string{inject.AnnotationSkipped, inject.AnnotationKVEventsSkipped} {
+	for _, k := range []string{v1alpha1.AnnotationInjectSkipped, v1alpha1.AnnotationKVEventsSkipped} {
 		if v := d.Pod.Annotations[k]; v != "" {
 			if out.Spec.Template.Annotations == nil {
 				out.Spec.Template.Annotations = map[string]string{}

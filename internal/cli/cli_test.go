@@ -77,7 +77,7 @@ func TestRenderQuickstart(t *testing.T) {
 	assert.Equal(t, inject.Injected, d.Outcome)
 	assert.Contains(t, wired.Spec.Template.Spec.Containers[0].Args, inject.KVTransferConfigFlag)
 	assert.Equal(t, "lm://qwen-demo-cache.default.svc.cluster.local:65432", wired.Spec.Template.Spec.Containers[0].Env[0].Value)
-	assert.Empty(t, wired.Spec.Template.Annotations[inject.AnnotationInjectedBy], "receipts belong to pods, not templates")
+	assert.Empty(t, wired.Spec.Template.Annotations[v1alpha1.AnnotationInjectedBy], "receipts belong to pods, not templates")
 }
 
 func TestExplainOutcomes(t *testing.T) {
@@ -117,10 +117,10 @@ func TestExplainOutcomes(t *testing.T) {
 		"unchecked": {injected, cb, nil, ExplainInjected, ReceiptUnchecked, GenerationCurrent, "signature not checked"},
 		"host-network": {hostNet, *observedCB, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent,
 			"no KV-event sidecar (inferencecache.io/kv-events-skipped=host-network): the pod uses the node's network"},
-		"skipped":    {pod(map[string]string{"app": "qwen"}, map[string]string{inject.AnnotationSkip: "true", inject.AnnotationSkipped: inject.SkippedByAnnotation}), cb, []receipt.Key{key}, ExplainSkipped, ReceiptNone, "", "opts out"},
+		"skipped":    {pod(map[string]string{"app": "qwen"}, map[string]string{v1alpha1.AnnotationSkipInject: "true", v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedByAnnotation}), cb, []receipt.Key{key}, ExplainSkipped, ReceiptNone, "", "opts out"},
 		"fail-open":  {pod(map[string]string{"app": "qwen"}, nil), cb, []receipt.Key{key}, ExplainFailOpen, ReceiptNone, "", "admitted unwired"},
 		"no match":   {pod(map[string]string{"app": "other"}, nil), cb, []receipt.Key{key}, ExplainNoMatch, ReceiptNone, "", "CacheBackend cache selects {app=qwen}"},
-		"forged uid": {pod(map[string]string{"app": "qwen"}, map[string]string{inject.AnnotationInjectedBy: "llm/cache", inject.AnnotationInjectedByUID: "copied"}), cb, []receipt.Key{key}, ExplainForged, ReceiptFailed, "", "not written by the webhook"},
+		"forged uid": {pod(map[string]string{"app": "qwen"}, map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "copied"}), cb, []receipt.Key{key}, ExplainForged, ReceiptFailed, "", "not written by the webhook"},
 		"tampered":   {tampered, cb, []receipt.Key{key}, ExplainForged, ReceiptFailed, GenerationCurrent, "differ from the configuration"},
 	}
 	for name, tc := range cases {
@@ -148,8 +148,8 @@ func TestIsEnginePod(t *testing.T) {
 		want bool
 	}{
 		"selected":            {pod(map[string]string{"app": "qwen"}, nil, "busybox"), true},
-		"receipt":             {pod(nil, map[string]string{inject.AnnotationInjectedBy: "llm/gone"}, "busybox"), true},
-		"opt-out":             {pod(nil, map[string]string{inject.AnnotationSkip: "true"}, "busybox"), true},
+		"receipt":             {pod(nil, map[string]string{v1alpha1.AnnotationInjectedBy: "llm/gone"}, "busybox"), true},
+		"opt-out":             {pod(nil, map[string]string{v1alpha1.AnnotationSkipInject: "true"}, "busybox"), true},
 		"vllm image":          {pod(nil, nil, "vllm/vllm-openai:v0.9"), true},
 		"sglang command":      {pod(nil, nil, "python", "-m", "SGLang.launch_server"), true},
 		"unrelated":           {pod(map[string]string{"app": "web"}, nil, "nginx"), false},

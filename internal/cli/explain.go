@@ -149,11 +149,11 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 	if skipped := a[v1alpha1.AnnotationInjectSkipped]; skipped != "" {
 		e := Explanation{Outcome: ExplainSkipped, Backend: name, Receipt: ReceiptNone}
 		switch skipped {
-		case inject.SkippedByAnnotation:
+		case v1alpha1.SkippedByAnnotation:
 			e.Lines = append(e.Lines, fmt.Sprintf("the pod opts out with %s=%q", v1alpha1.AnnotationSkipInject, a[v1alpha1.AnnotationSkipInject]))
-		case inject.SkippedUserConfig:
+		case v1alpha1.SkippedUserConfig:
 			e.Lines = append(e.Lines, "the engine container sets its own LMCache/HiCache configuration, which the webhook never overwrites")
-		case inject.SkippedShellWrapper:
+		case v1alpha1.SkippedShellWrapper:
 			e.Lines = append(e.Lines, "the engine container runs a shell command line (sh -c), which the webhook cannot extend")
 		default:
 			e.Lines = append(e.Lines, "skipped: "+skipped)
@@ -247,10 +247,10 @@ func valueOr(p *v1alpha1.IndexParticipation) string {
 // (inject.KVEvents* reasons).
 func kvEventsSkipped(reason string) string {
 	why := map[string]string{
-		inject.KVEventsUserConfig:   "the engine sets its own --kv-events-config, which the webhook keeps",
-		inject.KVEventsDataParallel: "its data-parallel flags are ones the webhook cannot follow",
-		inject.KVEventsNameTaken:    "the pod already has a container or volume of the sidecar's names",
-		inject.KVEventsHostNetwork: "the pod uses the node's network (spec.hostNetwork), where the KV-event sockets would be reachable by every process on the node; " +
+		v1alpha1.KVEventsUserConfig:   "the engine sets its own --kv-events-config, which the webhook keeps",
+		v1alpha1.KVEventsDataParallel: "its data-parallel flags are ones the webhook cannot follow",
+		v1alpha1.KVEventsNameTaken:    "the pod already has a container or volume of the sidecar's names",
+		v1alpha1.KVEventsHostNetwork: "the pod uses the node's network (spec.hostNetwork), where the KV-event sockets would be reachable by every process on the node; " +
 			"run the engine without hostNetwork to have it indexed",
 	}[reason]
 	if why == "" {

@@ -31,7 +31,6 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/cli"
 	"github.com/inferencecache/operator/internal/cli/cmd"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/testutil"
 )
@@ -269,13 +268,13 @@ func TestCLIAuditClassifiesEveryOutcome(t *testing.T) {
 		if err := k8s.Create(ctx, p); err != nil {
 			return err
 		}
-		if g := p.Annotations[inject.AnnotationInjectedGeneration]; g != "2" {
+		if g := p.Annotations[v1alpha1.AnnotationInjectedGeneration]; g != "2" {
 			_ = k8s.Delete(ctx, p)
 			return fmt.Errorf("wired with generation %q", g)
 		}
 		return nil
 	})
-	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", sel, map[string]string{inject.AnnotationSkip: "true"})))
+	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", sel, map[string]string{v1alpha1.AnnotationSkipInject: "true"})))
 	require.NoError(t, k8s.Create(ctx, engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
 	web := engine(ns, "web", map[string]string{"app": "web"}, nil)
 	web.Spec.Containers[0].Image = "nginx"
@@ -296,7 +295,7 @@ func TestCLIAuditClassifiesEveryOutcome(t *testing.T) {
 			return nil
 		})
 		require.NoError(t, k8s.Create(ctx, engine(ns, "forged", sel, map[string]string{
-			inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "copied", inject.AnnotationInjectedGeneration: "2"})))
+			v1alpha1.AnnotationInjectedBy: ns + "/cache", v1alpha1.AnnotationInjectedByUID: "copied", v1alpha1.AnnotationInjectedGeneration: "2"})))
 	})
 
 	code, out, errOut := runCLI(t, kc, "audit", "-o", "json")

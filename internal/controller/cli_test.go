@@ -21,7 +21,6 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/cli"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/testutil"
 )
@@ -103,7 +102,7 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 	keys := []receipt.Key{receipt.NewKey(secret.Data[receipt.SecretKeyCurrent])}
 
 	require.NoError(t, k8s.Create(ctx, engine(ns, "wired", map[string]string{"app": "engine-cache"}, nil)))
-	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", map[string]string{"app": "engine-cache"}, map[string]string{inject.AnnotationSkip: "true"})))
+	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", map[string]string{"app": "engine-cache"}, map[string]string{v1alpha1.AnnotationSkipInject: "true"})))
 	require.NoError(t, k8s.Create(ctx, engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
 
 	var unwired, forged string
@@ -120,7 +119,7 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 			return nil
 		})
 		f := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
-			inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "copied", inject.AnnotationInjectedGeneration: "1"})
+			v1alpha1.AnnotationInjectedBy: ns + "/cache", v1alpha1.AnnotationInjectedByUID: "copied", v1alpha1.AnnotationInjectedGeneration: "1"})
 		require.NoError(t, k8s.Create(ctx, f))
 		forged = f.Name
 	})

@@ -18,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/testutil"
 )
@@ -113,7 +112,7 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 
 	withWebhookUnreachable(t, func() {
 		copied := map[string]string{}
-		for _, k := range []string{inject.AnnotationInjectedBy, inject.AnnotationInjectedByUID, inject.AnnotationInjectedGeneration,
+		for _, k := range []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration,
 			receipt.AnnotationDigest, receipt.AnnotationSignature} {
 			copied[k] = genuine.Annotations[k]
 		}

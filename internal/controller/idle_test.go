@@ -22,7 +22,6 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/testutil"
@@ -98,7 +97,7 @@ func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 	}
 	require.NoError(t, k8s.Create(ctx, engine))
 	enginePod := chain(t, engine, "engine-7d4b", engineLabels)
-	require.Equal(t, key.Namespace+"/"+key.Name, enginePod.Annotations[inject.AnnotationInjectedBy], "the engine pod is wired")
+	require.Equal(t, key.Namespace+"/"+key.Name, enginePod.Annotations[v1alpha1.AnnotationInjectedBy], "the engine pod is wired")
 
 	// At rest, a reconcile sends nothing and asks for no later one.
 	direct := &controller.CacheBackendReconciler{Client: k8s, Applier: apply.New(k8s), Recorder: events.NewFakeRecorder(100), APIReader: k8s, Now: metav1.Now}

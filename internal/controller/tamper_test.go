@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -63,7 +62,7 @@ func TestTamperedStatusEndpoint(t *testing.T) {
 			}
 		}
 		if !isWired(pod) {
-			assert.Empty(t, pod.Annotations[inject.AnnotationInjectedBy], "an unwired pod carries no receipt")
+			assert.Empty(t, pod.Annotations[v1alpha1.AnnotationInjectedBy], "an unwired pod carries no receipt")
 		}
 	}
 
@@ -99,7 +98,7 @@ func TestTamperedStatusEndpoint(t *testing.T) {
 			assert.Equal(t, want, e.Value)
 		}
 	}
-	assert.Equal(t, ns+"/cache", pod.Annotations[inject.AnnotationInjectedBy])
-	assert.Equal(t, string(cb.UID), pod.Annotations[inject.AnnotationInjectedByUID])
+	assert.Equal(t, ns+"/cache", pod.Annotations[v1alpha1.AnnotationInjectedBy])
+	assert.Equal(t, string(cb.UID), pod.Annotations[v1alpha1.AnnotationInjectedByUID])
 	waitPodEvent(t, ns, pod.Name, "Normal/"+v1alpha1.EventInjected)
 }

@@ -24,7 +24,6 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/testutil"
 )
@@ -101,9 +100,9 @@ func TestPodCreateIsWired(t *testing.T) {
 	assert.True(t, isWired(pod), "the created pod carries the LMCache environment")
 	assert.Equal(t, []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", "--kv-transfer-config",
 		`{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`}, pod.Spec.Containers[0].Args)
-	assert.Equal(t, ns+"/cache", pod.Annotations[inject.AnnotationInjectedBy])
-	assert.Equal(t, string(cb.UID), pod.Annotations[inject.AnnotationInjectedByUID])
-	assert.Equal(t, fmt.Sprint(cb.Generation), pod.Annotations[inject.AnnotationInjectedGeneration])
+	assert.Equal(t, ns+"/cache", pod.Annotations[v1alpha1.AnnotationInjectedBy])
+	assert.Equal(t, string(cb.UID), pod.Annotations[v1alpha1.AnnotationInjectedByUID])
+	assert.Equal(t, fmt.Sprint(cb.Generation), pod.Annotations[v1alpha1.AnnotationInjectedGeneration])
 	for _, e := range pod.Spec.Containers[0].Env {
 		if e.Name == "LMCACHE_REMOTE_URL" {
 			assert.Equal(t, cb.Status.Endpoint, e.Value)
@@ -278,7 +277,7 @@ func TestRelabelledPodIsNotWired(t *testing.T) {
 	pod.Labels = map[string]string{"app": "engine-cache"}
 	require.NoError(t, k8s.Update(ctx, pod))
 	assert.False(t, isWired(pod), "relabelling does not wire an existing pod")
-	assert.Empty(t, pod.Annotations[inject.AnnotationInjectedBy])
+	assert.Empty(t, pod.Annotations[v1alpha1.AnnotationInjectedBy])
 	waitBackend(t, client.ObjectKey{Namespace: ns, Name: "cache"}, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.MatchedEnginePods != 1 {
 			return fmt.Errorf("matched %d", cb.Status.MatchedEnginePods)
@@ -371,12 +370,12 @@ func TestSkippedPodGetsEvent(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	servingBackend(t, ns, "cache")
-	pod := engine(ns, "vanilla", map[string]string{"app": "engine-cache"}, map[string]string{inject.AnnotationSkip: "true"})
+	pod := engine(ns, "vanilla", map[string]string{"app": "engine-cache"}, map[string]string{v1alpha1.AnnotationSkipInject: "true"})
 	require.NoError(t, k8s.Create(ctx, pod))
 	assert.False(t, isWired(pod))
-	assert.Equal(t, inject.SkippedByAnnotation, pod.Annotations[inject.AnnotationSkipped])
-	assert.Equal(t, "true", pod.Annotations[inject.AnnotationSkip])
-	assert.Empty(t, pod.Annotations[inject.AnnotationInjectedBy])
+	assert.Equal(t, v1alpha1.SkippedByAnnotation, pod.Annotations[v1alpha1.AnnotationInjectSkipped])
+	assert.Equal(t, "true", pod.Annotations[v1alpha1.AnnotationSkipInject])
+	assert.Empty(t, pod.Annotations[v1alpha1.AnnotationInjectedBy])
 	waitPodEvent(t, ns, "vanilla", "Normal/"+v1alpha1.EventSkipped)
 }
 
@@ -406,7 +405,7 @@ func TestWebhookUnreachable(t *testing.T) {
 		assert.Empty(t, plain.Annotations, "admitted unwired and without receipts")
 
 		forged := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
-			inject.AnnotationInjectedBy: ns + "/cache", inject.AnnotationInjectedByUID: "00000000-copied-from-another-pod", inject.AnnotationInjectedGeneration: "1",
+			v1alpha1.AnnotationInjectedBy: ns + "/cache", v1alpha1.AnnotationInjectedByUID: "00000000-copied-from-another-pod", v1alpha1.AnnotationInjectedGeneration: "1",
 			// The mark that used to suppress the event, pre-set: it means nothing.
 			"inferencecache.io/receipt-observed": v1alpha1.EventInjected,
 		})

@@ -37,7 +37,7 @@ var engineLocalChain = Chain[enginePods]{
 	},
 	func(t enginePods) (Verdict, bool) {
 		return Verdict{Ready: true, Reason: v1alpha1.ReasonAllEnginePodsSkipped,
-			Message: fmt.Sprintf("all %d matching engine pods opt out with %s", t.skipped, inject.AnnotationSkip)}, t.participating() == 0
+			Message: fmt.Sprintf("all %d matching engine pods opt out with %s", t.skipped, v1alpha1.AnnotationSkipInject)}, t.participating() == 0
 	},
 	func(t enginePods) (Verdict, bool) {
 		return Verdict{Reason: v1alpha1.ReasonEnginePodsNotInjected, Degraded: true, Stalled: true,
@@ -78,7 +78,7 @@ func EngineLocal(cb *v1alpha1.CacheBackend, pods []corev1.Pod, keys []receipt.Ke
 			continue
 		}
 		t.active++
-		if inject.SkipRequested(p.Annotations[inject.AnnotationSkip]) {
+		if inject.SkipRequested(p.Annotations[v1alpha1.AnnotationSkipInject]) {
 			t.skipped++
 			continue
 		}

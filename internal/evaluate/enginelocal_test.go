@@ -73,10 +73,10 @@ func TestEngineLocalHealth(t *testing.T) {
 	foreign := admitted(t, "foreign", other, true)
 	missing := withReady(*rawPod("missing"), true)
 	skipped := mutate(withReady(*rawPod("skipped"), true), func(p *corev1.Pod) {
-		p.Annotations = map[string]string{inject.AnnotationSkip: "true", inject.AnnotationSkipped: inject.SkippedByAnnotation}
+		p.Annotations = map[string]string{v1alpha1.AnnotationSkipInject: "true", v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedByAnnotation}
 	})
 	skipOnlyOperatorAnnotation := mutate(withReady(*rawPod("skip-only"), true), func(p *corev1.Pod) {
-		p.Annotations = map[string]string{inject.AnnotationSkip: "yes"}
+		p.Annotations = map[string]string{v1alpha1.AnnotationSkipInject: "yes"}
 	})
 	terminating := mutate(admitted(t, "terminating", cb, false), func(p *corev1.Pod) {
 		p.DeletionTimestamp = ptr.To(metav1.Now())
@@ -106,8 +106,8 @@ func TestEngineLocalHealth(t *testing.T) {
 
 	// Incomplete receipts: one half of the identity without the other is
 	// not a receipt of another backend but no valid receipt at all.
-	byOnly := mutate(good, func(p *corev1.Pod) { p.Name = "by-only"; delete(p.Annotations, inject.AnnotationInjectedByUID) })
-	uidOnly := mutate(good, func(p *corev1.Pod) { p.Name = "uid-only"; delete(p.Annotations, inject.AnnotationInjectedBy) })
+	byOnly := mutate(good, func(p *corev1.Pod) { p.Name = "by-only"; delete(p.Annotations, v1alpha1.AnnotationInjectedByUID) })
+	uidOnly := mutate(good, func(p *corev1.Pod) { p.Name = "uid-only"; delete(p.Annotations, v1alpha1.AnnotationInjectedBy) })
 
 	cases := []struct {
 		name        string

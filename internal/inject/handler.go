@@ -133,7 +133,7 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 
 // strippedAnnotations are the annotations the webhook removes from every
 // pod it admits, matched or not (see clearReceipts).
-var strippedAnnotations = []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped, AnnotationKVEventsSkipped,
+var strippedAnnotations = []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration, v1alpha1.AnnotationInjectSkipped, v1alpha1.AnnotationKVEventsSkipped,
 	receipt.AnnotationDigest, receipt.AnnotationSignature}
 
 // candidates returns the CacheBackends Admit decides among. With a synced
@@ -175,7 +175,7 @@ func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun 
 }
 
 func failOpen(msg string) admission.Response {
-	Decisions.WithLabelValues(string(FailOpen), FailOpenInternalError).Inc()
+	Decisions.WithLabelValues(string(FailOpen), v1alpha1.FailOpenInternalError).Inc()
 	r := admission.Allowed("")
 	r.Warnings = []string{"inferencecache: pod admitted without cache wiring: " + msg}
 	return r

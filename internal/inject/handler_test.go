@@ -74,7 +74,7 @@ func TestHandlerFailsOpen(t *testing.T) {
 // returns applies cleanly to the pod it was computed for.
 func FuzzAdmit(f *testing.F) {
 	for _, p := range []*corev1.Pod{
-		enginePod(), enginePod(forgedReceipt), enginePod(withAnnotations(AnnotationSkip, "true")),
+		enginePod(), enginePod(forgedReceipt), enginePod(withAnnotations(v1alpha1.AnnotationSkipInject, "true")),
 		enginePod(func(p *corev1.Pod) { p.Spec.Containers = nil }),
 		enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Command = []string{"bash", "-c", "vllm serve"} }),
 		enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Args = []string{KVTransferConfigFlag} }),

@@ -23,52 +23,6 @@ import (
 	"github.com/inferencecache/operator/internal/render"
 )
 
-// Annotations on engine pods. They are API.
-const (
-	// AnnotationSkip opts a pod out of injection (see SkipRequested).
-	AnnotationSkip = v1alpha1.AnnotationSkipInject
-	// AnnotationSkipped records why the webhook left a matched pod unwired.
-	AnnotationSkipped = v1alpha1.AnnotationInjectSkipped
-	// AnnotationInjectedBy is the receipt's <namespace>/<name> of the CacheBackend.
-	AnnotationInjectedBy = v1alpha1.AnnotationInjectedBy
-	// AnnotationInjectedByUID is the receipt's CacheBackend metadata.uid.
-	AnnotationInjectedByUID = v1alpha1.AnnotationInjectedByUID
-	// AnnotationInjectedGeneration is the receipt's CacheBackend metadata.generation.
-	AnnotationInjectedGeneration = v1alpha1.AnnotationInjectedGeneration
-	// AnnotationKVEventsSkipped records why a wired pod has no
-	// kvevent-subscriber sidecar (the KVEvents* values).
-	AnnotationKVEventsSkipped = v1alpha1.AnnotationKVEventsSkipped
-)
-
-// Values of AnnotationSkipped.
-const (
-	// SkippedByAnnotation: the pod carries a truthy skip-inject annotation.
-	SkippedByAnnotation = "skip-inject-annotation"
-	// SkippedUserConfig: the engine container already sets a value the
-	// injection would set differently (its own --kv-transfer-config, an
-	// LMCACHE_* variable, a HiCache flag, or an override's name); the
-	// webhook never overwrites it.
-	SkippedUserConfig = "user-config-conflict"
-	// SkippedShellWrapper: the engine container runs `sh -c ...`, whose
-	// inner command line the webhook cannot extend.
-	SkippedShellWrapper = "shell-wrapped-command"
-	// SkippedOverrideNotAllowed: the CacheBackend's engineOverrides set an
-	// env var the guard denies, or read a Secret into a pod that did not
-	// opt in (see overrides.go).
-	SkippedOverrideNotAllowed = "override-not-allowed"
-)
-
-// Fail-open reasons: the pod is admitted unwired and without annotations.
-const (
-	FailOpenNoEndpoint = "no-endpoint"
-	// FailOpenEndpointMismatch: status.endpoint is not the address the
-	// operator derives from the spec (someone with cachebackends/status
-	// write set it); the webhook never injects an address from status.
-	FailOpenEndpointMismatch  = "endpoint-mismatch"
-	FailOpenContainerNotFound = "engine-container-not-found"
-	FailOpenInternalError     = "internal-error"
-)
-
 // Outcome is what the webhook did with a pod.
 type Outcome string
 
@@ -132,7 +86,7 @@ const (
 	envSubscriberNamespace = "CACHEBACKEND"
 )
 
-// SkipRequested reports whether an AnnotationSkip value opts a pod out:
+// SkipRequested reports whether an v1alpha1.AnnotationSkipInject value opts a pod out:
 // any non-empty value except those Go's strconv.ParseBool reads as false
 // (0, f, F, false, FALSE, False) and no, off, disable, disabled in any case.
 // The rule is exact: the value is not trimmed, so " " and " false " are
@@ -195,11 +149,11 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	d := Decision{Backend: cb, Pod: out}
 	clearReceipts(out)
 
-	if SkipRequested(pod.Annotations[AnnotationSkip]) {
-		return skip(d, SkippedByAnnotation, fmt.Sprintf("pod opts out with %s=%q", AnnotationSkip, pod.Annotations[AnnotationSkip]))
+	if SkipRequested(pod.Annotations[v1alpha1.AnnotationSkipInject]) {
+		return skip(d, v1alpha1.SkippedByAnnotation, fmt.Sprintf("pod opts out with %s=%q", v1alpha1.AnnotationSkipInject, pod.Annotations[v1alpha1.AnnotationSkipInject]))
 	}
 	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Status.Endpoint == "" {
-		d.Outcome, d.Reason = FailOpen, FailOpenNoEndpoint
+		d.Outcome, d.Reason = FailOpen, v1alpha1.FailOpenNoEndpoint
 		d.Message = fmt.Sprintf("CacheBackend %s/%s has no status.endpoint yet; pod admitted unwired (restart it once the backend is Ready)", cb.Namespace, cb.Name)
 		return d
 	}
@@ -208,13 +162,13 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		// always comes from the spec. A status that names another address
 		// was not written by this operator (or by one with another
 		// --cluster-domain): wire nothing rather than either address.
-		d.Outcome, d.Reason = FailOpen, FailOpenEndpointMismatch
+		d.Outcome, d.Reason = FailOpen, v1alpha1.FailOpenEndpointMismatch
 		d.Message = fmt.Sprintf("CacheBackend %s/%s publishes status.endpoint %q, not %q derived from its spec; pod admitted unwired", cb.Namespace, cb.Name, cb.Status.Endpoint, want)
 		return d
 	}
 	idx := engineContainer(out, cb)
 	if idx < 0 {
-		d.Outcome, d.Reason = FailOpen, FailOpenContainerNotFound
+		d.Outcome, d.Reason = FailOpen, v1alpha1.FailOpenContainerNotFound
 		d.Message = fmt.Sprintf("pod has no container %q (spec.integration.engineContainer of %s/%s)", cb.Spec.Integration.EngineContainer, cb.Namespace, cb.Name)
 		return d
 	}
@@ -222,24 +176,24 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	cmdline := append(slices.Clone(c.Command), c.Args...)
 	if len(c.Command) > 0 {
 		if sh, wrapped := shellCommand(cmdline); wrapped {
-			return skip(d, SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, sh, KVTransferConfigFlag))
+			return skip(d, v1alpha1.SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, sh, KVTransferConfigFlag))
 		}
 	}
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
 		if f := hiCacheExclusiveSet(cmdline); f != "" {
-			return skip(d, SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
+			return skip(d, v1alpha1.SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
 		}
 	}
 	want := Desired(cb, opts)
 	if msg := overridesDenied(cb, pod); msg != "" {
-		return skip(d, SkippedOverrideNotAllowed, msg)
+		return skip(d, v1alpha1.SkippedOverrideNotAllowed, msg)
 	}
 	if conflicts := apply(c, want, Abbreviates(cb.Spec.Runtime)); len(conflicts) > 0 {
 		// apply changed nothing it reports as a conflict, but it may have
 		// started to: start again from the unmodified pod.
 		d.Pod = pod.DeepCopy()
 		clearReceipts(d.Pod)
-		return skip(d, SkippedUserConfig, fmt.Sprintf("container %q already sets %s differently; the webhook never overwrites a pod's own configuration", c.Name, strings.Join(conflicts, ", ")))
+		return skip(d, v1alpha1.SkippedUserConfig, fmt.Sprintf("container %q already sets %s differently; the webhook never overwrites a pod's own configuration", c.Name, strings.Join(conflicts, ", ")))
 	}
 	wiring, reason, msg := PlanKVEvents(cb, opts, pod, c)
 	switch {
@@ -254,12 +208,12 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 			}
 		}
 	case reason != "":
-		setAnnotation(out, AnnotationKVEventsSkipped, reason)
+		setAnnotation(out, v1alpha1.AnnotationKVEventsSkipped, reason)
 		d.Message = msg
 	}
-	setAnnotation(out, AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
-	setAnnotation(out, AnnotationInjectedByUID, string(cb.UID))
-	setAnnotation(out, AnnotationInjectedGeneration, strconv.FormatInt(cb.Generation, 10))
+	setAnnotation(out, v1alpha1.AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
+	setAnnotation(out, v1alpha1.AnnotationInjectedByUID, string(cb.UID))
+	setAnnotation(out, v1alpha1.AnnotationInjectedGeneration, strconv.FormatInt(cb.Generation, 10))
 	claim := ClaimOf(out)
 	claim.Digest = receipt.Digest(out)
 	setAnnotation(out, receipt.AnnotationDigest, claim.Digest)
@@ -282,7 +236,7 @@ func ClaimOf(p *corev1.Pod) receipt.Claim {
 
 func skip(d Decision, reason, msg string) Decision {
 	d.Outcome, d.Reason, d.Message = Skipped, reason, msg
-	setAnnotation(d.Pod, AnnotationSkipped, reason)
+	setAnnotation(d.Pod, v1alpha1.AnnotationInjectSkipped, reason)
 	return d
 }
 

@@ -70,11 +70,11 @@ func env(c corev1.Container, name string) (string, bool) {
 }
 
 var forgedReceipt = withAnnotations(
-	AnnotationInjectedBy, "llm/other", AnnotationInjectedByUID, "forged", AnnotationInjectedGeneration, "99")
+	v1alpha1.AnnotationInjectedBy, "llm/other", v1alpha1.AnnotationInjectedByUID, "forged", v1alpha1.AnnotationInjectedGeneration, "99")
 
 func receipts(p *corev1.Pod) map[string]string {
 	out := map[string]string{}
-	for _, k := range []string{AnnotationInjectedBy, AnnotationInjectedByUID, AnnotationInjectedGeneration, AnnotationSkipped} {
+	for _, k := range []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration, v1alpha1.AnnotationInjectSkipped} {
 		if v, ok := p.Annotations[k]; ok {
 			out[k] = v
 		}
@@ -100,7 +100,7 @@ func TestDecide(t *testing.T) {
 			name: "lifecycle 3: matched pod with a published endpoint is wired",
 			pod:  enginePod(), backends: []v1alpha1.CacheBackend{backend("cache")},
 			outcome: Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				c := out.Spec.Containers[0]
 				assert.Equal(t, []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", KVTransferConfigFlag, kvBoth}, c.Args)
@@ -120,13 +120,13 @@ func TestDecide(t *testing.T) {
 		{
 			name: "lifecycle 3: no endpoint yet fails open, unwired and without annotations",
 			pod:  enginePod(), backends: []v1alpha1.CacheBackend{backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "" })},
-			outcome: FailOpen, reason: FailOpenNoEndpoint, backend: "cache", receipts: map[string]string{},
+			outcome: FailOpen, reason: v1alpha1.FailOpenNoEndpoint, backend: "cache", receipts: map[string]string{},
 			check: unchangedSpec,
 		},
 		{
 			name: "fail-open strips a hand-written receipt",
 			pod:  enginePod(forgedReceipt), backends: []v1alpha1.CacheBackend{backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "" })},
-			outcome: FailOpen, reason: FailOpenNoEndpoint, backend: "cache", receipts: map[string]string{},
+			outcome: FailOpen, reason: v1alpha1.FailOpenNoEndpoint, backend: "cache", receipts: map[string]string{},
 		},
 		{
 			name: "failure mode: selector and labels do not overlap",
@@ -154,42 +154,42 @@ func TestDecide(t *testing.T) {
 				}),
 			},
 			outcome: Injected, backend: "alpha",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/alpha", AnnotationInjectedByUID: "uid-cache-alpha", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/alpha", v1alpha1.AnnotationInjectedByUID: "uid-cache-alpha", v1alpha1.AnnotationInjectedGeneration: "3"},
 		},
 		{
 			name:     "a deleted CacheBackend claims no pod",
 			pod:      enginePod(),
 			backends: []v1alpha1.CacheBackend{backend("alpha", func(cb *v1alpha1.CacheBackend) { cb.DeletionTimestamp = ptr.To(metav1.Now()) }), backend("beta")},
 			outcome:  Injected, backend: "beta",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/beta", AnnotationInjectedByUID: "uid-cache-beta", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/beta", v1alpha1.AnnotationInjectedByUID: "uid-cache-beta", v1alpha1.AnnotationInjectedGeneration: "3"},
 		},
 		{
 			name: "failure mode: intentional opt-out is stamped skip-inject-annotation",
-			pod:  enginePod(withAnnotations(AnnotationSkip, "true")), backends: []v1alpha1.CacheBackend{backend("cache")},
-			outcome: Skipped, reason: SkippedByAnnotation, backend: "cache",
-			receipts: map[string]string{AnnotationSkipped: SkippedByAnnotation},
+			pod:  enginePod(withAnnotations(v1alpha1.AnnotationSkipInject, "true")), backends: []v1alpha1.CacheBackend{backend("cache")},
+			outcome: Skipped, reason: v1alpha1.SkippedByAnnotation, backend: "cache",
+			receipts: map[string]string{v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedByAnnotation},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				unchangedSpec(t, in, out)
-				assert.Equal(t, "true", out.Annotations[AnnotationSkip], "the skip annotation is kept")
+				assert.Equal(t, "true", out.Annotations[v1alpha1.AnnotationSkipInject], "the skip annotation is kept")
 			},
 		},
 		{
 			name: "skip strips a hand-written receipt",
-			pod:  enginePod(forgedReceipt, withAnnotations(AnnotationSkip, "yes")), backends: []v1alpha1.CacheBackend{backend("cache")},
-			outcome: Skipped, reason: SkippedByAnnotation, backend: "cache",
-			receipts: map[string]string{AnnotationSkipped: SkippedByAnnotation},
+			pod:  enginePod(forgedReceipt, withAnnotations(v1alpha1.AnnotationSkipInject, "yes")), backends: []v1alpha1.CacheBackend{backend("cache")},
+			outcome: Skipped, reason: v1alpha1.SkippedByAnnotation, backend: "cache",
+			receipts: map[string]string{v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedByAnnotation},
 		},
 		{
 			name: "failure mode: skip annotation with a falsey value still wires",
-			pod:  enginePod(withAnnotations(AnnotationSkip, "false")), backends: []v1alpha1.CacheBackend{backend("cache")},
+			pod:  enginePod(withAnnotations(v1alpha1.AnnotationSkipInject, "false")), backends: []v1alpha1.CacheBackend{backend("cache")},
 			outcome: Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 		},
 		{
 			name: "a stale receipt of another backend is replaced",
-			pod:  enginePod(forgedReceipt, withAnnotations(AnnotationSkipped, "skip-inject-annotation")), backends: []v1alpha1.CacheBackend{backend("cache")},
+			pod:  enginePod(forgedReceipt, withAnnotations(v1alpha1.AnnotationInjectSkipped, "skip-inject-annotation")), backends: []v1alpha1.CacheBackend{backend("cache")},
 			outcome: Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 		},
 		{
 			name: "the pod's own --kv-transfer-config is never overwritten",
@@ -197,8 +197,8 @@ func TestDecide(t *testing.T) {
 				p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, KVTransferConfigFlag, `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`)
 			}),
 			backends: []v1alpha1.CacheBackend{backend("cache")},
-			outcome:  Skipped, reason: SkippedUserConfig, backend: "cache",
-			receipts: map[string]string{AnnotationSkipped: SkippedUserConfig}, check: unchangedSpec,
+			outcome:  Skipped, reason: v1alpha1.SkippedUserConfig, backend: "cache",
+			receipts: map[string]string{v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedUserConfig}, check: unchangedSpec,
 		},
 		{
 			name: "the pod's own LMCACHE_ variable is never overwritten",
@@ -206,8 +206,8 @@ func TestDecide(t *testing.T) {
 				p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: "LMCACHE_REMOTE_URL", Value: "lm://elsewhere:1"})
 			}),
 			backends: []v1alpha1.CacheBackend{backend("cache")},
-			outcome:  Skipped, reason: SkippedUserConfig, backend: "cache",
-			receipts: map[string]string{AnnotationSkipped: SkippedUserConfig}, check: unchangedSpec,
+			outcome:  Skipped, reason: v1alpha1.SkippedUserConfig, backend: "cache",
+			receipts: map[string]string{v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedUserConfig}, check: unchangedSpec,
 		},
 		{
 			name: "an equal --kv-transfer-config written as --flag=value is accepted",
@@ -216,7 +216,7 @@ func TestDecide(t *testing.T) {
 			}),
 			backends: []v1alpha1.CacheBackend{backend("cache")},
 			outcome:  Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				assert.Equal(t, in.Spec.Containers[0].Args, out.Spec.Containers[0].Args, "flag not added twice")
 			},
@@ -228,8 +228,8 @@ func TestDecide(t *testing.T) {
 				p.Spec.Containers[0].Args = []string{"vllm serve Qwen/Qwen2.5-0.5B-Instruct"}
 			}),
 			backends: []v1alpha1.CacheBackend{backend("cache")},
-			outcome:  Skipped, reason: SkippedShellWrapper, backend: "cache",
-			receipts: map[string]string{AnnotationSkipped: SkippedShellWrapper}, check: unchangedSpec,
+			outcome:  Skipped, reason: v1alpha1.SkippedShellWrapper, backend: "cache",
+			receipts: map[string]string{v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedShellWrapper}, check: unchangedSpec,
 		},
 		{
 			name: "engineContainer names the wired container",
@@ -238,7 +238,7 @@ func TestDecide(t *testing.T) {
 			}),
 			backends: []v1alpha1.CacheBackend{backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Spec.Integration.EngineContainer = "vllm" })},
 			outcome:  Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				assert.Equal(t, in.Spec.Containers[0], out.Spec.Containers[0], "the proxy is untouched")
 				_, ok := env(out.Spec.Containers[1], "LMCACHE_REMOTE_URL")
@@ -249,7 +249,7 @@ func TestDecide(t *testing.T) {
 			name:     "a missing engineContainer fails open",
 			pod:      enginePod(),
 			backends: []v1alpha1.CacheBackend{backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Spec.Integration.EngineContainer = "engine" })},
-			outcome:  FailOpen, reason: FailOpenContainerNotFound, backend: "cache", receipts: map[string]string{}, check: unchangedSpec,
+			outcome:  FailOpen, reason: v1alpha1.FailOpenContainerNotFound, backend: "cache", receipts: map[string]string{}, check: unchangedSpec,
 		},
 		{
 			name: "roles, LMCache tiers and overrides",
@@ -267,7 +267,7 @@ func TestDecide(t *testing.T) {
 				}
 			})},
 			outcome: Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				c := out.Spec.Containers[0]
 				assert.Equal(t, []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", KVTransferConfigFlag,
@@ -289,7 +289,7 @@ func TestDecide(t *testing.T) {
 			})},
 			opts:    Options{KVEventSubscriberImage: "example.com/kvevent-subscriber:v1"},
 			outcome: Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				require.Len(t, out.Spec.Containers, 1)
 				require.Len(t, out.Spec.InitContainers, 1)
@@ -305,7 +305,7 @@ func TestDecide(t *testing.T) {
 				cb.Spec.Observation = &v1alpha1.Observation{ModelID: "m"}
 			})},
 			outcome: Injected, backend: "cache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/cache", AnnotationInjectedByUID: "uid-cache-cache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "uid-cache-cache", v1alpha1.AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				assert.Len(t, out.Spec.Containers, 1)
 				assert.Empty(t, out.Spec.InitContainers)
@@ -318,8 +318,8 @@ func TestDecide(t *testing.T) {
 			backends: []v1alpha1.CacheBackend{backend("hicache", func(cb *v1alpha1.CacheBackend) {
 				cb.Spec.Runtime, cb.Spec.Type, cb.Status.Endpoint = v1alpha1.RuntimeSGLang, v1alpha1.BackendTypeSGLangHiCache, ""
 			})},
-			outcome: Skipped, reason: SkippedUserConfig, backend: "hicache",
-			receipts: map[string]string{AnnotationSkipped: SkippedUserConfig}, check: unchangedSpec,
+			outcome: Skipped, reason: v1alpha1.SkippedUserConfig, backend: "hicache",
+			receipts: map[string]string{v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedUserConfig}, check: unchangedSpec,
 		},
 		{
 			name: "SGLang HiCache flags, no endpoint needed",
@@ -332,7 +332,7 @@ func TestDecide(t *testing.T) {
 				}
 			})},
 			outcome: Injected, backend: "hicache",
-			receipts: map[string]string{AnnotationInjectedBy: "llm/hicache", AnnotationInjectedByUID: "uid-cache-hicache", AnnotationInjectedGeneration: "3"},
+			receipts: map[string]string{v1alpha1.AnnotationInjectedBy: "llm/hicache", v1alpha1.AnnotationInjectedByUID: "uid-cache-hicache", v1alpha1.AnnotationInjectedGeneration: "3"},
 			check: func(t *testing.T, in, out *corev1.Pod) {
 				c := out.Spec.Containers[0]
 				assert.Equal(t, []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", "--enable-hierarchical-cache",

@@ -74,33 +74,6 @@ const (
 	maxDataParallel = 1024
 )
 
-// Values of AnnotationKVEventsSkipped: why a wired pod has no sidecar.
-const (
-	// KVEventsUserConfig: the engine sets its own --kv-events-config. The
-	// webhook keeps it and adds no sidecar: the user's endpoint may be one
-	// the sidecar cannot reach (another pod, a connect-mode address), and
-	// following it would silently depend on the user's choice.
-	KVEventsUserConfig = "user-kv-events-config"
-	// KVEventsDataParallel: the data-parallel flags are not a single
-	// positive size the webhook can follow (not a number, set twice, more
-	// than 1024, or multi-node ranks that do not start at 0 in this pod).
-	KVEventsDataParallel = "data-parallel-unsupported"
-	// KVEventsNameTaken: the pod already has a container named
-	// kvevent-subscriber or a volume named inferencecache-index-token.
-	KVEventsNameTaken = "name-taken"
-	// KVEventsHostNetwork: the pod sets spec.hostNetwork. Its network
-	// namespace is the node's, so an abstract socket (ipc://@name) or a
-	// loopback port would be reachable by every process on the node, and two
-	// such engine pods on one node would collide on the name: the webhook
-	// wires no event stream and no sidecar (the cache is still wired).
-	KVEventsHostNetwork = "host-network"
-	// KVEventsPrefixCachingOff: the vLLM engine turns prefix caching off
-	// (--no-enable-prefix-caching last): vLLM then only logs a warning and
-	// publishes no block events, so a sidecar would report a pod that never
-	// streams anything.
-	KVEventsPrefixCachingOff = "prefix-caching-off"
-)
-
 // Environment the kvevent-subscriber reads (cmd/kvevent-subscriber).
 const (
 	envKVEventsReplay    = "KV_EVENTS_REPLAY_ENDPOINT"
@@ -155,18 +128,18 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	// (a pod admitted twice); any other is the user's.
 	if uses := FlagUses(cmdline, KVEventsConfigFlag, abbrev); len(uses) > 0 &&
 		(!dpOK || len(uses) > 1 || uses[0].Partial || !sameJSON(uses[0].Value, config)) {
-		return nil, KVEventsUserConfig, fmt.Sprintf("container %q sets its own %s: kept, and no %s sidecar added", c.Name, KVEventsConfigFlag, SubscriberContainer)
+		return nil, v1alpha1.KVEventsUserConfig, fmt.Sprintf("container %q sets its own %s: kept, and no %s sidecar added", c.Name, KVEventsConfigFlag, SubscriberContainer)
 	}
 	if pod.Spec.HostNetwork {
-		return nil, KVEventsHostNetwork, fmt.Sprintf("the pod uses the node's network namespace (spec.hostNetwork): its KV-event sockets would be the node's, reachable by every process there; no %s sidecar added",
+		return nil, v1alpha1.KVEventsHostNetwork, fmt.Sprintf("the pod uses the node's network namespace (spec.hostNetwork): its KV-event sockets would be the node's, reachable by every process there; no %s sidecar added",
 			SubscriberContainer)
 	}
 	if vllm && !PrefixCachingOn(cmdline) {
-		return nil, KVEventsPrefixCachingOff, fmt.Sprintf("container %q turns vLLM's prefix caching off (--no-enable-prefix-caching): vLLM publishes no block events without it; no %s sidecar added",
+		return nil, v1alpha1.KVEventsPrefixCachingOff, fmt.Sprintf("container %q turns vLLM's prefix caching off (--no-enable-prefix-caching): vLLM publishes no block events without it; no %s sidecar added",
 			c.Name, SubscriberContainer)
 	}
 	if !dpOK {
-		return nil, KVEventsDataParallel, fmt.Sprintf("container %q sets data-parallel flags the webhook cannot follow (multi-node ranks, not a size from 1 to %d, or set twice); no %s sidecar added",
+		return nil, v1alpha1.KVEventsDataParallel, fmt.Sprintf("container %q sets data-parallel flags the webhook cannot follow (multi-node ranks, not a size from 1 to %d, or set twice); no %s sidecar added",
 			c.Name, maxDataParallel, SubscriberContainer)
 	}
 	w := &KVEventsWiring{}
@@ -246,7 +219,7 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	}
 	w.Sidecar.Env = env
 	if taken := namesTaken(pod, w); taken != "" {
-		return nil, KVEventsNameTaken, fmt.Sprintf("the pod already has a %s; no %s sidecar added", taken, SubscriberContainer)
+		return nil, v1alpha1.KVEventsNameTaken, fmt.Sprintf("the pod already has a %s; no %s sidecar added", taken, SubscriberContainer)
 	}
 	return w, "", ""
 }

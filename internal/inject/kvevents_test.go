@@ -73,7 +73,7 @@ func TestKVEventsWiring(t *testing.T) {
 		pod     *corev1.Pod
 		backend v1alpha1.CacheBackend
 		opts    Options
-		skipped string // AnnotationKVEventsSkipped, "" when absent
+		skipped string // v1alpha1.AnnotationKVEventsSkipped, "" when absent
 		check   func(t *testing.T, out *corev1.Pod)
 	}{
 		{
@@ -215,7 +215,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "multi-node data parallelism: no sidecar, reason recorded, cache still wired",
 			pod:  enginePod(withArgs("--data-parallel-size", "4", "--data-parallel-size-local", "2")), backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsDataParallel,
+			skipped: v1alpha1.KVEventsDataParallel,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
@@ -225,7 +225,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "the user's own --kv-events-config is kept: no sidecar, no hash flag, reason recorded",
 			pod:  enginePod(withArgs("--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:6000"}`)), backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsUserConfig,
+			skipped: v1alpha1.KVEventsUserConfig,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Empty(t, out.Spec.Volumes)
@@ -240,7 +240,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "the user's own kv-events sub-key (dotted spelling) counts as their own",
 			pod:  enginePod(withArgs("--kv_events_config.endpoint=tcp://*:6000")), backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsUserConfig,
+			skipped: v1alpha1.KVEventsUserConfig,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Equal(t, []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", "--kv_events_config.endpoint=tcp://*:6000",
@@ -250,7 +250,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "hostNetwork: no event stream on the node's namespace, no sidecar, reason recorded, cache still wired",
 			pod:  enginePod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsHostNetwork,
+			skipped: v1alpha1.KVEventsHostNetwork,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Empty(t, out.Spec.Volumes, "no index token")
@@ -264,7 +264,7 @@ func TestKVEventsWiring(t *testing.T) {
 			name:    "hostNetwork with data-parallel size 2: no TCP PUB socket on the node's interfaces either",
 			pod:     enginePod(withArgs("--data-parallel-size=2"), func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
 			backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsHostNetwork,
+			skipped: v1alpha1.KVEventsHostNetwork,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
@@ -273,7 +273,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "vLLM with prefix caching off: it publishes no block events, so no stream and no sidecar; cache still wired",
 			pod:  enginePod(withArgs("--no-enable-prefix-caching")), backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsPrefixCachingOff,
+			skipped: v1alpha1.KVEventsPrefixCachingOff,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, true))
@@ -284,7 +284,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "vLLM with prefix caching off in an abbreviated underscore spelling",
 			pod:  enginePod(withArgs("--no_enable_prefix")), backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsPrefixCachingOff,
+			skipped: v1alpha1.KVEventsPrefixCachingOff,
 			check:   func(t *testing.T, out *corev1.Pod) { assert.Empty(t, out.Spec.InitContainers) },
 		},
 		{
@@ -295,7 +295,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "SGLang with hostNetwork: no --kv-events-config, no sidecar",
 			pod:  enginePod(func(p *corev1.Pod) { p.Spec.HostNetwork = true }), backend: backend("hicache", observed, sglang), opts: opts,
-			skipped: KVEventsHostNetwork,
+			skipped: v1alpha1.KVEventsHostNetwork,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, true))
@@ -306,7 +306,7 @@ func TestKVEventsWiring(t *testing.T) {
 			pod: enginePod(withArgs("--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:6000"}`),
 				func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
 			backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsUserConfig,
+			skipped: v1alpha1.KVEventsUserConfig,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 			},
@@ -316,7 +316,7 @@ func TestKVEventsWiring(t *testing.T) {
 			pod: enginePod(func(p *corev1.Pod) {
 				p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: SubscriberContainer, Image: "mine"})
 			}), backend: backend("cache", observed), opts: opts,
-			skipped: KVEventsNameTaken,
+			skipped: v1alpha1.KVEventsNameTaken,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 				assert.Len(t, out.Spec.Containers, 2)
@@ -358,7 +358,7 @@ func TestKVEventsWiring(t *testing.T) {
 		{
 			name: "SGLang: the user's abbreviated --kv-events flag is their own",
 			pod:  enginePod(withArgs("--kv-events", `{"publisher":"zmq"}`)), backend: backend("hicache", observed, sglang), opts: opts,
-			skipped: KVEventsUserConfig,
+			skipped: v1alpha1.KVEventsUserConfig,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
 			},
@@ -378,9 +378,9 @@ func TestKVEventsWiring(t *testing.T) {
 			d := Decide(tc.pod, cbs, tc.opts)
 			require.Equal(t, Injected, d.Outcome, d.Message)
 			if tc.skipped == "" {
-				assert.NotContains(t, d.Pod.Annotations, AnnotationKVEventsSkipped)
+				assert.NotContains(t, d.Pod.Annotations, v1alpha1.AnnotationKVEventsSkipped)
 			} else {
-				assert.Equal(t, tc.skipped, d.Pod.Annotations[AnnotationKVEventsSkipped])
+				assert.Equal(t, tc.skipped, d.Pod.Annotations[v1alpha1.AnnotationKVEventsSkipped])
 			}
 			tc.check(t, d.Pod)
 			// The receipt covers what was added.
@@ -395,7 +395,7 @@ func TestKVEventsWiring(t *testing.T) {
 			require.NoError(t, err)
 			assertPatchApplies(t, raw, ops, ad.Pod)
 			// The served path (which decodes only part of the pod) decides the same.
-			assert.Equal(t, d.Pod.Annotations[AnnotationKVEventsSkipped], ad.Pod.Annotations[AnnotationKVEventsSkipped], "served path: kv-events-skipped")
+			assert.Equal(t, d.Pod.Annotations[v1alpha1.AnnotationKVEventsSkipped], ad.Pod.Annotations[v1alpha1.AnnotationKVEventsSkipped], "served path: kv-events-skipped")
 			assert.Equal(t, d.Pod.Annotations[receipt.AnnotationDigest], ad.Pod.Annotations[receipt.AnnotationDigest], "served path: receipt digest")
 			for _, op := range ops {
 				assert.Equal(t, "add", op.Operation, op.Path)
@@ -469,9 +469,9 @@ func TestDataParallelSize(t *testing.T) {
 // TestKVEventsSkippedCannotBePreset: a pod creator cannot pre-set the
 // skipped reason (it would hide a missing sidecar behind a made-up reason).
 func TestKVEventsSkippedCannotBePreset(t *testing.T) {
-	pod := enginePod(withAnnotations(AnnotationKVEventsSkipped, KVEventsUserConfig))
+	pod := enginePod(withAnnotations(v1alpha1.AnnotationKVEventsSkipped, v1alpha1.KVEventsUserConfig))
 	d := Decide(pod, []v1alpha1.CacheBackend{backend("cache", observed)}, Options{KVEventSubscriberImage: subscriberImage})
-	assert.NotContains(t, d.Pod.Annotations, AnnotationKVEventsSkipped)
+	assert.NotContains(t, d.Pod.Annotations, v1alpha1.AnnotationKVEventsSkipped)
 	assert.Len(t, d.Pod.Spec.InitContainers, 1)
 }
 

@@ -20,7 +20,7 @@ import (
 //     into pods that opt in with AnnotationAllowSecretOverrides="true".
 //
 // Pods that do not opt in are admitted unwired, with the reason
-// SkippedOverrideNotAllowed.
+// v1alpha1.SkippedOverrideNotAllowed.
 
 // AnnotationAllowSecretOverrides opts a pod in to engineOverrides env
 // values read from Secrets.

@@ -97,7 +97,7 @@ func TestFlagSpellings(t *testing.T) {
 			d := Decide(pod, []v1alpha1.CacheBackend{backend("cache", muts...)}, Options{})
 			require.Equal(t, tc.outcome, d.Outcome, d.Message)
 			if d.Outcome == Skipped {
-				assert.Equal(t, SkippedUserConfig, d.Reason)
+				assert.Equal(t, v1alpha1.SkippedUserConfig, d.Reason)
 				return
 			}
 			args := d.Pod.Spec.Containers[0].Args
@@ -123,8 +123,8 @@ func TestDuplicatesAndEnvFromConflict(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			d := Decide(enginePod(mut), []v1alpha1.CacheBackend{backend("cache")}, Options{})
 			assert.Equal(t, Skipped, d.Outcome)
-			assert.Equal(t, SkippedUserConfig, d.Reason)
-			assert.Empty(t, d.Pod.Annotations[AnnotationInjectedBy])
+			assert.Equal(t, v1alpha1.SkippedUserConfig, d.Reason)
+			assert.Empty(t, d.Pod.Annotations[v1alpha1.AnnotationInjectedBy])
 		})
 	}
 }
@@ -154,7 +154,7 @@ func TestShellDetectionThroughWrappers(t *testing.T) {
 		pod := enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = tc.cmd, tc.args })
 		d := Decide(pod, []v1alpha1.CacheBackend{backend("cache")}, Options{})
 		if tc.wrapped {
-			assert.Equal(t, SkippedShellWrapper, d.Reason, "%q %q", tc.cmd, tc.args)
+			assert.Equal(t, v1alpha1.SkippedShellWrapper, d.Reason, "%q %q", tc.cmd, tc.args)
 		} else {
 			assert.Equal(t, Injected, d.Outcome, "%q %q: %s", tc.cmd, tc.args, d.Message)
 		}
@@ -194,12 +194,12 @@ func TestStatusEndpointIsNeverInjected(t *testing.T) {
 	tampered := backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "lm://attacker.example:65432" })
 	d := Decide(enginePod(), []v1alpha1.CacheBackend{tampered}, Options{})
 	assert.Equal(t, FailOpen, d.Outcome)
-	assert.Equal(t, FailOpenEndpointMismatch, d.Reason)
+	assert.Equal(t, v1alpha1.FailOpenEndpointMismatch, d.Reason)
 	_, set := env(d.Pod.Spec.Containers[0], envRemoteURL)
 	assert.False(t, set)
 
 	shortName := backend("cache", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "lm://cache.llm.svc:65432" })
-	assert.Equal(t, FailOpenEndpointMismatch, Decide(enginePod(), []v1alpha1.CacheBackend{shortName}, Options{}).Reason,
+	assert.Equal(t, v1alpha1.FailOpenEndpointMismatch, Decide(enginePod(), []v1alpha1.CacheBackend{shortName}, Options{}).Reason,
 		"the short name goes through the resolver's search path")
 
 	d = Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", func(cb *v1alpha1.CacheBackend) {
@@ -220,12 +220,12 @@ func TestEngineOverridesGuard(t *testing.T) {
 		LocalObjectReference: corev1.LocalObjectReference{Name: "hf"}, Key: "token"}}}
 	for _, name := range []string{"LD_PRELOAD", "LD_ANYTHING", "BASH_ENV", "NODE_OPTIONS", "PYTHONPATH"} {
 		d := Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", withEnv(corev1.EnvVar{Name: name, Value: "/x"}))}, Options{})
-		assert.Equal(t, SkippedOverrideNotAllowed, d.Reason, name)
+		assert.Equal(t, v1alpha1.SkippedOverrideNotAllowed, d.Reason, name)
 		_, set := env(d.Pod.Spec.Containers[0], name)
 		assert.False(t, set, name)
 	}
 	d := Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", withEnv(secret))}, Options{})
-	assert.Equal(t, SkippedOverrideNotAllowed, d.Reason, "a Secret only for pods that opt in")
+	assert.Equal(t, v1alpha1.SkippedOverrideNotAllowed, d.Reason, "a Secret only for pods that opt in")
 	d = Decide(enginePod(withAnnotations(AnnotationAllowSecretOverrides, "true")), []v1alpha1.CacheBackend{backend("cache", withEnv(secret))}, Options{})
 	assert.Equal(t, Injected, d.Outcome, d.Message)
 	d = Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", withEnv(corev1.EnvVar{Name: "VLLM_LOGGING_LEVEL", Value: "DEBUG"}))}, Options{})

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
 )
 
@@ -88,7 +89,7 @@ func TestShortcutAnswersAsTheFullPath(t *testing.T) {
 		{"matched pod without dryRun", reviewJSON(v1, strings.Replace(podCreate, `,"dryRun":false`, ``, 1), podJSON(t)), true, true},
 		{"matched pod, named in the request", reviewJSON(v1, withRequest(`"name":"qwen-0"`), podJSON(t, func(p *corev1.Pod) { p.Name = "qwen-0" })), true, true},
 		{"matched pod, label key escaped", reviewJSON(v1, podCreate, `{"metadata":{"labels":{"\u0061pp":"qwen"}},"spec":{"containers":[{"name":"vllm","image":"vllm"}]}}`), true, true},
-		{"matched pod, skip-inject", reviewJSON(v1, podCreate, podJSON(t, func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationSkip: "true"} })), true, true},
+		{"matched pod, skip-inject", reviewJSON(v1, podCreate, podJSON(t, func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.AnnotationSkipInject: "true"} })), true, true},
 		{"matched pod without containers", reviewJSON(v1, podCreate, `{"metadata":{"labels":{"app":"qwen"}},"spec":{}}`), true, false},
 		{"matched pod, null container", reviewJSON(v1, podCreate, `{"metadata":{"labels":{"app":"qwen"}},"spec":{"containers":[null]}}`), true, false},
 		{"matched pod, container of the wrong type", reviewJSON(v1, podCreate, `{"metadata":{"labels":{"app":"qwen"}},"spec":{"containers":[{"name":1}]}}`), true, false},
@@ -96,7 +97,7 @@ func TestShortcutAnswersAsTheFullPath(t *testing.T) {
 			p.Annotations = map[string]string{receipt.AnnotationSignature: "forged"}
 		})), true, true},
 		{"unmatched pod with an injected-by annotation", reviewJSON(v1, podCreate, podJSON(t, unmatched, func(p *corev1.Pod) {
-			p.Annotations = map[string]string{AnnotationInjectedBy: "x"}
+			p.Annotations = map[string]string{v1alpha1.AnnotationInjectedBy: "x"}
 		})), true, true},
 
 		{"update", reviewJSON(v1, strings.Replace(podCreate, `"CREATE"`, `"UPDATE"`, 1), podJSON(t, unmatched)), false, false},
@@ -196,7 +197,7 @@ func FuzzShortcut(f *testing.F) {
 	f.Add(reviewJSON(v1, podCreate, podJSON(f, unmatched)))
 	f.Add(reviewJSON(v1, podCreate, podJSON(f)))
 	f.Add(reviewJSON("admission.k8s.io/v1beta1", podCreate, `{"metadata":{"labels":{"\u0061pp":"qwen","x":null},"annotations":{"a":"b"}}}`))
-	f.Add(reviewJSON(v1, podCreate, podJSON(f, unmatched, func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationSkipped: "x"} })))
+	f.Add(reviewJSON(v1, podCreate, podJSON(f, unmatched, func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.AnnotationInjectSkipped: "x"} })))
 	f.Add(reviewJSON(v1, podCreate+`,"name":"n","subResource":"","requestSubResource":null,"requestResource":{"group":"","version":"v1","resource":"pods"}`, `{"metadata":{"labels":{"app":"qwen"}},"spec":{"containers":[{"name":"vllm","args":["--port","8000"],"env":[{"name":"A","value":"b"}]}]}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		h := shortcutHandler(t)

@@ -203,7 +203,7 @@ func sglangCases(t *testing.T) []sglangCase {
 		c: func(m string) corev1.Container {
 			return corev1.Container{Command: []string{"sh", "-c", "exec python3 -m sglang.launch_server --model-path " + m + " " + strings.Join(sglangUser, " ")}}
 		},
-		outcome: inject.Skipped, reason: inject.SkippedShellWrapper, fields: sglangUserFields,
+		outcome: inject.Skipped, reason: v1alpha1.SkippedShellWrapper, fields: sglangUserFields,
 	})
 	return cases
 }

@@ -176,30 +176,30 @@ func vllmCases() []vllmCase {
 		vllmCase{
 			name: "the user's own --kv-transfer-config of another connector is kept, the pod unwired", backend: lmcacheVLLM(),
 			pod:     newEnginePod(plain("--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`)),
-			outcome: inject.Skipped, reason: inject.SkippedUserConfig,
+			outcome: inject.Skipped, reason: v1alpha1.SkippedUserConfig,
 			transfer: map[string]string{"kv_connector": "NixlConnector", "kv_role": "kv_both"}, hashAlgo: "sha256",
 		},
 		vllmCase{
 			name: "the user's own --kv_transfer_config= (underscores, inline) of another role is kept, the pod unwired", backend: lmcacheVLLM(),
 			pod:     newEnginePod(plain(`--kv_transfer_config={"kv_connector":"LMCacheConnectorV1","kv_role":"kv_producer"}`)),
-			outcome: inject.Skipped, reason: inject.SkippedUserConfig, transfer: lmcacheTransfer(v1alpha1.RoleWriteOnly), hashAlgo: "sha256",
+			outcome: inject.Skipped, reason: v1alpha1.SkippedUserConfig, transfer: lmcacheTransfer(v1alpha1.RoleWriteOnly), hashAlgo: "sha256",
 		},
 		vllmCase{
 			name: "the user's own --kv-events-config is kept, no sidecar", backend: lmcacheVLLM(observed), opts: observeOptions(),
 			pod:     newEnginePod(plain("--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:6000","topic":"mine"}`)),
-			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsUserConfig, transfer: lmcacheTransfer(""),
+			outcome: inject.Injected, kvEventsSkipped: v1alpha1.KVEventsUserConfig, transfer: lmcacheTransfer(""),
 			events: &wantEvents{endpoint: "tcp://*:6000", topic: "mine", dp: 1}, hashAlgo: "sha256",
 		},
 		vllmCase{
 			name: "prefix caching off: vLLM publishes no block events, so no stream and no sidecar", backend: lmcacheVLLM(observed), opts: observeOptions(),
 			pod:     newEnginePod(plain("--no-enable-prefix-caching")),
-			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsPrefixCachingOff, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
+			outcome: inject.Injected, kvEventsSkipped: v1alpha1.KVEventsPrefixCachingOff, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
 			fields: map[string]any{"enable_prefix_caching": false},
 		},
 		vllmCase{
 			name: "prefix caching off, abbreviated: still off for vLLM, still no sidecar", backend: lmcacheVLLM(observed), opts: observeOptions(),
 			pod:     newEnginePod(plain("--no-enable-prefix")),
-			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsPrefixCachingOff, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
+			outcome: inject.Injected, kvEventsSkipped: v1alpha1.KVEventsPrefixCachingOff, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
 			fields: map[string]any{"enable_prefix_caching": false},
 		},
 		vllmCase{
@@ -212,18 +212,18 @@ func vllmCases() []vllmCase {
 		vllmCase{
 			name: "the user's own abbreviated --kv-transfer-conf of another connector is kept, the pod unwired", backend: lmcacheVLLM(),
 			pod:     newEnginePod(plain("--kv-transfer-conf", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`)),
-			outcome: inject.Skipped, reason: inject.SkippedUserConfig,
+			outcome: inject.Skipped, reason: v1alpha1.SkippedUserConfig,
 			transfer: map[string]string{"kv_connector": "NixlConnector", "kv_role": "kv_both"}, hashAlgo: "sha256",
 		},
 		vllmCase{
 			name: "the user's own abbreviated --kv_transfer= of another role is kept, the pod unwired", backend: lmcacheVLLM(),
 			pod:     newEnginePod(plain(`--kv_transfer={"kv_connector":"LMCacheConnectorV1","kv_role":"kv_consumer"}`)),
-			outcome: inject.Skipped, reason: inject.SkippedUserConfig, transfer: lmcacheTransfer(v1alpha1.RoleReadOnly), hashAlgo: "sha256",
+			outcome: inject.Skipped, reason: v1alpha1.SkippedUserConfig, transfer: lmcacheTransfer(v1alpha1.RoleReadOnly), hashAlgo: "sha256",
 		},
 		vllmCase{
 			name: "the user's own abbreviated --kv-events-conf is kept, no sidecar", backend: lmcacheVLLM(observed), opts: observeOptions(),
 			pod:     newEnginePod(plain("--kv-events-conf", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:6000","topic":"mine"}`)),
-			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsUserConfig, transfer: lmcacheTransfer(""),
+			outcome: inject.Injected, kvEventsSkipped: v1alpha1.KVEventsUserConfig, transfer: lmcacheTransfer(""),
 			events: &wantEvents{endpoint: "tcp://*:6000", topic: "mine", dp: 1}, hashAlgo: "sha256",
 		},
 		vllmCase{
@@ -247,12 +247,12 @@ func vllmCases() []vllmCase {
 		vllmCase{
 			name: "host network: cache wired, no KV events", backend: lmcacheVLLM(observed), opts: observeOptions(),
 			pod:     newEnginePod(plain(), func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
-			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsHostNetwork, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
+			outcome: inject.Injected, kvEventsSkipped: v1alpha1.KVEventsHostNetwork, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
 		},
 		vllmCase{
 			name: "multi-node data parallel: cache wired, no KV events", backend: lmcacheVLLM(observed), opts: observeOptions(),
 			pod:     newEnginePod(plain("--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2")),
-			outcome: inject.Injected, kvEventsSkipped: inject.KVEventsDataParallel, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
+			outcome: inject.Injected, kvEventsSkipped: v1alpha1.KVEventsDataParallel, transfer: lmcacheTransfer(""), hashAlgo: "sha256",
 			fields: map[string]any{"data_parallel_size": 4.0, "data_parallel_size_local": 2.0, "data_parallel_start_rank": 2.0},
 		},
 	)
@@ -278,7 +278,7 @@ func vllmCases() []vllmCase {
 			}
 			cases = append(cases, vllmCase{
 				name: fmt.Sprintf("shell-wrapped %q (KV events %v)", append(sh.Command, sh.Args...), obs), backend: cb, opts: opts, pod: newEnginePod(sh),
-				outcome: inject.Skipped, reason: inject.SkippedShellWrapper, hashAlgo: "sha256", fields: map[string]any{"max_model_len": 4096.0},
+				outcome: inject.Skipped, reason: v1alpha1.SkippedShellWrapper, hashAlgo: "sha256", fields: map[string]any{"max_model_len": 4096.0},
 			})
 		}
 	}
@@ -352,7 +352,7 @@ func TestVLLMParsesEveryCommandLine(t *testing.T) {
 			t.Logf("engine argv: %q", p.Argv)
 			require.Equal(t, tc.outcome, d.Outcome, "webhook: %s", d.Message)
 			assert.Equal(t, tc.reason, d.Reason)
-			assert.Equal(t, tc.kvEventsSkipped, d.Pod.Annotations[inject.AnnotationKVEventsSkipped])
+			assert.Equal(t, tc.kvEventsSkipped, d.Pod.Annotations[v1alpha1.AnnotationKVEventsSkipped])
 			require.Empty(t, res.Error, "vLLM's parser refused the engine's command line")
 			for _, w := range res.Warnings {
 				assert.NotContains(t, strings.ToLower(w), "duplicate", "vLLM read a flag twice")

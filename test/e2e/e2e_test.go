@@ -143,7 +143,7 @@ func TestQuickstartBecomesReady(t *testing.T) {
 			return err
 		}
 		for _, p := range list.Items {
-			if p.DeletionTimestamp.IsZero() && p.Status.Phase == corev1.PodRunning && p.Annotations[inject.AnnotationInjectedBy] != "" {
+			if p.DeletionTimestamp.IsZero() && p.Status.Phase == corev1.PodRunning && p.Annotations[v1alpha1.AnnotationInjectedBy] != "" {
 				engine = p
 				return nil
 			}
@@ -151,8 +151,8 @@ func TestQuickstartBecomesReady(t *testing.T) {
 		return fmt.Errorf("no Running engine pod with a receipt yet")
 	})
 	assert.Equal(t, "kwok-node-0", engine.Spec.NodeName)
-	assert.Equal(t, ns+"/qwen-demo-cache", engine.Annotations[inject.AnnotationInjectedBy])
-	assert.Equal(t, string(cb.UID), engine.Annotations[inject.AnnotationInjectedByUID])
+	assert.Equal(t, ns+"/qwen-demo-cache", engine.Annotations[v1alpha1.AnnotationInjectedBy])
+	assert.Equal(t, string(cb.UID), engine.Annotations[v1alpha1.AnnotationInjectedByUID])
 	assert.Contains(t, engine.Spec.Containers[0].Args, inject.KVTransferConfigFlag)
 	var url string
 	for _, e := range engine.Spec.Containers[0].Env {
@@ -363,7 +363,7 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 					return fmt.Errorf("pod %s of the old template still there", p.Name)
 				}
 			}
-			if p.DeletionTimestamp.IsZero() && p.Annotations[inject.AnnotationInjectedBy] != ns+"/qwen-demo-cache" {
+			if p.DeletionTimestamp.IsZero() && p.Annotations[v1alpha1.AnnotationInjectedBy] != ns+"/qwen-demo-cache" {
 				return fmt.Errorf("pod %s not re-wired", p.Name)
 			}
 		}

@@ -178,7 +178,7 @@ func quickstartReady(t *testing.T, ctx context.Context, k8s client.Client, kubec
 	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{"app": "qwen-demo"}))
 	require.NotEmpty(t, pods.Items)
 	for _, p := range pods.Items {
-		assert.Equal(t, "default/qwen-demo-cache", p.Annotations[inject.AnnotationInjectedBy], "pod %s wired", p.Name)
+		assert.Equal(t, "default/qwen-demo-cache", p.Annotations[v1alpha1.AnnotationInjectedBy], "pod %s wired", p.Name)
 		assert.Contains(t, p.Spec.Containers[0].Args, inject.KVTransferConfigFlag)
 	}
 }
