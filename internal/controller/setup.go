@@ -14,6 +14,7 @@ import (
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/validation"
+	"github.com/inferencecache/operator/internal/webhook/podmutation"
 )
 
 // The manager's API client rate limits (--kube-api-qps, --kube-api-burst),
@@ -105,11 +106,11 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	if opts.Webhooks {
 		srv := mgr.GetWebhookServer()
-		idx, err := inject.IndexBackends(context.Background(), mgr.GetCache())
+		idx, err := podmutation.IndexBackends(context.Background(), mgr.GetCache())
 		if err != nil {
 			return err
 		}
-		srv.Register(inject.MutatePath, inject.Served(&inject.Handler{Backends: idx, Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}, opts.Inject.Limits))
+		srv.Register(podmutation.MutatePath, podmutation.Served(&podmutation.Handler{Backends: idx, Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}, opts.Inject.Limits))
 		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
 	}
 	return nil

@@ -1,8 +1,11 @@
 // Package inject decides how the mutating Pod webhook wires an engine pod to
 // a CacheBackend, and computes the mutation. Decide is pure: the pod being
 // created, the CacheBackends of its namespace and the manager's options in,
-// an outcome and the pod as it should be admitted out. The admission handler
-// (handler.go) is a thin shell around it that never rejects a pod.
+// an outcome and the pod as it should be admitted out; Admit adds the pod's
+// decode and the minimal JSON patch. The package serves nothing: the
+// admission handler, its guard, the CacheBackend index and the webhook's
+// metrics are internal/webhook/podmutation, a thin shell around Admit that
+// never rejects a pod.
 package inject
 
 import (
@@ -53,6 +56,26 @@ type Options struct {
 	// Limits bound the admission handler's memory and concurrency.
 	Limits Limits
 }
+
+// Limits bound what one pod webhook and many concurrent ones can cost the
+// manager, whose controllers share its memory.
+type Limits struct {
+	// MaxRequestBytes: a larger admission request is not decoded; the pod
+	// is admitted unwired (fail open) with a warning, a log line and
+	// the guard trips metric{reason="oversized"}. DefaultMaxRequestBytes when zero.
+	MaxRequestBytes int64
+	// MaxConcurrent admissions are decoded and decided at once; the others
+	// wait for a slot until their request's deadline, then fail open
+	// (the guard trips metric{reason="busy"}). DefaultMaxConcurrent when zero.
+	MaxConcurrent int
+}
+
+// Defaults of Limits. An engine pod's admission request is a few KiB; one
+// with a megabyte of env or arguments is not a pod the webhook should wire.
+const (
+	DefaultMaxRequestBytes = 1 << 20
+	DefaultMaxConcurrent   = 8
+)
 
 // Decision is the verdict on one pod.
 type Decision struct {
@@ -239,6 +262,27 @@ func skip(d Decision, reason, msg string) Decision {
 	setAnnotation(d.Pod, v1alpha1.AnnotationInjectSkipped, reason)
 	return d
 }
+
+// strippedAnnotations are the annotations the webhook removes from every
+// pod it admits, matched or not (see clearReceipts).
+var strippedAnnotations = []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration, v1alpha1.AnnotationInjectSkipped, v1alpha1.AnnotationKVEventsSkipped,
+	receipt.AnnotationDigest, receipt.AnnotationSignature}
+
+// CarriesStripped reports whether annotations hold one the webhook
+// strips from every pod it admits (a receipt a user pre-set, or a skip
+// stamp): such a pod is decided even when no CacheBackend claims it.
+func CarriesStripped(annotations map[string]string) bool {
+	for _, k := range strippedAnnotations {
+		if _, ok := annotations[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Stripped reports whether the webhook strips the annotation key from
+// every pod it admits.
+func Stripped(key string) bool { return slices.Contains(strippedAnnotations, key) }
 
 // clearReceipts removes every receipt annotation, so that no pod keeps a
 // stale, partial or hand-written receipt past admission.

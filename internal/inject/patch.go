@@ -97,10 +97,10 @@ func (*unread) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// podMeta reads only what selecting a CacheBackend and the no-match
+// PodMeta reads only what selecting a CacheBackend and the no-match
 // verdict need: the pod's labels, and whether it carries annotations the
 // webhook strips at admission.
-func podMeta(raw []byte) (labels map[string]string, receipts bool, err error) {
+func PodMeta(raw []byte) (labels map[string]string, receipts bool, err error) {
 	var in struct {
 		Metadata struct {
 			Labels      map[string]string `json:"labels"`
@@ -110,12 +110,7 @@ func podMeta(raw []byte) (labels map[string]string, receipts bool, err error) {
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &in); err != nil {
 		return nil, false, fmt.Errorf("decoding pod metadata: %w", err)
 	}
-	for _, k := range strippedAnnotations {
-		if _, ok := in.Metadata.Annotations[k]; ok {
-			return in.Metadata.Labels, true, nil
-		}
-	}
-	return in.Metadata.Labels, false, nil
+	return in.Metadata.Labels, CarriesStripped(in.Metadata.Annotations), nil
 }
 
 // minimalPatch is the JSON patch from pod (decoded from the request) to

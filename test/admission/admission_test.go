@@ -1,6 +1,6 @@
 // Package admission_test measures the Pod webhook as it is served: an
 // AdmissionReview's bytes in, the operator's guard and its shortcut in
-// front of controller-runtime's webhook.Admission (inject.Served, as the
+// front of controller-runtime's webhook.Admission (podmutation.Served, as the
 // manager serves it), the response's bytes out, with the CacheBackends of
 // the namespace read from a real informer cache of a real API server
 // (kube-apiserver and etcd, no manager: nothing else runs while it
@@ -42,6 +42,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/webhook/podmutation"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/testutil"
 )
@@ -229,14 +230,14 @@ func review(tb testing.TB, pod *corev1.Pod) []byte {
 // controller.Setup): CacheBackends selected by the index the informer
 // keeps, the cache as the fallback reader.
 func served(tb testing.TB) http.Handler {
-	idx, err := inject.IndexBackends(context.Background(), reader)
+	idx, err := podmutation.IndexBackends(context.Background(), reader)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	if !toolscache.WaitForCacheSync(make(chan struct{}), idx.Synced) {
 		tb.Fatal("the index did not sync")
 	}
-	return inject.Served(&inject.Handler{Backends: idx, Reader: reader}, inject.Limits{})
+	return podmutation.Served(&podmutation.Handler{Backends: idx, Reader: reader}, inject.Limits{})
 }
 
 // recorder is a reusable ResponseWriter, so that the measurement counts

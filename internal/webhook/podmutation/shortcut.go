@@ -1,4 +1,4 @@
-package inject
+package podmutation
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-logr/logr"
+	"github.com/inferencecache/operator/internal/inject"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -57,7 +58,7 @@ func (h *Handler) Shortcut(ctx context.Context, body []byte) ([]byte, bool) {
 			return nil, false
 		}
 		if !r.dryRun {
-			Decisions.WithLabelValues(string(NoMatch), "").Inc()
+			Decisions.WithLabelValues(string(inject.NoMatch), "").Inc()
 		}
 		return out, true
 	}
@@ -233,10 +234,8 @@ func (r *reviewHead) metadata(s *scanner) bool {
 				r.label(string(k), v)
 				return true
 			}
-			for _, a := range strippedAnnotations {
-				if string(k) == a {
-					r.stripped = true
-				}
+			if inject.Stripped(string(k)) {
+				r.stripped = true
 			}
 			return true
 		})

@@ -1,4 +1,4 @@
-package inject
+package podmutation
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 )
 
@@ -142,10 +143,10 @@ func TestShortcutAnswersAsTheFullPath(t *testing.T) {
 }
 
 // TestShortcutCountsTheDecision: a shortcut answer counts as the full
-// path counts it (a NoMatch decision, dry runs apart).
+// path counts it (an inject.NoMatch decision, dry runs apart).
 func TestShortcutCountsTheDecision(t *testing.T) {
 	h := shortcutHandler(t)
-	c := Decisions.WithLabelValues(string(NoMatch), "")
+	c := Decisions.WithLabelValues(string(inject.NoMatch), "")
 	before := testutil.ToFloat64(c)
 	_, ok := h.Shortcut(context.Background(), reviewJSON("admission.k8s.io/v1", podCreate, podJSON(t, unmatched)))
 	require.True(t, ok)
@@ -172,7 +173,7 @@ func TestGuardUsesTheShortcut(t *testing.T) {
 	h := shortcutHandler(t)
 	var decoded int
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { decoded++; w.WriteHeader(299) })
-	g := Guard(next, Limits{}, h)
+	g := Guard(next, inject.Limits{}, h)
 	body := reviewJSON("admission.k8s.io/v1", podCreate, podJSON(t, unmatched))
 	for _, ct := range []string{"application/json", "text/plain"} {
 		rec := httptest.NewRecorder()
@@ -219,7 +220,7 @@ func FuzzShortcut(f *testing.F) {
 // buffer after it went back to the pool).
 func TestGuardReusesRequestBuffersSafely(t *testing.T) {
 	h := shortcutHandler(t)
-	g := Guard(&webhook.Admission{Handler: h}, Limits{MaxConcurrent: 4}, h)
+	g := Guard(&webhook.Admission{Handler: h}, inject.Limits{MaxConcurrent: 4}, h)
 	bodies := map[bool]string{true: podJSON(t), false: podJSON(t, unmatched)}
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)

@@ -1,4 +1,4 @@
-package inject
+package podmutation
 
 import (
 	"bufio"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,24 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
-// Limits bound what one pod webhook and many concurrent ones can cost the
-// manager, whose controllers share its memory.
-type Limits struct {
-	// MaxRequestBytes: a larger admission request is not decoded; the pod
-	// is admitted unwired (fail open) with a warning, a log line and
-	// GuardTrips{reason="oversized"}. DefaultMaxRequestBytes when zero.
-	MaxRequestBytes int64
-	// MaxConcurrent admissions are decoded and decided at once; the others
-	// wait for a slot until their request's deadline, then fail open
-	// (GuardTrips{reason="busy"}). DefaultMaxConcurrent when zero.
-	MaxConcurrent int
-}
-
-// Defaults of Limits. An engine pod's admission request is a few KiB; one
-// with a megabyte of env or arguments is not a pod the webhook should wire.
 const (
-	DefaultMaxRequestBytes = 1 << 20
-	DefaultMaxConcurrent   = 8
 	// hardMaxRequestBytes caps what is read at all, even to find the UID
 	// (the API server sends at most 3 MiB objects).
 	hardMaxRequestBytes = 8 << 20
@@ -79,7 +63,7 @@ func init() { metrics.Registry.MustRegister(GuardTrips, AdmissionDuration, Admis
 // Served is the pod webhook as the manager serves it: h behind
 // controller-runtime's admission webhook, behind the Guard, with h's
 // Shortcut. The manager and the served-path benchmark both build it here.
-func Served(h *Handler, l Limits) http.Handler {
+func Served(h *Handler, l inject.Limits) http.Handler {
 	return Guard(&webhook.Admission{Handler: h, LogConstructor: requestLogger}, l, h)
 }
 
@@ -89,18 +73,18 @@ func Served(h *Handler, l Limits) http.Handler {
 // handler names the pod and the request's UID on the lines it writes.
 func requestLogger(base logr.Logger, _ *admission.Request) logr.Logger { return base }
 
-// Guard wraps the pod webhook's HTTP handler with the Limits and the
+// Guard wraps the pod webhook's HTTP handler with the inject.Limits and the
 // request's own deadline (the API server's ?timeout=).
 //
 // fast, when not nil, may answer a request from its bytes (see
 // Handler.Shortcut) before next decodes it; it sees only requests within
 // the limits and sent as application/json, as controller-runtime requires.
-func Guard(next http.Handler, l Limits, fast Shortcut) http.Handler {
+func Guard(next http.Handler, l inject.Limits, fast Shortcut) http.Handler {
 	if l.MaxRequestBytes <= 0 {
-		l.MaxRequestBytes = DefaultMaxRequestBytes
+		l.MaxRequestBytes = inject.DefaultMaxRequestBytes
 	}
 	if l.MaxConcurrent <= 0 {
-		l.MaxConcurrent = DefaultMaxConcurrent
+		l.MaxConcurrent = inject.DefaultMaxConcurrent
 	}
 	return &guard{next: next, fast: fast, max: l.MaxRequestBytes, slots: make(chan struct{}, l.MaxConcurrent)}
 }
@@ -205,7 +189,7 @@ func (g *guard) failOpen(ctx context.Context, w http.ResponseWriter, body io.Rea
 		return
 	}
 	GuardTrips.WithLabelValues(reason).Inc()
-	Decisions.WithLabelValues(string(FailOpen), "guard-"+reason).Inc()
+	Decisions.WithLabelValues(string(inject.FailOpen), "guard-"+reason).Inc()
 	msg := "the admission request exceeds the webhook's size limit"
 	if reason == "busy" {
 		msg = "the webhook was busy until the request's deadline"

@@ -1,4 +1,4 @@
-package inject
+package podmutation
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
-	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 )
 
@@ -44,7 +44,7 @@ type Handler struct {
 	Backends *Index
 	// Reader lists the CacheBackends of the pod's namespace (the manager's cache).
 	Reader  client.Reader
-	Options Options
+	Options inject.Options
 	// Keys, when set, provides the key that signs receipts.
 	Keys *receipt.KeyRing
 }
@@ -110,7 +110,7 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 		// The API server gave up on this call (its timeout): do no more work.
 		return failOpen("the admission request was cancelled: " + err.Error())
 	}
-	d, patch, err := Admit(req.Object.Raw, backends, opts)
+	d, patch, err := inject.Admit(req.Object.Raw, backends, opts)
 	if err != nil {
 		logger().Error(err, "computing the injection; admitting the pod unchanged")
 		return failOpen(err.Error())
@@ -118,26 +118,21 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 	if !dryRun {
 		Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
 	}
-	if d.Outcome != NoMatch {
+	if d.Outcome != inject.NoMatch {
 		log.FromContext(ctx).Info("admission decision", "pod", req.Namespace+"/"+decidedName(d.Pod), "requestID", req.UID, "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", dryRun, "message", d.Message)
 	}
 	resp = admission.Patched("", patch...)
 	if len(patch) == 0 {
 		resp = admission.Allowed("")
 	}
-	if d.Outcome == Skipped || d.Outcome == FailOpen {
+	if d.Outcome == inject.Skipped || d.Outcome == inject.FailOpen {
 		resp.Warnings = append(resp.Warnings, "inferencecache: "+d.Message)
 	}
 	return resp
 }
 
-// strippedAnnotations are the annotations the webhook removes from every
-// pod it admits, matched or not (see clearReceipts).
-var strippedAnnotations = []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration, v1alpha1.AnnotationInjectSkipped, v1alpha1.AnnotationKVEventsSkipped,
-	receipt.AnnotationDigest, receipt.AnnotationSignature}
-
-// candidates returns the CacheBackends Admit decides among. With a synced
-// Index it reads only the pod's metadata and hands Admit the one backend
+// candidates returns the CacheBackends inject.Admit decides among. With a synced
+// Index it reads only the pod's metadata and hands inject.Admit the one backend
 // that claims the pod; a pod none claims and that carries none of the
 // annotations the webhook strips is answered here (done), without
 // decoding the rest of it. Without the Index it lists the namespace. sel,
@@ -157,9 +152,9 @@ func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun 
 		}
 		return list.Items, false, admission.Response{}
 	}
-	labels, stripped, err := podMeta(req.Object.Raw)
+	labels, stripped, err := inject.PodMeta(req.Object.Raw)
 	if err != nil {
-		return nil, false, admission.Response{} // Admit reports it
+		return nil, false, admission.Response{} // inject.Admit reports it
 	}
 	cb := h.Backends.Select(req.Namespace, labels)
 	switch {
@@ -169,19 +164,19 @@ func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun 
 		return nil, false, admission.Response{}
 	}
 	if !dryRun {
-		Decisions.WithLabelValues(string(NoMatch), "").Inc()
+		Decisions.WithLabelValues(string(inject.NoMatch), "").Inc()
 	}
 	return nil, true, admission.Allowed("")
 }
 
 func failOpen(msg string) admission.Response {
-	Decisions.WithLabelValues(string(FailOpen), v1alpha1.FailOpenInternalError).Inc()
+	Decisions.WithLabelValues(string(inject.FailOpen), v1alpha1.FailOpenInternalError).Inc()
 	r := admission.Allowed("")
 	r.Warnings = []string{"inferencecache: pod admitted without cache wiring: " + msg}
 	return r
 }
 
-// decidedName is the name of the pod Admit decoded, as podName reports it.
+// decidedName is the name of the pod inject.Admit decoded, as podName reports it.
 func decidedName(p *corev1.Pod) string {
 	if p.Name != "" {
 		return p.Name
@@ -204,23 +199,4 @@ func podName(req admission.Request) string {
 		return meta.Metadata.Name
 	}
 	return meta.Metadata.GenerateName + "*"
-}
-
-// Admit decodes a pod from its admission JSON, decides, and returns the
-// JSON patch that turns raw into the decided pod. It is the handler without
-// the API: pure, so that it can be fuzzed and benchmarked. The patch names
-// only the paths the decision changes (see minimalPatch), so it applies to
-// exactly what the API server sent and leaves every other field, including
-// fields this build does not know, as sent.
-func Admit(raw []byte, backends []v1alpha1.CacheBackend, opts Options) (Decision, []jsonpatch.Operation, error) {
-	pod, hasMetadata, err := decodePod(raw)
-	if err != nil {
-		return Decision{}, nil, err
-	}
-	d := Decide(pod, backends, opts)
-	patch, err := minimalPatch(pod, d.Pod, hasMetadata)
-	if err != nil {
-		return d, nil, fmt.Errorf("computing patch: %w", err)
-	}
-	return d, patch, nil
 }

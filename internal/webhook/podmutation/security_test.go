@@ -1,0 +1,144 @@
+package podmutation
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/receipt"
+)
+
+func TestHandlerRejectsAnEmptyNamespace(t *testing.T) {
+	cb := backend("cache")
+	req := request(t, admissionv1.Create, enginePod())
+	req.Namespace = ""
+	resp := (&Handler{Reader: fakeReader(t, &cb)}).Handle(context.Background(), req)
+	assert.False(t, resp.Allowed)
+	assert.Empty(t, resp.Patches)
+}
+
+// TestDryRunCreatesNothing: a dry-run admission never creates the receipt
+// key Secret (or anything else).
+func TestDryRunCreatesNothing(t *testing.T) {
+	cb := backend("cache")
+	var writes atomic.Int32
+	scheme := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(scheme))
+	require.NoError(t, corev1.AddToScheme(scheme))
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(scheme).WithObjects(&cb).Build(), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+			writes.Add(1)
+			return c.Create(ctx, o, opts...)
+		},
+	})
+	keys := &receipt.KeyRing{Client: c, Reader: c, Namespace: "inferencecache-system", Name: receipt.DefaultSecretName}
+	h := &Handler{Reader: c, Keys: keys}
+	req := request(t, admissionv1.Create, enginePod())
+	req.DryRun = ptr.To(true)
+	resp := h.Handle(context.Background(), req)
+	require.True(t, resp.Allowed)
+	assert.NotEmpty(t, resp.Patches, "a dry run shows the wiring")
+	assert.Zero(t, writes.Load(), "a dry run writes nothing")
+
+	req.DryRun = nil
+	h.Handle(context.Background(), req)
+	assert.EqualValues(t, 1, writes.Load(), "a real admission creates the key Secret on first use")
+}
+
+func review(uid string, pod []byte) []byte {
+	return fmt.Appendf(nil, `{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":%q,"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"llm","object":%s}}`, uid, pod)
+}
+
+func TestGuardFailsOpenAboveTheSizeLimit(t *testing.T) {
+	var decoded atomic.Int32
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { decoded.Add(1); w.WriteHeader(299) })
+	g := Guard(next, inject.Limits{MaxRequestBytes: 64 << 10}, nil)
+	big := enginePod(func(p *corev1.Pod) {
+		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BIG", Value: strings.Repeat("x", 1<<20)}}
+	})
+	raw, err := json.Marshal(big)
+	require.NoError(t, err)
+	for _, chunked := range []bool{false, true} {
+		body := bytes.NewReader(review("uid-1", raw))
+		req := httptest.NewRequest(http.MethodPost, MutatePath+"?timeout=5s", body)
+		if chunked {
+			req.ContentLength = -1
+		}
+		rec := httptest.NewRecorder()
+		g.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		var out admissionv1.AdmissionReview
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out))
+		assert.Equal(t, "uid-1", string(out.Response.UID))
+		assert.True(t, out.Response.Allowed)
+		assert.Nil(t, out.Response.Patch)
+		assert.NotEmpty(t, out.Response.Warnings)
+	}
+	assert.Zero(t, decoded.Load(), "an oversized request is never decoded")
+
+	small, _ := json.Marshal(enginePod())
+	rec := httptest.NewRecorder()
+	g.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review("uid-2", small))))
+	assert.Equal(t, 299, rec.Code)
+	assert.EqualValues(t, 1, decoded.Load())
+}
+
+// TestGuardLimitsConcurrency: no more than MaxConcurrent admissions are
+// decoded at once; one that finds no slot before its deadline fails open.
+func TestGuardLimitsConcurrency(t *testing.T) {
+	release := make(chan struct{})
+	var inFlight, peak atomic.Int32
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-release
+		inFlight.Add(-1)
+	})
+	g := Guard(next, inject.Limits{MaxConcurrent: 2}, nil)
+	raw, _ := json.Marshal(enginePod())
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			g.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review(fmt.Sprint(i), raw))))
+		})
+	}
+	for inFlight.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the API server's deadline has passed
+	rec := httptest.NewRecorder()
+	g.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review("late", raw))).WithContext(ctx))
+	var out admissionv1.AdmissionReview
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out))
+	assert.True(t, out.Response.Allowed)
+	assert.Equal(t, "late", string(out.Response.UID))
+	close(release)
+	wg.Wait()
+	assert.EqualValues(t, 2, peak.Load())
+}
