@@ -218,8 +218,8 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		clearReceipts(d.Pod)
 		return skip(d, v1alpha1.SkippedUserConfig, fmt.Sprintf("container %q already sets %s differently; the webhook never overwrites a pod's own configuration", c.Name, strings.Join(conflicts, ", ")))
 	}
-	wiring, reason, msg := PlanKVEvents(cb, opts, pod, c)
-	switch {
+	plan := PlanKVEvents(cb, opts, pod, c)
+	switch wiring := plan.Wiring; {
 	case wiring != nil:
 		addFlags(c, wiring.Flags, Abbreviates(cb.Spec.Runtime))
 		if !slices.ContainsFunc(out.Spec.InitContainers, func(x corev1.Container) bool { return x.Name == SubscriberContainer }) {
@@ -230,9 +230,9 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 				out.Spec.Volumes = append(out.Spec.Volumes, v)
 			}
 		}
-	case reason != "":
-		setAnnotation(out, v1alpha1.AnnotationKVEventsSkipped, reason)
-		d.Message = msg
+	case plan.Reason != "":
+		setAnnotation(out, v1alpha1.AnnotationKVEventsSkipped, plan.Reason)
+		d.Message = plan.Message
 	}
 	setAnnotation(out, v1alpha1.AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
 	setAnnotation(out, v1alpha1.AnnotationInjectedByUID, string(cb.UID))

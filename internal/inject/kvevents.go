@@ -102,15 +102,29 @@ type KVEventsWiring struct {
 	Volumes []corev1.Volume
 }
 
+// KVEventsPlan is PlanKVEvents' verdict on one pod: the wiring to add, or
+// why there is none.
+type KVEventsPlan struct {
+	// Wiring is what to add; nil when observation is off or the pod cannot
+	// get the sidecar.
+	Wiring *KVEventsWiring
+	// Reason is the v1alpha1.KVEvents* value of AnnotationKVEventsSkipped
+	// when observation is on but this pod cannot get the sidecar; empty
+	// otherwise.
+	Reason string
+	// Message explains Reason to a person.
+	Message string
+}
+
 // PlanKVEvents decides the KV-event wiring of engine container c in pod for
-// cb. It returns nil and no reason when observation is off (the manager has
-// no --kvevent-subscriber-image or cb no spec.observation.modelID); nil and
-// a KVEvents* reason with a message when observation is on but this pod
-// cannot get the sidecar. c is read after the cache flags were applied, so
-// flags the webhook itself adds (SGLang's --page-size) count.
-func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *corev1.Container) (*KVEventsWiring, string, string) {
+// cb. The plan is empty when observation is off (the manager has no
+// --kvevent-subscriber-image or cb no spec.observation.modelID); it has a
+// KVEvents* reason with a message and no wiring when observation is on but
+// this pod cannot get the sidecar. c is read after the cache flags were
+// applied, so flags the webhook itself adds (SGLang's --page-size) count.
+func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *corev1.Container) KVEventsPlan {
 	if opts.KVEventSubscriberImage == "" || cb.Spec.Observation == nil || cb.Spec.Observation.ModelID == "" {
-		return nil, "", ""
+		return KVEventsPlan{}
 	}
 	abbrev := Abbreviates(cb.Spec.Runtime)
 	cmdline := append(slices.Clone(c.Command), c.Args...)
@@ -128,19 +142,19 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	// (a pod admitted twice); any other is the user's.
 	if uses := FlagUses(cmdline, KVEventsConfigFlag, abbrev); len(uses) > 0 &&
 		(!dpOK || len(uses) > 1 || uses[0].Partial || !sameJSON(uses[0].Value, config)) {
-		return nil, v1alpha1.KVEventsUserConfig, fmt.Sprintf("container %q sets its own %s: kept, and no %s sidecar added", c.Name, KVEventsConfigFlag, SubscriberContainer)
+		return KVEventsPlan{Reason: v1alpha1.KVEventsUserConfig, Message: fmt.Sprintf("container %q sets its own %s: kept, and no %s sidecar added", c.Name, KVEventsConfigFlag, SubscriberContainer)}
 	}
 	if pod.Spec.HostNetwork {
-		return nil, v1alpha1.KVEventsHostNetwork, fmt.Sprintf("the pod uses the node's network namespace (spec.hostNetwork): its KV-event sockets would be the node's, reachable by every process there; no %s sidecar added",
-			SubscriberContainer)
+		return KVEventsPlan{Reason: v1alpha1.KVEventsHostNetwork, Message: fmt.Sprintf("the pod uses the node's network namespace (spec.hostNetwork): its KV-event sockets would be the node's, reachable by every process there; no %s sidecar added",
+			SubscriberContainer)}
 	}
 	if vllm && !PrefixCachingOn(cmdline) {
-		return nil, v1alpha1.KVEventsPrefixCachingOff, fmt.Sprintf("container %q turns vLLM's prefix caching off (--no-enable-prefix-caching): vLLM publishes no block events without it; no %s sidecar added",
-			c.Name, SubscriberContainer)
+		return KVEventsPlan{Reason: v1alpha1.KVEventsPrefixCachingOff, Message: fmt.Sprintf("container %q turns vLLM's prefix caching off (--no-enable-prefix-caching): vLLM publishes no block events without it; no %s sidecar added",
+			c.Name, SubscriberContainer)}
 	}
 	if !dpOK {
-		return nil, v1alpha1.KVEventsDataParallel, fmt.Sprintf("container %q sets data-parallel flags the webhook cannot follow (multi-node ranks, not a size from 1 to %d, or set twice); no %s sidecar added",
-			c.Name, maxDataParallel, SubscriberContainer)
+		return KVEventsPlan{Reason: v1alpha1.KVEventsDataParallel, Message: fmt.Sprintf("container %q sets data-parallel flags the webhook cannot follow (multi-node ranks, not a size from 1 to %d, or set twice); no %s sidecar added",
+			c.Name, maxDataParallel, SubscriberContainer)}
 	}
 	w := &KVEventsWiring{}
 	engine, algo, blockSize := "vllm", HashAlgoSHA256CBOR, lastValue(cmdline, "--block-size", false)
@@ -219,9 +233,9 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	}
 	w.Sidecar.Env = env
 	if taken := namesTaken(pod, w); taken != "" {
-		return nil, v1alpha1.KVEventsNameTaken, fmt.Sprintf("the pod already has a %s; no %s sidecar added", taken, SubscriberContainer)
+		return KVEventsPlan{Reason: v1alpha1.KVEventsNameTaken, Message: fmt.Sprintf("the pod already has a %s; no %s sidecar added", taken, SubscriberContainer)}
 	}
-	return w, "", ""
+	return KVEventsPlan{Wiring: w}
 }
 
 // DefaultIndexEndpoint is the gRPC address of the install bundle's
