@@ -40,16 +40,6 @@ func enginePod(mut ...func(*corev1.Pod)) *corev1.Pod {
 var forgedReceipt = withAnnotations(
 	v1alpha1.AnnotationInjectedBy, "llm/other", v1alpha1.AnnotationInjectedByUID, "forged", v1alpha1.AnnotationInjectedGeneration, "99")
 
-func receipts(p *corev1.Pod) map[string]string {
-	out := map[string]string{}
-	for _, k := range []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration, v1alpha1.AnnotationInjectSkipped} {
-		if v, ok := p.Annotations[k]; ok {
-			out[k] = v
-		}
-	}
-	return out
-}
-
 func withAnnotations(kv ...string) func(*corev1.Pod) {
 	return func(p *corev1.Pod) {
 		if p.Annotations == nil {
