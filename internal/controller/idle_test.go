@@ -86,6 +86,9 @@ func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 		}
 		return nil
 	})
+	// The instance before the restart: the wait below compares with it
+	// (cb was read before the server pod existed, with no instance).
+	require.NoError(t, k8s.Get(ctx, key, cb))
 
 	// An engine Deployment whose pod the webhook wires.
 	engineLabels := map[string]string{"app": "engine-cache"}
