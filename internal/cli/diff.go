@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -11,6 +12,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/receipt"
 )
 
 // DiffResult is what a reconcile of a CacheBackend, as written in a file,
@@ -23,12 +25,19 @@ type DiffResult struct {
 	Missing bool
 	// Preview lists each child and what a reconcile would do to it.
 	Preview apply.Preview
+	// Rolls are the engine rolls a reconcile would make now (the restart
+	// cascade, the heal), the controller's own roll plan; RollsNote says
+	// why they could not be previewed, "" when they were.
+	Rolls     plan.RollPlan
+	RollsNote string
 }
 
 // HasChanges reports whether a reconcile would create, change or delete
 // anything. A held child (a StatefulSet whose storage cannot change) is
 // not a change: the reconcile leaves it alone and reports it.
-func (d DiffResult) HasChanges() bool { return d.Missing || d.Preview.HasChanges() }
+func (d DiffResult) HasChanges() bool {
+	return d.Missing || d.Preview.HasChanges() || len(d.Rolls.Rolls) > 0
+}
 
 // String renders the result for a person: one line per child that would
 // change or is held, the changed fields indented below it, or "no changes".
@@ -52,17 +61,35 @@ func (d DiffResult) String() string {
 			fmt.Fprintf(&out, "%s is held, left as it is: %s\n", e.Subject, e.Reason)
 		}
 	}
+	for _, r := range d.Rolls.Rolls {
+		fmt.Fprintf(&out, "%s/%s would be rolled (pod template annotation %s=%s): %s\n",
+			r.Workload.Kind, d.namespace()+"/"+r.Workload.Name, v1alpha1.AnnotationServerInstance, r.Value, rollCause(r.Cause))
+	}
+	if len(d.Rolls.Rolls) == 0 && d.Rolls.Wait > 0 {
+		out.WriteString("engine rolls wait for the endpoint to settle: a reconcile rolls them shortly\n")
+	}
+	if d.RollsNote != "" {
+		fmt.Fprintf(&out, "engine rolls not previewed: %s\n", d.RollsNote)
+	}
 	if !d.HasChanges() {
 		out.WriteString("no changes\n")
 	}
 	return out.String()
 }
 
+// namespace is the backend's namespace.
+func (d DiffResult) namespace() string {
+	ns, _, _ := strings.Cut(d.Backend, "/")
+	return ns
+}
+
 // Diff shows what a reconcile of cb (as written in a file) would change in
 // the cluster. It builds the controller's own plan (plan.Gather and
 // plan.Build: the same holds, hand-offs and prunes) and previews it with
-// the applier's server-side dry run (fluxcd/pkg/ssa). It writes nothing.
-func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend) (DiffResult, error) {
+// the applier's server-side dry run (fluxcd/pkg/ssa), and the engine rolls
+// a reconcile would make now (plan.Rolls; keys verify the engines'
+// receipts, nil when they could not be read). It writes nothing.
+func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend, keys []receipt.Key) (DiffResult, error) {
 	res := DiffResult{Backend: cb.Namespace + "/" + cb.Name}
 	live := &v1alpha1.CacheBackend{}
 	switch err := c.Get(ctx, client.ObjectKeyFromObject(cb), live); {
@@ -85,6 +112,13 @@ func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend) (Diff
 	if msg := p.ConflictMessage(); msg != "" {
 		return res, fmt.Errorf("a reconcile would apply nothing (NameConflict): %s", msg)
 	}
-	res.Preview, err = apply.New(c).Preview(ctx, p)
-	return res, err
+	if res.Preview, err = apply.New(c).Preview(ctx, p); err != nil {
+		return res, err
+	}
+	rolls, err := previewRolls(ctx, c, live, p.StatefulSetHold() != nil, keys, time.Now())
+	if err != nil {
+		res.RollsNote = err.Error()
+	}
+	res.Rolls = rolls
+	return res, nil
 }

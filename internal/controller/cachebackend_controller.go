@@ -1,8 +1,9 @@
 // Package controller holds the reconcilers. A CacheBackend reconcile is a
-// pipeline of values: gather (every read of the cluster, gather.go) → plan
-// (internal/plan, pure) → execute (internal/apply, the only writer) →
-// evaluate (internal/evaluate, pure policy chains) → status. The CLI's
-// render and diff build the same plan.
+// pipeline of values: gather and observe (every read of the cluster,
+// gather.go) → plan (internal/plan, pure) → execute and roll
+// (internal/apply, the only writer of children and engines) → evaluate
+// (internal/evaluate, pure policy chains) → publish (the status). The
+// CLI's render and diff build the same plans.
 package controller
 
 import (
@@ -14,7 +15,6 @@ import (
 	"maps"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -85,27 +85,9 @@ type CacheBackendReconciler struct {
 	// when zero; negative: at once).
 	EnginePodSettle time.Duration
 
-	// statusWritten holds, per backend (NamespacedName), the status this
-	// process last wrote. The cache can lag that write: a reconcile woken
-	// in that window reads the status from before it, and must not take
-	// "the cache already shows this status" for "nothing to write".
-	statusWritten sync.Map
-
-	// unwiredReported holds, per backend (NamespacedName), the UID and
-	// EnginesWired reason this process last recorded EnginesUnwired for,
-	// for the same reason as unmatchedReported.
-	unwiredReported sync.Map
-
-	// unmatchedReported holds, per backend (NamespacedName → UID), that this
-	// process recorded EngineSelectorUnmatched for the current run of zero
-	// matches. The published status says the same, but the cache this
-	// reconciler reads can lag its own status write; without this a
-	// reconcile woken in that window would report the observation again.
-	unmatchedReported sync.Map
-
-	// sidecars remembers which wired pods carry the kvevent-subscriber
-	// sidecar (indexPods).
-	sidecars sidecarMemo
+	// memo is what this process wrote or reported that its cache may not
+	// show yet, and which wired pods carry the sidecar.
+	memo memo
 }
 
 // RBAC markers: rbac.go.
@@ -242,84 +224,92 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 	return server, engines
 }
 
-// Reconcile is the pipeline of one CacheBackend: gather, plan, execute,
-// observe what was applied, evaluate, publish. A reconcile that stops
-// before it evaluates says so (Reconciling=True with a reason) and leaves
-// observedGeneration alone.
+// Reconcile is the pipeline of one CacheBackend: gather → plan → execute
+// → observe → evaluate → roll → publish. Every read of the cluster is in
+// gather (before the plan) or observe (after the apply); plan and
+// evaluate are pure; apply writes the children and the engine rolls; only
+// publish writes the status. A reconcile that stops before it evaluates
+// says so (Reconciling=True with a reason) and leaves observedGeneration
+// alone.
 func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	s := &pass{}
-	defer r.forgetProbeUnlessProbed(req.NamespacedName, s)
-	cb, err := r.backend(ctx, req.NamespacedName)
-	if cb == nil {
+	s, err := r.begin(ctx, req.NamespacedName)
+	if s == nil {
 		return ctrl.Result{}, err
 	}
-	s.cb, s.st = cb, cb.Status.DeepCopy()
-
-	obs, err := r.gather(ctx, cb)
-	r.recordEngineMatch(s, obs)
-	if err != nil {
+	defer r.forgetProbeUnlessProbed(s)
+	if err := r.gather(ctx, s); err != nil {
 		return r.stop(ctx, s, v1alpha1.ReasonObservationFailed, err)
 	}
-	p, err := plan.Build(obs.plan)
-	if err != nil {
+	if s.plan, err = plan.Build(s.obs.plan); err != nil {
 		return r.stop(ctx, s, v1alpha1.ReasonPlanFailed, err)
 	}
-	res, applyErr := r.execute(ctx, s, p)
-	facts, srv, err := r.observe(ctx, s, p, applyErr)
-	if err != nil {
+	r.execute(ctx, s)
+	if err := r.observe(ctx, s); err != nil {
 		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
 	}
-	v := r.evaluate(s, obs, facts)
-	r.publishIndex(ctx, s, obs.wired, v.Available || (p.EngineLocal && v.Ready))
-	requeue, err := r.followServer(ctx, s, p, facts, v, srv)
-	if err != nil {
+	r.evaluate(s)
+	if err := r.roll(ctx, s); err != nil {
 		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
 	}
-	healAfter, err := r.wire(ctx, s, p, facts, v, srv, obs)
-	if err != nil {
-		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
-	}
-	requeue = sooner(requeue, healAfter)
-	return r.finalize(ctx, s, p, facts, v, requeue, errors.Join(applyErr, res.MarkErr))
+	return r.publish(ctx, s)
 }
 
-// pass is the state of one reconcile: the backend as read, and the status
-// being built for it.
+// pass is one reconcile: what each phase read or decided, for the next.
 type pass struct {
-	cb     *v1alpha1.CacheBackend
-	st     *v1alpha1.CacheBackendStatus
+	cb *v1alpha1.CacheBackend
+	// st is the status being built (a copy of cb's).
+	st *v1alpha1.CacheBackendStatus
+	// obs is gather's reading; plan the children's plan.
+	obs  observation
+	plan plan.Plan
+	// applyErr and markErr are execute's failures (the children, the
+	// claims' warning marks).
+	applyErr, markErr error
+	// seen is observe's reading, verdict the serving verdict it asked for
+	// (the KV-event gate and the rolls depend on it).
+	seen    observed
+	verdict evaluate.Verdict
+	// rolls and out are evaluate's decisions: the engine rolls and the
+	// status to publish.
+	rolls plan.RollPlan
+	out   evaluate.Outcome
+	// probed: the functional probe ran in this reconcile.
 	probed bool
 }
 
-// backend reads the CacheBackend; nil when it is gone or being deleted
-// (children carry owner references: the garbage collector removes them).
-func (r *CacheBackendReconciler) backend(ctx context.Context, key client.ObjectKey) (*v1alpha1.CacheBackend, error) {
+// begin reads the CacheBackend and starts its pass; nil when it is gone or
+// being deleted (children carry owner references: the garbage collector
+// removes them).
+func (r *CacheBackendReconciler) begin(ctx context.Context, key client.ObjectKey) (*pass, error) {
 	cb := &v1alpha1.CacheBackend{}
 	if err := r.Client.Get(ctx, key, cb); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.unmatchedReported.Delete(key)
-			r.unwiredReported.Delete(key)
-			r.statusWritten.Delete(key)
-			r.sidecars.m.Delete(key)
+			r.forget(key)
 		}
 		return nil, client.IgnoreNotFound(err)
 	}
 	if !cb.DeletionTimestamp.IsZero() {
-		r.unmatchedReported.Delete(key)
-		r.unwiredReported.Delete(key)
-		r.statusWritten.Delete(key)
-		r.sidecars.m.Delete(key)
+		r.forget(key)
 		return nil, nil
 	}
-	return cb, nil
+	return &pass{cb: cb, st: cb.Status.DeepCopy()}, nil
+}
+
+// forget drops what this process keeps of a backend that is gone or
+// being deleted: its memo and its probe slot.
+func (r *CacheBackendReconciler) forget(key client.ObjectKey) {
+	r.memo.forget(key)
+	if r.Prober != nil {
+		r.Prober.Forget(key)
+	}
 }
 
 // forgetProbeUnlessProbed clears the backend's probe slot on every path that
-// did not reach the functional probe (deletion included), so that a return
+// did not reach the functional probe (deletion: forget), so that a return
 // to the ready state probes afresh.
-func (r *CacheBackendReconciler) forgetProbeUnlessProbed(key client.ObjectKey, s *pass) {
+func (r *CacheBackendReconciler) forgetProbeUnlessProbed(s *pass) {
 	if r.Prober != nil && !s.probed {
-		r.Prober.Forget(key)
+		r.Prober.Forget(client.ObjectKeyFromObject(s.cb))
 	}
 }
 
@@ -329,30 +319,26 @@ func (r *CacheBackendReconciler) forgetProbeUnlessProbed(key client.ObjectKey, s
 // published status (a non-empty engineSelectorMessage), which every
 // reconcile writes, also one that stops early: a failed reconcile never
 // makes the first observation repeat.
-func (r *CacheBackendReconciler) recordEngineMatch(s *pass, obs observation) {
-	if !obs.matchedKnown {
-		return
-	}
-	key := client.ObjectKeyFromObject(s.cb)
-	s.st.MatchedEnginePods = obs.matched
+func (r *CacheBackendReconciler) recordEngineMatch(s *pass) {
+	s.st.MatchedEnginePods = s.obs.matched
 	s.st.EngineSelectorMessage = ""
-	if obs.matched > 0 {
-		r.unmatchedReported.Delete(key)
+	if s.obs.matched > 0 {
+		r.memo.update(s.cb, func(e *memoEntry) { e.unmatched = false })
 		return
 	}
 	s.st.EngineSelectorMessage = selectorMessage(s.cb)
-	if uid, ok := r.unmatchedReported.Load(key); ok && uid == s.cb.UID {
+	if r.memo.get(s.cb).unmatched {
 		return // reported by this process; the cache has not caught up yet
 	}
 	if s.cb.Status.EngineSelectorMessage == "" {
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventEngineSelectorUnmatched, "Observe", "%s", s.st.EngineSelectorMessage)
 	}
-	r.unmatchedReported.Store(key, s.cb.UID)
+	r.memo.update(s.cb, func(e *memoEntry) { e.unmatched = true })
 }
 
 // execute hands the plan to the applier and records what it did.
-func (r *CacheBackendReconciler) execute(ctx context.Context, s *pass, p plan.Plan) (apply.Result, error) {
-	res, err := r.Applier.Execute(ctx, p)
+func (r *CacheBackendReconciler) execute(ctx context.Context, s *pass) {
+	res, err := r.Applier.Execute(ctx, s.plan)
 	if res.Changed() {
 		log.FromContext(ctx).Info("applied children", "changes", res.String())
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventChildrenApplied, "Apply", "%s", res.String())
@@ -364,15 +350,50 @@ func (r *CacheBackendReconciler) execute(ctx context.Context, s *pass, p plan.Pl
 	if err != nil {
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventApplyFailed, "Apply", "%s", err.Error())
 	}
-	return res, err
+	s.applyErr, s.markErr = err, res.MarkErr
 }
 
-// evaluate decides the conditions with the pure policy chains.
-func (r *CacheBackendReconciler) evaluate(s *pass, obs observation, f evaluate.Facts) evaluate.Verdict {
-	if s.cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
-		return evaluate.EngineLocal(s.cb, obs.enginePods, obs.keys, r.Inject)
+// serve is the serving verdict from what observe has read so far, with
+// the pure policy chains.
+func (r *CacheBackendReconciler) serve(s *pass) evaluate.Verdict {
+	if s.plan.EngineLocal {
+		return evaluate.EngineLocal(s.cb, s.obs.enginePods, s.obs.keys, r.Inject)
 	}
-	return evaluate.Server(f)
+	return evaluate.Server(s.seen.facts)
+}
+
+// evaluate decides, from the pass's values alone, the engine rolls and
+// the whole status to publish.
+func (r *CacheBackendReconciler) evaluate(s *pass) {
+	cb, v, seen := s.cb, s.verdict, &s.seen
+	s.rolls = plan.Rolls(seen.roll, seen.wired, seen.early)
+	endpoint := ""
+	if v.Available && !s.plan.EngineLocal {
+		endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
+	}
+	w := seen.wiring
+	wiring := evaluate.ReportWiring(evaluate.WiringFacts{
+		Wiring: w, Policy: cb.Spec.EngineRestartPolicy, EngineLoc: s.plan.EngineLocal, Endpoint: endpoint != "",
+		EarlyOwner: workloadNames(w.Early), LateOwner: workloadNames(w.Late), Rolling: s.rolls.Healing,
+	})
+	part, index := evaluate.Index(seen.index)
+	s.out = evaluate.Outcome{
+		Verdict: v, Wiring: wiring, Wired: w.Wired, Unwired: w.Unwired(),
+		Observed: cb.Spec.Observation != nil, Index: index, Participation: evaluate.Settle(cb.Status.IndexParticipation, part),
+		Probed: s.probed, ProbeErr: seen.facts.ProbeErr,
+		Endpoint: endpoint, FirstAvailableAt: seen.facts.FirstAvailableAt, Capacity: s.plan.Capacity,
+		ServerInstance: seen.roll.Instance, Record: s.rolls.Record,
+	}
+}
+
+// roll executes the engine rolls the pass planned, and records them.
+func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
+	if len(s.rolls.Rolls) == 0 {
+		return nil
+	}
+	done, err := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
+	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done})
+	return err
 }
 
 // engineLocalPoll is how often a non-ready engine-local backend with
@@ -382,110 +403,58 @@ func (r *CacheBackendReconciler) evaluate(s *pass, obs observation, f evaluate.F
 const engineLocalPoll = 5 * time.Second
 
 // nameConflictRecheck is how often a backend stopped by a name conflict
-// looks again whether the other object is gone.
+// looks again whether the other object is gone (removing it wakes no
+// watch of this backend).
 const nameConflictRecheck = time.Minute
 
-// endpointSettleTime is how long a backend must have been Ready before its
-// engines are rolled.
-const endpointSettleTime = 3 * time.Second
-
-// followServer records the identity of the serving cache-server pods and,
-// when a serving pod was replaced or restarted, rolls the wired engines
-// (unless spec.engineRestartPolicy is Never). Engines are rolled only while
-// the endpoint is published and settled (in the status the webhook reads),
-// so that their new pods are wired; until then the change is deferred and
-// an early re-check requested. It returns when to reconcile again.
-func (r *CacheBackendReconciler) followServer(ctx context.Context, s *pass, p plan.Plan, f evaluate.Facts, v evaluate.Verdict, srv serverObservation) (time.Duration, error) {
-	if p.EngineLocal {
-		if !v.Ready && s.st.MatchedEnginePods > 0 {
-			// Readiness of matched pods is polled; without a matched pod
-			// only a pod event (watched) can change the verdict.
-			return engineLocalPoll, nil
-		}
-		return 0, nil
+// requeueAfter is when the pass wants to look again, 0 for never: a roll
+// waiting for the endpoint to settle, an engine-local backend polled until
+// ready, a failed probe, a name conflict. Everything else is watched.
+func (r *CacheBackendReconciler) requeueAfter(s *pass) time.Duration {
+	d := s.rolls.Wait
+	if s.plan.EngineLocal && !s.verdict.Ready && s.st.MatchedEnginePods > 0 {
+		// Readiness of matched pods is polled; without a matched pod only
+		// a pod event (watched) can change the verdict.
+		d = sooner(d, engineLocalPoll)
 	}
-	// Container restarts and replacements of the server pods are watched
-	// (ServerEvents): a backend at rest is never polled.
-	if f.ApplyErr != nil || srv.change.Instance == "" {
-		return 0, nil
+	if s.probed && s.seen.facts.ProbeErr != nil {
+		d = sooner(d, r.Prober.Interval)
 	}
-	if s.cb.Spec.EngineRestartPolicy != v1alpha1.EngineRestartNever && srv.change.Changed {
-		canRoll := f.StorageHold == "" && evaluate.Health(f.Workload).Available
-		if !canRoll || !srv.settled {
-			return 2 * time.Second, nil
-		}
-		keys, err := r.receiptKeys(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("reading receipt keys to verify the wired engines: %w", err)
-		}
-		rolled, err := r.Applier.RollEngines(ctx, r.APIReader, s.cb, keys, srv.change.Instance)
-		if len(rolled) > 0 {
-			Cascades.WithLabelValues(s.cb.Namespace, s.cb.Name).Add(float64(len(rolled)))
-			log.FromContext(ctx).Info("rolled engines after a cache-server change", "workloads", joinWorkloads(rolled))
-			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Rollout",
-				"cache server replaced or restarted: rolled engine workload(s) %s so they reconnect", joinWorkloads(rolled))
-		}
-		if err != nil {
-			return 0, err
-		}
+	if s.verdict.Reason == v1alpha1.ReasonNameConflict {
+		d = sooner(d, nameConflictRecheck)
 	}
-	s.st.ObservedServerInstance = srv.change.Instance
-	return 0, nil
+	return d
 }
 
-// finalize publishes the verdict computed for the current generation:
-// observedGeneration, conditions, endpoint; and the events of a transition.
-func (r *CacheBackendReconciler) finalize(ctx context.Context, s *pass, p plan.Plan, f evaluate.Facts, v evaluate.Verdict, requeue time.Duration, stepErr error) (ctrl.Result, error) {
-	cb, st := s.cb, s.st
-	st.ObservedGeneration = cb.Generation
-	st.Capacity = p.Capacity
-	st.Endpoint = ""
-	if v.Available && !p.EngineLocal {
-		st.Endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
-		if st.FirstAvailableAt == nil {
-			st.FirstAvailableAt = f.FirstAvailableAt
-		}
-	}
-	switch {
-	case !s.probed:
-		// The probe's verdict holds only while the backend is probed.
-		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionFunctionalProbeOK)
-	case f.ProbeErr != nil:
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionFunctionalProbeOK, Status: metav1.ConditionFalse,
-			Reason: v1alpha1.ReasonProbeFailed, Message: f.ProbeErr.Error(), ObservedGeneration: cb.Generation})
-		requeue = r.Prober.Interval
-	default:
-		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.ConditionFunctionalProbeOK, Status: metav1.ConditionTrue,
-			Reason: v1alpha1.ReasonProbeSucceeded, Message: "the cache server answers LMCache's HEALTH request", ObservedGeneration: cb.Generation})
-	}
+// publish writes the status of the evaluated generation and records the
+// events of its transitions.
+func (r *CacheBackendReconciler) publish(ctx context.Context, s *pass) (ctrl.Result, error) {
+	cb, v := s.cb, s.verdict
+	stepErr := errors.Join(s.applyErr, s.markErr)
 	previous := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-	evaluate.SetConditions(st, cb.Generation, v)
+	evaluate.Publish(s.st, cb.Generation, s.out)
 	if ctx.Err() != nil {
 		return ctrl.Result{}, ctx.Err() // shutting down: nothing trustworthy to publish
 	}
-	if err := r.patchStatus(ctx, cb, st); err != nil {
+	if err := r.patchStatus(ctx, cb, s.st); err != nil {
 		return ctrl.Result{}, errors.Join(stepErr, err)
 	}
-	if v.Reason == v1alpha1.ReasonImmutableStatefulSetStorage && (previous == nil || previous.Reason != v.Reason) {
+	r.reportUnwired(s)
+	changed := previous == nil || previous.Reason != v.Reason
+	if v.Reason == v1alpha1.ReasonImmutableStatefulSetStorage && changed {
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonImmutableStatefulSetStorage, "Apply", "%s", v.Message)
 	}
-	if v.Reason == v1alpha1.ReasonNameConflict {
-		if previous == nil || previous.Reason != v.Reason || previous.Message != v.Message {
-			r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonNameConflict, "Apply", "%s", v.Message)
-		}
-		// Removing the other object wakes no watch of this backend.
-		if requeue == 0 || requeue > nameConflictRecheck {
-			requeue = nameConflictRecheck
-		}
+	if v.Reason == v1alpha1.ReasonNameConflict && (changed || previous.Message != v.Message) {
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.ReasonNameConflict, "Apply", "%s", v.Message)
 	}
 	if v.Ready && (previous == nil || previous.Status != metav1.ConditionTrue) {
 		msg := v.Message
-		if !p.EngineLocal {
-			msg = "cache server serving at " + st.Endpoint
+		if !s.plan.EngineLocal {
+			msg = "cache server serving at " + s.st.Endpoint
 		}
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventBackendReady, "Reconcile", "%s", msg)
 	}
-	return ctrl.Result{RequeueAfter: requeue}, stepErr
+	return ctrl.Result{RequeueAfter: r.requeueAfter(s)}, stepErr
 }
 
 // stop publishes a reconcile that ended before it evaluated the backend:
@@ -527,10 +496,8 @@ func selectorMessage(cb *v1alpha1.CacheBackend) string {
 // again must write it (otherwise the live status stays B until some other
 // change wakes the backend).
 func (r *CacheBackendReconciler) patchStatus(ctx context.Context, cb *v1alpha1.CacheBackend, st *v1alpha1.CacheBackendStatus) error {
-	key := client.ObjectKeyFromObject(cb)
 	if equality.Semantic.DeepEqual(&cb.Status, st) {
-		last, wrote := r.statusWritten.Load(key)
-		if !wrote || equality.Semantic.DeepEqual(last.(*v1alpha1.CacheBackendStatus), st) {
+		if last := r.memo.get(cb).status; last == nil || equality.Semantic.DeepEqual(last, st) {
 			return nil
 		}
 	}
@@ -555,6 +522,7 @@ func (r *CacheBackendReconciler) patchStatus(ctx context.Context, cb *v1alpha1.C
 		}
 		return fmt.Errorf("writing status: %w", err)
 	}
-	r.statusWritten.Store(key, st.DeepCopy())
+	written := st.DeepCopy()
+	r.memo.update(cb, func(e *memoEntry) { e.status = written })
 	return nil
 }

@@ -184,7 +184,7 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	edited.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v9"}}
 	edited.Spec.Autoscaling = nil
 	before := waitDeployment(t, key, nil).ResourceVersion
-	d, err := cli.Diff(ctx, k8s, edited)
+	d, err := cli.Diff(ctx, k8s, edited, nil)
 	require.NoError(t, err)
 	assert.True(t, d.HasChanges())
 	out := d.String()
@@ -199,7 +199,7 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 func waitNoDiff(t *testing.T, key client.ObjectKey) {
 	t.Helper()
 	testutil.Eventually(t, 10*time.Second, func() error {
-		d, err := cli.Diff(context.Background(), k8s, getBackend(t, key))
+		d, err := cli.Diff(context.Background(), k8s, getBackend(t, key), nil)
 		if err != nil {
 			return err
 		}
@@ -224,7 +224,7 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 
 	edited := getBackend(t, key)
 	edited.Spec.Storage.PVC.Size = resource.MustParse("9Gi")
-	d, err := cli.Diff(ctx, k8s, edited)
+	d, err := cli.Diff(ctx, k8s, edited, nil)
 	require.NoError(t, err, "a storage change the controller holds is not an error")
 	holds := d.Preview.Holds()
 	require.Len(t, holds, 1, d.String())
@@ -236,7 +236,7 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 	// The controller, given the same spec, holds the StatefulSet too.
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("9Gi") })
 	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
-	d, err = cli.Diff(ctx, k8s, getBackend(t, key))
+	d, err = cli.Diff(ctx, k8s, getBackend(t, key), nil)
 	require.NoError(t, err)
 	assert.False(t, d.HasChanges(), "after the reconcile the plan and the cluster agree\n%s", d)
 	assert.Len(t, d.Preview.Holds(), 1)

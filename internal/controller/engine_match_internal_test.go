@@ -21,7 +21,7 @@ func TestEngineSelectorUnmatchedIsNormal(t *testing.T) {
 		Spec: v1alpha1.CacheBackendSpec{EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "vllm"}}}}
 	for range 2 {
 		s := &pass{cb: cb, st: cb.Status.DeepCopy()}
-		r.recordEngineMatch(s, observation{matchedKnown: true})
+		r.recordEngineMatch(s)
 	}
 	close(rec.Events)
 	var got []string

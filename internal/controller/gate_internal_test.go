@@ -55,19 +55,18 @@ func TestGateCountsOnlyPodsWithTheSidecar(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(append([]client.Object{cb.DeepCopy()}, tc.pods...)...).Build()
 			stub := &stubIndex{sum: live}
 			r := &CacheBackendReconciler{Client: c, APIReader: c, Index: stub, Inject: inject.Options{KVEventSubscriberImage: "sub:1"}}
-			obs, err := r.gather(context.Background(), cb)
-			if err != nil {
+			s := &pass{cb: cb, st: cb.Status.DeepCopy()}
+			if err := r.gather(context.Background(), s); err != nil {
 				t.Fatal(err)
 			}
 			var names []string
-			for _, p := range obs.wired {
+			for _, p := range s.obs.wired {
 				names = append(names, p.Name)
 			}
 			if len(names) != len(tc.expected) || (len(names) > 0 && names[0] != tc.expected[0]) {
 				t.Fatalf("pods expected in the index %v, want %v", names, tc.expected)
 			}
-			s := &pass{cb: cb, st: cb.Status.DeepCopy()}
-			r.publishIndex(context.Background(), s, obs.wired, true)
+			publishIndex(r, s, s.obs.wired, true)
 			c0 := meta.FindStatusCondition(s.st.Conditions, v1alpha1.ConditionIndexSynced)
 			if c0 == nil || c0.Reason != tc.reason {
 				t.Fatalf("IndexSynced %+v, want reason %s", c0, tc.reason)

@@ -41,34 +41,34 @@ func init() { metrics.Registry.MustRegister(Cascades, Heals) }
 
 // observation is what a reconcile reads before it plans.
 type observation struct {
-	// matched counts the non-terminating pods the engine selector matches;
-	// matchedKnown is false when they could not be listed.
-	matched      int32
-	matchedKnown bool
+	// matched counts the non-terminating pods the engine selector matches.
+	matched int32
 	// wired are the matched pods that carry cb's receipt and the
 	// kvevent-subscriber sidecar (the pods the KV-block index should know).
 	wired []evaluate.IndexPod
 	// engines are the matched pods' metadata (labels and annotations are
 	// what the wiring report reads).
 	engines []metav1.PartialObjectMetadata
-	// keysErr is why the receipt keys could not be read (server-backed
-	// backends: only the wiring report needs them).
-	keysErr error
+	// keys are the receipt keys, keysRead whether they were read, keysErr
+	// why they could not be (server-backed backends: only the wiring
+	// report and the cascade need them).
+	keys     []receipt.Key
+	keysRead bool
+	keysErr  error
 	// plan is the plan's input (server-backed backends).
 	plan plan.Input
-	// enginePods and keys are an engine-local backend's full engine pods,
-	// read from the API server, and the receipt keys.
+	// enginePods are an engine-local backend's full engine pods, read from
+	// the API server.
 	enginePods []corev1.Pod
-	keys       []receipt.Key
 }
 
-// gather reads what the plan and the evaluation of cb need.
-func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheBackend) (observation, error) {
-	var obs observation
+// gather reads what the plan and the evaluation of s.cb need.
+func (r *CacheBackendReconciler) gather(ctx context.Context, s *pass) error {
+	cb, obs := s.cb, &s.obs
 	sel := cb.Spec.EngineSelector.MatchLabels
 	pods, err := r.matchedPods(ctx, cb)
 	if err != nil {
-		return obs, err
+		return err
 	}
 	for i := range pods {
 		if pods[i].DeletionTimestamp.IsZero() {
@@ -76,9 +76,9 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 			obs.engines = append(obs.engines, pods[i])
 		}
 	}
-	obs.matchedKnown = true
+	r.recordEngineMatch(s)
 	if obs.wired, err = r.indexPods(ctx, cb, pods); err != nil {
-		return obs, err
+		return err
 	}
 	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
 		// Without a pod list or keys there is no trustworthy verdict: the
@@ -86,87 +86,148 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, cb *v1alpha1.CacheB
 		if len(sel) > 0 {
 			var pods corev1.PodList
 			if err := r.APIReader.List(ctx, &pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
-				return obs, fmt.Errorf("listing engine pods (previous verdict kept): %w", err)
+				return fmt.Errorf("listing engine pods (previous verdict kept): %w", err)
 			}
 			obs.enginePods = pods.Items
 		}
-		keys, err := r.receiptKeys(ctx)
-		if err != nil {
-			return obs, fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
+		if _, err := r.keysOf(ctx, s); err != nil {
+			return fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)
 		}
-		obs.keys = keys
 	} else if len(obs.engines) > 0 {
 		// Only the wiring report needs the keys: without them it says
 		// Unknown, and the reconcile goes on.
-		obs.keys, obs.keysErr = r.receiptKeys(ctx)
+		_, _ = r.keysOf(ctx, s)
 	}
-	in, err := plan.Gather(ctx, r.Client, r.servers(), cb)
-	obs.plan = in
-	return obs, err
+	obs.plan, err = plan.Gather(ctx, r.Client, r.servers(), cb)
+	return err
 }
 
 // errNoKeyRing: the reconciler runs without a receipt key ring (only
 // tests build one so), so no receipt can be verified.
 var errNoKeyRing = errors.New("no receipt key ring configured")
 
-// receiptKeys reads the receipt keys; without a key ring it says so
-// instead of failing on a nil ring.
-func (r *CacheBackendReconciler) receiptKeys(ctx context.Context) ([]receipt.Key, error) {
-	if r.Keys == nil {
-		return nil, errNoKeyRing
+// keysOf reads the receipt keys once per pass; without a key ring it says
+// so instead of failing on a nil ring.
+func (r *CacheBackendReconciler) keysOf(ctx context.Context, s *pass) ([]receipt.Key, error) {
+	obs := &s.obs
+	if !obs.keysRead {
+		obs.keysRead = true
+		if r.Keys == nil {
+			obs.keysErr = errNoKeyRing
+		} else {
+			obs.keys, obs.keysErr = r.Keys.Keys(ctx)
+		}
 	}
-	return r.Keys.Keys(ctx)
+	return obs.keys, obs.keysErr
 }
 
-// serverObservation is the cache-server pods as read after the apply.
-type serverObservation struct {
-	change  evaluate.ServerChange
-	settled bool
+// observed is what a reconcile reads after the apply, and the facts the
+// evaluation takes from it.
+type observed struct {
+	// facts are the server-backed evaluation's facts.
+	facts evaluate.Facts
+	// wiring is the tally of the matched pods by their receipts.
+	wiring evaluate.Wiring
+	// index are the IndexSynced evaluation's facts, the index's summary
+	// read when the KV-event gate is open.
+	index evaluate.IndexFacts
+	// roll is what decides the engine rolls; wired and early their
+	// candidates, read only when the cascade or the heal needs them.
+	roll         plan.RollState
+	wired, early []plan.Candidate
 }
 
-// observe reads, after the apply, what the evaluation needs: the workload
-// of the kind the spec asks for (a workload of the other kind, being
-// pruned, is never advertised), its serving pods, the live status when it
-// is needed, and the functional probe's result.
-func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass, p plan.Plan, applyErr error) (evaluate.Facts, serverObservation, error) {
-	f := evaluate.Facts{ApplyErr: applyErr, StorageNote: p.StorageNote, NameConflict: p.ConflictMessage()}
-	var srv serverObservation
-	if p.EngineLocal || applyErr != nil || f.NameConflict != "" {
-		return f, srv, nil
+// observe makes every read after the apply: the workload of the kind the
+// spec asks for (a workload of the other kind, being pruned, is never
+// advertised), its serving pods, the functional probe, the live status
+// when the cache may lag it, the KV-block index once the gate opens, and
+// the engine workloads a roll would write. Which of them it reads follows
+// from what it read before, with the pure evaluations.
+func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
+	cb, p, seen := s.cb, s.plan, &s.seen
+	seen.facts = evaluate.Facts{ApplyErr: s.applyErr, StorageNote: p.StorageNote, NameConflict: p.ConflictMessage()}
+	serving := !p.EngineLocal && s.applyErr == nil && seen.facts.NameConflict == ""
+	var change evaluate.ServerChange
+	if serving {
+		var err error
+		if change, err = r.observeServer(ctx, s); err != nil {
+			return err
+		}
 	}
-	cb := s.cb
-	if h := p.StatefulSetHold(); h != nil {
+	s.verdict = r.serve(s)
+	keys := s.obs.keys
+	if s.obs.keysErr != nil {
+		keys = nil
+	}
+	seen.wiring = evaluate.TallyWiring(cb, s.obs.engines, keys, evaluate.EndpointSince(cb))
+	seen.roll = plan.RollState{
+		EngineLocal: p.EngineLocal, Policy: cb.Spec.EngineRestartPolicy, ApplyFailed: s.applyErr != nil,
+		Instance: change.Instance, Changed: change.Changed,
+		ServerAvailable: seen.facts.StorageHold == "" && evaluate.Health(seen.facts.Workload).Available,
+		Ready:           s.verdict.Ready, Early: len(seen.wiring.Early) > 0, KeysUnavailable: seen.wiring.KeysUnavailable,
+	}
+	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
+		// The cache may lag a status write: read the live status.
+		live := &v1alpha1.CacheBackend{}
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil {
+			seen.facts.FirstAvailableAt = live.Status.FirstAvailableAt
+			seen.roll.Settled = r.endpointSettled(cb, live)
+		}
+		if seen.facts.FirstAvailableAt == nil {
+			now := r.Now()
+			seen.facts.FirstAvailableAt = &now
+		}
+	}
+	seen.index = r.indexFacts(cb, s.obs.wired, s.verdict.Available || (p.EngineLocal && s.verdict.Ready))
+	r.readIndex(ctx, cb, &seen.index)
+	return r.observeRolls(ctx, s)
+}
+
+// observeServer reads the server workload, its serving pods and the
+// functional probe's result into the pass's facts.
+func (r *CacheBackendReconciler) observeServer(ctx context.Context, s *pass) (evaluate.ServerChange, error) {
+	cb, f := s.cb, &s.seen.facts
+	if h := s.plan.StatefulSetHold(); h != nil {
 		f.StorageHold = h.Message
 	}
 	w, err := workload.Read(ctx, r.Client, cb)
 	if err != nil {
-		return f, srv, err
+		return evaluate.ServerChange{}, err
 	}
 	f.Workload = w
-	pods, err := r.serverPods(ctx, cb, w)
+	pods, err := w.ServingPods(ctx, r.servers(), render.SelectorLabels(cb))
 	if err != nil {
-		return f, srv, err
+		return evaluate.ServerChange{}, err
 	}
-	srv.change = evaluate.ObserveServer(cb.Status.ObservedServerInstance, pods)
-	wv := evaluate.Health(w)
-	if (wv.Available && cb.Status.FirstAvailableAt == nil) || srv.change.Changed {
-		// The cache may lag a status write: read the live status.
-		live := &v1alpha1.CacheBackend{}
-		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil {
-			f.FirstAvailableAt = live.Status.FirstAvailableAt
-			srv.settled = r.endpointSettled(cb, live)
-		}
-		if f.FirstAvailableAt == nil {
-			now := r.Now()
-			f.FirstAvailableAt = &now
-		}
-	}
-	if wv.Ready && f.StorageHold == "" && r.Prober != nil {
+	change := evaluate.ObserveServer(cb.Status.ObservedServerInstance, evaluate.ServerPods(pods))
+	if evaluate.Health(w).Ready && f.StorageHold == "" && r.Prober != nil {
 		s.probed = true
 		f.Probed = true
 		f.ProbeErr, _ = r.Prober.Check(ctx, cb)
 	}
-	return f, srv, nil
+	return change, nil
+}
+
+// observeRolls reads the engine workloads the cascade or the heal would
+// roll, only when the roll state says they roll now.
+func (r *CacheBackendReconciler) observeRolls(ctx context.Context, s *pass) error {
+	seen := &s.seen
+	if seen.roll.Cascade() {
+		keys, err := r.keysOf(ctx, s)
+		if err != nil {
+			return fmt.Errorf("reading receipt keys to verify the wired engines: %w", err)
+		}
+		if seen.wired, err = plan.WiredWorkloads(ctx, r.Client, r.APIReader, s.cb, keys); err != nil {
+			return err
+		}
+	}
+	if seen.roll.Heal() && seen.roll.Settled {
+		var err error
+		if seen.early, err = plan.EarlyWorkloads(ctx, r.APIReader, s.cb.Namespace, seen.wiring.Early); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // endpointSettled reports whether engines rolled now will be wired: the
@@ -175,25 +236,5 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass, p plan.Pl
 func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend) bool {
 	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
 	return live.Status.Endpoint == render.Endpoint(cb, r.Inject.ClusterDomain) && ready != nil && ready.Status == metav1.ConditionTrue &&
-		r.Now().Sub(ready.LastTransitionTime.Time) >= endpointSettleTime
-}
-
-// serverPods lists the serving pods of the workload (workload.Server's
-// ServingPods: the pods it controls, not terminating; pods that merely
-// carry the labels are not trusted).
-func (r *CacheBackendReconciler) serverPods(ctx context.Context, cb *v1alpha1.CacheBackend, w workload.Server) ([]evaluate.ServerPod, error) {
-	pods, err := w.ServingPods(ctx, r.servers(), render.SelectorLabels(cb))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]evaluate.ServerPod, 0, len(pods))
-	for i := range pods {
-		p := &pods[i]
-		var restarts int32
-		for _, c := range p.Status.ContainerStatuses {
-			restarts += c.RestartCount
-		}
-		out = append(out, evaluate.ServerPod{UID: string(p.UID), Restarts: restarts, Ready: evaluate.PodReady(p)})
-	}
-	return out, nil
+		r.Now().Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime
 }

@@ -83,6 +83,16 @@ func TestHiCacheReadiness(t *testing.T) {
 	got = waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady))
 	assert.Equal(t, int32(1), got.Status.MatchedEnginePods)
+	// Engine-local: no server, so none of a server's status: no endpoint,
+	// capacity, server instance or functional probe; the replica counts are
+	// the engine pods'.
+	assert.Empty(t, got.Status.Endpoint)
+	assert.Equal(t, int32(1), got.Status.Replicas)
+	assert.Equal(t, int32(1), got.Status.ReadyReplicas)
+	assert.Nil(t, got.Status.Capacity)
+	assert.Nil(t, got.Status.FirstAvailableAt)
+	assert.Empty(t, got.Status.ObservedServerInstance)
+	assert.Nil(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK), "no server to probe")
 
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.HiCache.Ratio = ptr.To("3") })
 	got = waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsRolloutInProgress))

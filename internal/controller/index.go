@@ -100,35 +100,43 @@ func wiredForIndex(cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadat
 	return out
 }
 
-// indexView reads the index for cb when the KV-event gate is open and
-// evaluates IndexSynced. The participation is settled against the
-// published one: jitter alone returns the published value, so that the
-// status is written only on a meaningful change.
-func (r *CacheBackendReconciler) indexView(ctx context.Context, cb *v1alpha1.CacheBackend, wired []evaluate.IndexPod, available bool) (*v1alpha1.IndexParticipation, evaluate.IndexVerdict) {
+// indexFacts are the IndexSynced evaluation's facts for cb, before the
+// index is read. available is the gate's "the backend serves".
+func (r *CacheBackendReconciler) indexFacts(cb *v1alpha1.CacheBackend, wired []evaluate.IndexPod, available bool) evaluate.IndexFacts {
 	f := evaluate.IndexFacts{Observed: cb.Spec.Observation != nil, SubscriberImage: r.Inject.KVEventSubscriberImage != "",
 		WorkloadAvailable: available, Expected: wired}
 	if cb.Spec.Observation != nil {
 		f.ModelID = cb.Spec.Observation.ModelID
 	}
-	if f.GateOpen() {
-		if r.Index == nil {
-			f.ReadErr = errors.New("the manager has no index reader")
-		} else {
-			f.Summary, f.ReadErr = r.Index.Participation(ctx, cb.Namespace, cb.Name)
-		}
-		if f.ReadErr != nil {
-			log.FromContext(ctx).V(1).Info("the KV-block index could not be read", "cachebackend", client.ObjectKeyFromObject(cb), "error", f.ReadErr.Error())
-		}
-	}
-	p, v := evaluate.Index(f)
-	return evaluate.Settle(cb.Status.IndexParticipation, p), v
+	return f
 }
 
-// publishIndex puts the index view into the status being built.
-func (r *CacheBackendReconciler) publishIndex(ctx context.Context, s *pass, wired []evaluate.IndexPod, available bool) {
-	p, v := r.indexView(ctx, s.cb, wired, available)
-	s.st.IndexParticipation = p
-	evaluate.SetIndexCondition(s.st, s.cb.Generation, v, s.cb.Spec.Observation != nil)
+// readIndex reads cb's participation summary into f when the KV-event
+// gate is open (and only then).
+func (r *CacheBackendReconciler) readIndex(ctx context.Context, cb *v1alpha1.CacheBackend, f *evaluate.IndexFacts) {
+	if !f.GateOpen() {
+		return
+	}
+	if r.Index == nil {
+		f.ReadErr = errors.New("the manager has no index reader")
+	} else {
+		f.Summary, f.ReadErr = r.Index.Participation(ctx, cb.Namespace, cb.Name)
+	}
+	if f.ReadErr != nil {
+		log.FromContext(ctx).V(1).Info("the KV-block index could not be read", "cachebackend", client.ObjectKeyFromObject(cb), "error", f.ReadErr.Error())
+	}
+}
+
+// indexView reads the index for cb when the KV-event gate is open and
+// evaluates IndexSynced (the poller's view; a reconcile reads in observe
+// and evaluates in evaluate). The participation is settled against the
+// published one: jitter alone returns the published value, so that the
+// status is written only on a meaningful change.
+func (r *CacheBackendReconciler) indexView(ctx context.Context, cb *v1alpha1.CacheBackend, wired []evaluate.IndexPod, available bool) (*v1alpha1.IndexParticipation, evaluate.IndexVerdict) {
+	f := r.indexFacts(cb, wired, available)
+	r.readIndex(ctx, cb, &f)
+	p, v := evaluate.Index(f)
+	return evaluate.Settle(cb.Status.IndexParticipation, p), v
 }
 
 // gateAvailable reads the gate's "backend serves" from a published

@@ -69,7 +69,7 @@ func TestKVEventGate(t *testing.T) {
 			stub := &stubIndex{sum: live, err: tc.err}
 			r := &CacheBackendReconciler{Index: stub, Inject: inject.Options{KVEventSubscriberImage: "sub:1"}}
 			s := &pass{cb: tc.cb, st: tc.cb.Status.DeepCopy()}
-			r.publishIndex(context.Background(), s, tc.wired, gateAvailable(tc.cb))
+			publishIndex(r, s, tc.wired, gateAvailable(tc.cb))
 			if stub.reads != tc.reads {
 				t.Fatalf("%d reads of the index, want %d", stub.reads, tc.reads)
 			}
@@ -115,4 +115,13 @@ func TestWiredForIndex(t *testing.T) {
 	if len(got) != 1 || got[0].Name != "wired" || got[0].UID != "uid-wired" {
 		t.Fatalf("expected pods %+v, want only wired", got)
 	}
+}
+
+// publishIndex runs the index's part of a reconcile on s: observe's read
+// of the index (gated), evaluate, publish.
+func publishIndex(r *CacheBackendReconciler, s *pass, wired []evaluate.IndexPod, available bool) {
+	s.seen.index = r.indexFacts(s.cb, wired, available)
+	r.readIndex(context.Background(), s.cb, &s.seen.index)
+	r.evaluate(s)
+	evaluate.Publish(s.st, s.cb.Generation, s.out)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,13 +16,6 @@ import (
 	"github.com/inferencecache/operator/internal/inject"
 )
 
-// sidecarMemo remembers, per backend, which of its wired engine pods (by
-// UID) carry the kvevent-subscriber sidecar. A pod's containers never
-// change after its creation, so one read of the full pod answers for its
-// life; each use keeps only the pods still wired, so the memo never grows
-// past the pods of the backends that exist.
-type sidecarMemo struct{ m sync.Map } // client.ObjectKey → map[types.UID]bool
-
 // indexPods returns the matched pods the KV-block index should know: wired
 // to cb (wiredForIndex) and carrying the kvevent-subscriber sidecar. A pod
 // wired before spec.observation.modelID or the manager's subscriber image
@@ -34,13 +26,14 @@ type sidecarMemo struct{ m sync.Map } // client.ObjectKey → map[types.UID]bool
 // would add the sidecar at all.
 func (r *CacheBackendReconciler) indexPods(ctx context.Context, cb *v1alpha1.CacheBackend, pods []metav1.PartialObjectMetadata) ([]evaluate.IndexPod, error) {
 	candidates := wiredForIndex(cb, pods)
-	key := client.ObjectKeyFromObject(cb)
 	if cb.Spec.Observation == nil || cb.Spec.Observation.ModelID == "" || r.Inject.KVEventSubscriberImage == "" || len(candidates) == 0 {
-		r.sidecars.m.Delete(key)
+		r.memo.update(cb, func(e *memoEntry) { e.sidecars = nil })
 		return candidates, nil // the gate is closed before it counts pods
 	}
-	known, _ := r.sidecars.m.Load(key)
-	prev, _ := known.(map[types.UID]bool)
+	// A pod's containers never change after its creation, so one read of
+	// the full pod answers for its life; only the pods still wired are
+	// kept, so the memo never grows past the backends' pods.
+	prev := r.memo.get(cb).sidecars
 	next := make(map[types.UID]bool, len(candidates))
 	reader := r.APIReader
 	if reader == nil {
@@ -67,6 +60,6 @@ func (r *CacheBackendReconciler) indexPods(ctx context.Context, cb *v1alpha1.Cac
 			out = append(out, p)
 		}
 	}
-	r.sidecars.m.Store(key, next)
+	r.memo.update(cb, func(e *memoEntry) { e.sidecars = next })
 	return out, nil
 }

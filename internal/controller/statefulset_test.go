@@ -255,6 +255,63 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 	assert.True(t, strings.Contains(meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "StatefulSet cache"))
 }
 
+// TestFailedReplacementOfAStatefulSetShowsNoEndpoint: the switch the other
+// way, StatefulSet → Deployment, when the Deployment cannot be applied (a
+// foreign Deployment holds the name): no endpoint, not Ready
+// (NameConflict, naming it), and nothing of the backend is pruned while
+// nothing replaces it.
+func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	key := testutil.StartBackend(t, k8s, stsBackend(ns, "cache", 1, false))
+	waitStatefulSet(t, key, nil)
+	setStatefulSetStatus(t, key, 1, 1)
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	require.NotEmpty(t, got.Status.Endpoint)
+
+	require.NoError(t, k8s.Create(ctx, foreignDeployment(ns, "cache")))
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
+	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+	assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
+	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "Deployment cache")
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
+	reconciled(t, key)
+	require.NoError(t, k8s.Get(ctx, key, &appsv1.StatefulSet{}), "the StatefulSet is kept while nothing replaces it")
+}
+
+// TestCapacityOfTheBoundClaim: status.capacity is the bound capacity of the
+// shared claim, published once the claim is bound.
+func TestCapacityOfTheBoundClaim(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "cache")
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
+	key := testutil.StartBackend(t, k8s, cb)
+	waitDeployment(t, key, nil)
+	markDeploymentAvailable(t, key)
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	assert.Nil(t, got.Status.Capacity, "no capacity before the claim is bound")
+
+	pvc := &corev1.PersistentVolumeClaim{}
+	claim := client.ObjectKey{Namespace: ns, Name: "cache-data"}
+	require.NoError(t, k8s.Get(ctx, claim, pvc))
+	pvc.Status.Phase = corev1.ClaimBound
+	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")}
+	require.NoError(t, k8s.Status().Update(ctx, pvc))
+	// A claim event does not wake the backend: a spec change does.
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.EngineSelector.MatchLabels["tier"] = "a" })
+	testutil.Eventually(t, 15*time.Second, func() error {
+		got := &v1alpha1.CacheBackend{}
+		if err := k8s.Get(ctx, key, got); err != nil {
+			return err
+		}
+		if got.Status.Capacity == nil || got.Status.Capacity.Cmp(resource.MustParse("2Gi")) != 0 {
+			return fmt.Errorf("status.capacity %v, want 2Gi", got.Status.Capacity)
+		}
+		return nil
+	})
+}
+
 // TestSharedClaimChangesThatCannotApply: a storage class change of the
 // shared claim is held back and reported (Warning event once, Ready
 // message); shrinking is refused at admission.
@@ -323,6 +380,19 @@ func foreignStatefulSet(ns, name string) *appsv1.StatefulSet {
 	return &appsv1.StatefulSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: appsv1.StatefulSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "someone-else"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "someone-else"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "x", Image: "x"}}},
+			},
+		},
+	}
+}
+
+func foreignDeployment(ns, name string) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: appsv1.DeploymentSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "someone-else"}},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "someone-else"}},

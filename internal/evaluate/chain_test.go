@@ -51,7 +51,7 @@ func TestServerChain(t *testing.T) {
 func TestSetNotEvaluated(t *testing.T) {
 	evaluated := func(gen int64) *v1alpha1.CacheBackendStatus {
 		st := &v1alpha1.CacheBackendStatus{ObservedGeneration: gen}
-		SetConditions(st, gen, Verdict{Ready: true, Reason: v1alpha1.ReasonBackendReady, Message: "1 of 1"})
+		Publish(st, gen, Outcome{Verdict: Verdict{Ready: true, Reason: v1alpha1.ReasonBackendReady, Message: "1 of 1"}})
 		return st
 	}
 	cases := []struct {

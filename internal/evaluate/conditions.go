@@ -2,15 +2,86 @@ package evaluate
 
 import (
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
-// SetConditions writes the conditions that follow from v, computed for
-// generation gen. Conditions keep their lastTransitionTime while their
-// status does not change.
-func SetConditions(st *v1alpha1.CacheBackendStatus, gen int64, v Verdict) {
+// Outcome is what one evaluated reconcile publishes: the whole condition
+// set (Ready through Stalled from the verdict, EnginesWired, IndexSynced,
+// FunctionalProbeOK) and the status fields beside them. The reconcile
+// builds it from pure evaluations; Publish writes it.
+type Outcome struct {
+	// Verdict decides Ready, Progressing, Reconciling, Degraded and
+	// Stalled, and the replica counts.
+	Verdict Verdict
+	// Wiring decides EnginesWired; Wired and Unwired are
+	// status.wiredEnginePods and status.unwiredEnginePods.
+	Wiring         WiringReport
+	Wired, Unwired int32
+	// Observed: spec.observation is set (without it there is no IndexSynced
+	// and no indexParticipation). Index decides IndexSynced.
+	Observed      bool
+	Index         IndexVerdict
+	Participation *v1alpha1.IndexParticipation
+	// Probed: the functional probe ran (FunctionalProbeOK is removed
+	// otherwise: its verdict holds only while the backend is probed);
+	// ProbeErr is its failure.
+	Probed   bool
+	ProbeErr error
+	// Endpoint is status.endpoint ("" when none is published);
+	// FirstAvailableAt is recorded when none is yet; Capacity is
+	// status.capacity.
+	Endpoint         string
+	FirstAvailableAt *metav1.Time
+	Capacity         *resource.Quantity
+	// ServerInstance, when Record is set, is recorded as
+	// status.observedServerInstance.
+	ServerInstance string
+	Record         bool
+}
+
+// Publish writes o into st as the status of generation gen. It is the one
+// writer of an evaluated reconcile's conditions (SetNotEvaluated is the
+// one of a reconcile that stopped before it evaluated). Conditions keep
+// their lastTransitionTime while their status does not change.
+func Publish(st *v1alpha1.CacheBackendStatus, gen int64, o Outcome) {
+	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
+	}
+	st.ObservedGeneration = gen
+	st.Capacity = o.Capacity
+	st.Endpoint = o.Endpoint
+	if o.Endpoint != "" && st.FirstAvailableAt == nil {
+		st.FirstAvailableAt = o.FirstAvailableAt
+	}
+	if o.Record {
+		st.ObservedServerInstance = o.ServerInstance
+	}
+	st.IndexParticipation = nil
+	if o.Observed {
+		st.IndexParticipation = o.Participation
+		set(v1alpha1.ConditionIndexSynced, o.Index.Status, o.Index.Reason, o.Index.Message)
+	} else {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionIndexSynced)
+	}
+	st.WiredEnginePods, st.UnwiredEnginePods = o.Wired, o.Unwired
+	set(v1alpha1.ConditionEnginesWired, o.Wiring.Status, o.Wiring.Reason, o.Wiring.Message)
+	switch {
+	case !o.Probed:
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionFunctionalProbeOK)
+	case o.ProbeErr != nil:
+		set(v1alpha1.ConditionFunctionalProbeOK, metav1.ConditionFalse, v1alpha1.ReasonProbeFailed, o.ProbeErr.Error())
+	default:
+		set(v1alpha1.ConditionFunctionalProbeOK, metav1.ConditionTrue, v1alpha1.ReasonProbeSucceeded, "the cache server answers LMCache's HEALTH request")
+	}
+	setServing(st, gen, o.Verdict)
+}
+
+// setServing writes the conditions that follow from the verdict v, and the
+// replica counts.
+func setServing(st *v1alpha1.CacheBackendStatus, gen int64, v Verdict) {
 	st.Replicas, st.ReadyReplicas = v.Replicas, v.ReadyReplicas
 	set := func(t string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse

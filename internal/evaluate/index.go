@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -354,16 +353,4 @@ func settleTime(v **metav1.Time, old *metav1.Time) {
 	if *v != nil && old != nil && (*v).Sub(old.Time).Abs() < eventTimeChange {
 		*v = old
 	}
-}
-
-// SetIndexCondition writes IndexSynced for generation gen, or removes it
-// when present is false (no spec.observation).
-func SetIndexCondition(st *v1alpha1.CacheBackendStatus, gen int64, v IndexVerdict, present bool) {
-	if !present {
-		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionIndexSynced)
-		return
-	}
-	meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-		Type: v1alpha1.ConditionIndexSynced, Status: v.Status, Reason: v.Reason, Message: v.Message, ObservedGeneration: gen,
-	})
 }

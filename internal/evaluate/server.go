@@ -5,6 +5,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // ServerPod is one cache-server pod of the workload, as the server
@@ -66,4 +68,19 @@ func ObserveServer(prev string, pods []ServerPod) ServerChange {
 	sort.Strings(ids)
 	c.Instance = strings.Join(ids, ",")
 	return c
+}
+
+// ServerPods is what the server observer sees of pods: identity, restart
+// count, readiness.
+func ServerPods(pods []corev1.Pod) []ServerPod {
+	out := make([]ServerPod, 0, len(pods))
+	for i := range pods {
+		p := &pods[i]
+		var restarts int32
+		for _, c := range p.Status.ContainerStatuses {
+			restarts += c.RestartCount
+		}
+		out = append(out, ServerPod{UID: string(p.UID), Restarts: restarts, Ready: PodReady(p)})
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -141,4 +142,21 @@ func workloads(ws []string) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, ", ")
+}
+
+// EndpointSettleTime is how long a backend must have been Ready before its
+// engines are rolled: the webhook's cache, which lags the API server, holds
+// the endpoint by then, so pods created after it are wired.
+const EndpointSettleTime = 3 * time.Second
+
+// EndpointSince is when the webhook could first inject cb's published
+// endpoint: its Ready transition plus the settle time; nil while cb
+// publishes no endpoint (pods admitted now are admitted before it).
+func EndpointSince(cb *v1alpha1.CacheBackend) *time.Time {
+	ready := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+	if cb.Status.Endpoint == "" || ready == nil || ready.Status != metav1.ConditionTrue {
+		return nil
+	}
+	t := ready.LastTransitionTime.Add(EndpointSettleTime)
+	return &t
 }

@@ -206,9 +206,15 @@ func runDiff(c *cobra.Command, o *options, src *sourceFlags) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// The receipt keys verify the engines a roll would restart; without
+	// them the rolls are not previewed (and the diff says so).
+	keys, keysErr := cli.ReadKeys(c.Context(), k, o.operatorNamespace)
+	if keysErr != nil {
+		keys = nil
+	}
 	changed := false
 	for _, cb := range backends {
-		d, err := cli.Diff(c.Context(), k, cb)
+		d, err := cli.Diff(c.Context(), k, cb, keys)
 		if err != nil {
 			return false, err
 		}

@@ -1,0 +1,102 @@
+package plan
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/workload"
+)
+
+// WiredWorkloads reads the restart cascade's candidates: every Deployment
+// or StatefulSet of cb's namespace with a pod wired to cb. A pod counts as
+// wired only when receipt.Judge verifies its receipt against cb and keys
+// (HMAC and the digest of its containers, on the full pod read through
+// live): a pod carrying a forged or copied receipt never causes a roll.
+// Pods are listed as metadata through pods (the controller's cache);
+// candidates whose metadata already fails the signature are not read in
+// full.
+func WiredWorkloads(ctx context.Context, pods, live client.Reader, cb *v1alpha1.CacheBackend, keys []receipt.Key) ([]Candidate, error) {
+	list := &metav1.PartialObjectMetadataList{}
+	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+	if err := pods.List(ctx, list, client.InNamespace(cb.Namespace)); err != nil {
+		return nil, fmt.Errorf("listing engine pods: %w", err)
+	}
+	set := map[Workload]bool{}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if !p.DeletionTimestamp.IsZero() || receipt.JudgeMetadata(p.Namespace, p.Annotations, cb, keys).Verdict != receipt.Valid {
+			continue
+		}
+		w, ok, err := engineWorkload(ctx, live, p)
+		if err != nil {
+			return nil, err
+		}
+		if !ok || set[w] {
+			continue
+		}
+		full := &corev1.Pod{}
+		if err := live.Get(ctx, client.ObjectKeyFromObject(p), full); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, fmt.Errorf("reading engine pod %s: %w", p.Name, err)
+		}
+		if receipt.Judge(full, cb, keys).Verdict == receipt.Valid {
+			set[w] = true
+		}
+	}
+	return readCandidates(ctx, live, cb.Namespace, set)
+}
+
+// EarlyWorkloads reads the heal's candidates: the workloads (resolved
+// through live) of the pods admitted before the endpoint existed. A pod of
+// no Deployment or StatefulSet has none.
+func EarlyWorkloads(ctx context.Context, live client.Reader, namespace string, early []metav1.PartialObjectMetadata) ([]Candidate, error) {
+	set := map[Workload]bool{}
+	for i := range early {
+		w, ok, err := engineWorkload(ctx, live, &early[i])
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			set[w] = true
+		}
+	}
+	return readCandidates(ctx, live, namespace, set)
+}
+
+// engineWorkload resolves the workload that controls pod
+// (workload.ControllerOf: a Deployment through its ReplicaSet, read with
+// r, or a StatefulSet).
+func engineWorkload(ctx context.Context, r client.Reader, pod metav1.Object) (Workload, bool, error) {
+	kind, name, ok, err := workload.ControllerOf(ctx, r, pod)
+	return Workload{Kind: kind, Name: name}, ok, err
+}
+
+// readCandidates reads what each workload's pod template carries, sorted
+// by workload.
+func readCandidates(ctx context.Context, r client.Reader, namespace string, set map[Workload]bool) ([]Candidate, error) {
+	out := make([]Candidate, 0, len(set))
+	for w := range set {
+		c := Candidate{Workload: w}
+		live, ok, err := workload.ReadNamed(ctx, r, w.Kind, namespace, w.Name)
+		if err != nil {
+			return nil, fmt.Errorf("reading engine %s: %w", w, err)
+		}
+		if ok {
+			c.Found, c.Carries = true, live.PodTemplate().Annotations[v1alpha1.AnnotationServerInstance]
+		}
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b Candidate) int { return strings.Compare(a.Workload.String(), b.Workload.String()) })
+	return out, nil
+}

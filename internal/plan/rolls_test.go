@@ -1,0 +1,74 @@
+package plan
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+// TestRolls is the roll plan's table: when the cascade and the heal roll,
+// wait, or leave the recorded server instance alone.
+func TestRolls(t *testing.T) {
+	value := InstanceHash("new:0")
+	dep := func(name, carries string) Candidate {
+		return Candidate{Workload: Workload{"Deployment", name}, Found: true, Carries: carries}
+	}
+	ready := RollState{Policy: v1alpha1.EngineRestartOnServerChange, Instance: "new:0", ServerAvailable: true, Ready: true, Settled: true}
+	with := func(f func(*RollState)) RollState { s := ready; f(&s); return s }
+	for _, tc := range []struct {
+		name         string
+		state        RollState
+		wired, early []Candidate
+		cascade      []string
+		heal         []string
+		wait, record bool
+		healing      bool
+	}{
+		{name: "at rest: the instance is recorded", state: ready, record: true},
+		{name: "no serving pod: nothing recorded", state: with(func(s *RollState) { s.Instance = "" })},
+		{name: "engine-local: nothing", state: with(func(s *RollState) { s.EngineLocal, s.Changed = true, true }), wired: []Candidate{dep("a", "")}},
+		{name: "apply failed: nothing", state: with(func(s *RollState) { s.ApplyFailed, s.Changed = true, true }), wired: []Candidate{dep("a", "")}},
+		{name: "server changed: the wired workloads roll", state: with(func(s *RollState) { s.Changed = true }),
+			wired: []Candidate{dep("b", ""), dep("a", "")}, cascade: []string{"Deployment/a", "Deployment/b"}, record: true},
+		{name: "server changed, one rolled already", state: with(func(s *RollState) { s.Changed = true }),
+			wired: []Candidate{dep("a", value), dep("b", "old")}, cascade: []string{"Deployment/b"}, record: true},
+		{name: "server changed, not settled: wait, keep the recorded instance", state: with(func(s *RollState) { s.Changed, s.Settled = true, false }), wait: true},
+		{name: "server changed, not available: wait", state: with(func(s *RollState) { s.Changed, s.ServerAvailable = true, false }), wait: true},
+		{name: "server changed, policy Never: recorded, nothing rolls", state: with(func(s *RollState) { s.Changed, s.Policy = true, v1alpha1.EngineRestartNever }),
+			wired: []Candidate{dep("a", "")}, record: true},
+		{name: "early pods: healed", state: with(func(s *RollState) { s.Early = true }),
+			early: []Candidate{dep("e", "")}, heal: []string{"Deployment/e"}, record: true, healing: true},
+		{name: "early pods, not settled: wait", state: with(func(s *RollState) { s.Early, s.Settled = true, false }),
+			early: []Candidate{dep("e", "")}, wait: true, record: true},
+		{name: "early pods, not Ready: nothing", state: with(func(s *RollState) { s.Early, s.Ready = true, false }),
+			early: []Candidate{dep("e", "")}, record: true},
+		{name: "early pods, keys unavailable: nothing", state: with(func(s *RollState) { s.Early, s.KeysUnavailable = true, true }),
+			early: []Candidate{dep("e", "")}, record: true},
+		{name: "early pods, policy Never: nothing", state: with(func(s *RollState) { s.Early, s.Policy = true, v1alpha1.EngineRestartNever }),
+			early: []Candidate{dep("e", "")}, record: true},
+		{name: "early pods of no workload: not healing", state: with(func(s *RollState) { s.Early = true }), record: true},
+		{name: "a workload both wired and early rolls once, for the server change", state: with(func(s *RollState) { s.Changed, s.Early = true, true }),
+			wired: []Candidate{dep("a", "")}, early: []Candidate{dep("a", ""), dep("e", value)}, cascade: []string{"Deployment/a"}, record: true, healing: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := Rolls(tc.state, tc.wired, tc.early)
+			names := func(c RollCause) []string {
+				var out []string
+				for _, w := range p.Workloads(c) {
+					out = append(out, w.String())
+				}
+				return out
+			}
+			assert.Equal(t, tc.cascade, names(CauseServerChange), "cascade")
+			assert.Equal(t, tc.heal, names(CauseAdmittedBeforeEndpoint), "heal")
+			for _, r := range p.Rolls {
+				assert.Equal(t, value, r.Value)
+			}
+			assert.Equal(t, tc.wait, p.Wait > 0, "wait")
+			assert.Equal(t, tc.record, p.Record, "record")
+			assert.Equal(t, tc.healing, p.Healing, "healing")
+		})
+	}
+}
