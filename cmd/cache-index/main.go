@@ -35,6 +35,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	"github.com/inferencecache/operator/internal/kvindex/redisstore"
 	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/version"
@@ -100,7 +101,7 @@ func run(args []string) error {
 	var store kvindex.Store
 	switch *storeKind {
 	case "memory":
-		store = kvindex.NewMemStore()
+		store = memstore.New()
 	case "redis":
 		opt := &redis.Options{Addr: *redisAddr, DB: *redisDB}
 		if *redisPasswordFile != "" {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -185,7 +186,7 @@ func score(t *testing.T, h *harness, token, ns string, hashes ...uint64) (*pb.Sc
 }
 
 func TestIngestExactlyOnceGapSnapshotAndScore(t *testing.T) {
-	h := newHarness(t, kvindex.NewMemStore())
+	h := newHarness(t, memstore.New())
 	s := h.open(t, "sub-a")
 	s.send(hello("team-a", "vllm-0", "uid-0", 1, &pb.RankPosition{Rank: 0, Epoch: 1}))
 	w := s.recv().GetWelcome()
@@ -301,7 +302,7 @@ func TestIndexRestartAsksForSnapshots(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, kvindex.NewMemStore())
+			h := newHarness(t, memstore.New())
 			s := h.open(t, "sub-a")
 			s.send(hello("team-a", "vllm-0", "uid-0", 2, tt.ranks...))
 			if s.recv().GetWelcome() == nil {
@@ -325,7 +326,7 @@ func TestIndexRestartAsksForSnapshots(t *testing.T) {
 }
 
 func TestRefusedCallers(t *testing.T) {
-	h := newHarness(t, kvindex.NewMemStore())
+	h := newHarness(t, memstore.New())
 	// A team-a pod publishes.
 	s := h.open(t, "sub-a")
 	s.send(hello("team-a", "vllm-0", "uid-0", 1))
@@ -397,7 +398,7 @@ func TestRefusedCallers(t *testing.T) {
 }
 
 func TestTokenReviewsAreCached(t *testing.T) {
-	h := newHarness(t, kvindex.NewMemStore())
+	h := newHarness(t, memstore.New())
 	for range 5 {
 		if _, err := score(t, h, "router-a", "team-a", 1); err != nil {
 			t.Fatal(err)
@@ -433,7 +434,7 @@ func postJSON(t *testing.T, h *harness, path, token, body string, out any) int {
 }
 
 func TestMooncakeShapedQuery(t *testing.T) {
-	h := newHarness(t, kvindex.NewMemStore())
+	h := newHarness(t, memstore.New())
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	hashes, err := kvindex.HashTokens("sha256_cbor", "vllm-none-hash", 4, tokens)
 	if err != nil {
@@ -481,7 +482,7 @@ func TestMooncakeShapedQuery(t *testing.T) {
 }
 
 func TestNewerStreamReplacesOlder(t *testing.T) {
-	h := newHarness(t, kvindex.NewMemStore())
+	h := newHarness(t, memstore.New())
 	old := h.open(t, "sub-a")
 	old.send(hello("team-a", "vllm-0", "uid-0", 1))
 	old.recv()

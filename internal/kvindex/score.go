@@ -35,6 +35,11 @@ var deriveBits = func() (d [16]uint8) {
 	return d
 }()
 
+// MatchBits maps a residency's tier mask (bit 1<<tier per tier) to the
+// match kinds it keeps alive, bit k for kind k of a PrefixWalk's lengths
+// (any, GPU, CPU, disk, GPU or CPU).
+func MatchBits(mask uint8) uint8 { return deriveBits[mask&15] }
+
 // PrefixWalk computes, per instance (a dense id), how many leading blocks of
 // a prompt it holds: for any tier, for each tier alone, and for GPU or CPU.
 // The caller visits each block's residents in prompt order with Visit and

@@ -10,6 +10,7 @@ package kvindex
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -33,7 +34,9 @@ const (
 	TierGPU         Tier = 1
 	TierCPU         Tier = 2
 	TierDisk        Tier = 3
-	numTiers             = 4
+	// NumTiers bounds the Tier values (TierDisk+1): arrays indexed by tier
+	// have this length.
+	NumTiers = 4
 )
 
 // String is the tier's name as the HTTP API and metrics spell it.
@@ -202,7 +205,7 @@ type Store interface {
 	// every (pod, rank) of the backend holding at least the first block.
 	Score(ctx context.Context, backend BackendRef, space Space, hashes []uint64) ([]Match, error)
 	// TierBlocks counts block residencies per tier in a backend.
-	TierBlocks(ctx context.Context, backend BackendRef) ([numTiers]uint64, error)
+	TierBlocks(ctx context.Context, backend BackendRef) ([NumTiers]uint64, error)
 	// PodBlocks counts the blocks (any tier) a pod holds.
 	PodBlocks(ctx context.Context, pod PodKey) (uint64, error)
 	// PutPod stores a pod's record and extends its lease to leaseUntil.
@@ -215,6 +218,10 @@ type Store interface {
 	// Close releases the store's resources.
 	Close() error
 }
+
+// ErrStaleEpoch is returned for a snapshot of an epoch older than the one
+// the store holds for that rank.
+var ErrStaleEpoch = errors.New("snapshot epoch is older than the applied epoch")
 
 // SpaceKey is the stable text form of a space, used in store keys.
 func SpaceKey(s Space) string { return fmt.Sprintf("%s\x00%s\x00%s", s.Model, s.Lora, s.Scheme) }

@@ -16,6 +16,7 @@ import (
 	"github.com/inferencecache/operator/internal/kvevent/forward"
 	"github.com/inferencecache/operator/internal/kvevent/subscriber"
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -99,7 +100,7 @@ func startReplica(t *testing.T, addr string) *replica {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	ix := kvindex.New(kvindex.Options{Store: kvindex.NewMemStore(), Heartbeat: time.Hour})
+	ix := kvindex.New(kvindex.Options{Store: memstore.New(), Heartbeat: time.Hour})
 	s := grpc.NewServer()
 	kvindex.RegisterGRPC(s, ix)
 	go func() { _ = s.Serve(ln) }()

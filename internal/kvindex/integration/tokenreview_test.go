@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/test/controlplane"
 )
@@ -86,7 +87,7 @@ func TestServiceAccountTokensAgainstTheAPIServer(t *testing.T) {
 
 	reviews := &countingReviewer{TokenReviewer: cs.AuthenticationV1().TokenReviews()}
 	ix := kvindex.New(kvindex.Options{
-		Store:         kvindex.NewMemStore(),
+		Store:         memstore.New(),
 		Authenticator: &kvindex.TokenReviewAuthenticator{Reviewer: reviews, Audiences: []string{audience}, CacheTTL: time.Minute},
 	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

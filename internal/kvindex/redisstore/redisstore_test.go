@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	"github.com/inferencecache/operator/internal/kvindex/redisstore"
 	"github.com/inferencecache/operator/internal/kvindex/storetest"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
@@ -159,7 +160,7 @@ func TestTwoReplicasScoreIdentically(t *testing.T) {
 		kvindex.New(kvindex.Options{Store: newStore(t, addr), Now: clock}),
 		kvindex.New(kvindex.Options{Store: newStore(t, addr), Now: clock}),
 	}
-	ref := kvindex.New(kvindex.Options{Store: kvindex.NewMemStore(), Now: clock})
+	ref := kvindex.New(kvindex.Options{Store: memstore.New(), Now: clock})
 	caller := kvindex.Caller{Anonymous: true}
 
 	// 20 pods, 2 ranks each, prompts sharing prefixes; pod i streams to

@@ -1,4 +1,4 @@
-package kvindex_test
+package memstore_test
 
 import (
 	"context"
@@ -7,17 +7,18 @@ import (
 	"testing"
 
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	"github.com/inferencecache/operator/internal/kvindex/storetest"
 )
 
 func TestMemStore(t *testing.T) {
-	storetest.Run(t, func(*testing.T) kvindex.Store { return kvindex.NewMemStore() })
+	storetest.Run(t, func(*testing.T) kvindex.Store { return memstore.New() })
 }
 
 // The memory store's bitset walk against a naive model of the same deltas,
 // on postings large enough to be kept as bitsets (and shrinking back).
 func TestMemStoreScoreMatchesNaiveModel(t *testing.T) {
-	s := kvindex.NewMemStore()
+	s := memstore.New()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	type key struct {
@@ -74,7 +75,7 @@ func TestMemStoreScoreMatchesNaiveModel(t *testing.T) {
 			// checked one by one): never (0), from the first block (1000),
 			// and past thresholds crossed mid-prompt.
 			for _, sparseMax := range []int{0, 1000, 48, 10} {
-				restore := kvindex.SetSparseMax(sparseMax)
+				restore := memstore.SetSparseMax(sparseMax)
 				ms, err := s.Score(ctx, storetest.BackendA, storetest.Space, q)
 				restore()
 				if err != nil {

@@ -1,4 +1,4 @@
-package kvindex
+package memstore
 
 // SetSparseMax sets the number of matching instances below which the
 // memory store's walk switches to its sparse phase, and returns a func

@@ -1,37 +1,36 @@
-package kvindex
+// Package memstore is the in-memory kvindex.Store: the default, for one
+// index replica (the Redis store in ../redisstore is for several).
+package memstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/bits"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/inferencecache/operator/internal/kvindex"
 )
 
-// ErrStaleEpoch is returned for a snapshot of an epoch older than the one
-// the store holds for that rank.
-var ErrStaleEpoch = errors.New("snapshot epoch is older than the applied epoch")
-
-// MemStore is the in-memory Store. Memory per block residency is a few
+// Store is the in-memory kvindex.Store. Memory per block residency is a few
 // words: a block hash maps to one 64-bit posting word when one (pod, rank)
 // holds it (the instance id and a 10-bit reference count per tier packed
 // together), or to a slot of a shared slab when several do; each instance
 // keeps an append-only log of its hashes (compacted as it grows) so that
 // dropping a pod costs its own blocks, never a scan of the index. There is
 // no heap object per block.
-type MemStore struct {
+type Store struct {
 	mu       sync.RWMutex
-	backends map[BackendRef]*memBackend
+	backends map[kvindex.BackendRef]*memBackend
 }
 
-// NewMemStore returns an empty in-memory store.
-func NewMemStore() *MemStore {
-	return &MemStore{backends: map[BackendRef]*memBackend{}}
+// New returns an empty in-memory store.
+func New() *Store {
+	return &Store{backends: map[kvindex.BackendRef]*memBackend{}}
 }
 
-var _ Store = (*MemStore)(nil)
+var _ kvindex.Store = (*Store)(nil)
 
 type instKey struct {
 	uid  string
@@ -43,13 +42,13 @@ type memInstance struct {
 	uid    string
 	rank   uint32
 	known  bool
-	pos    Position
+	pos    kvindex.Position
 	blocks uint64
 	logs   map[*memSpace][]uint64
 }
 
 type memPod struct {
-	rec        PodRecord
+	rec        kvindex.PodRecord
 	leaseUntil time.Time
 	ranks      map[uint32]uint32
 }
@@ -59,9 +58,9 @@ type memBackend struct {
 	insts  []memInstance
 	byKey  map[instKey]uint32
 	free   []uint32
-	spaces map[Space]*memSpace
+	spaces map[kvindex.Space]*memSpace
 	pods   map[string]*memPod
-	tiers  [numTiers]uint64
+	tiers  [kvindex.NumTiers]uint64
 }
 
 type memSpace struct {
@@ -89,27 +88,27 @@ const (
 	refMax    = 1<<refBits - 1
 )
 
-var tierShift = [numTiers]uint{0, 20, 10, 0}
+var tierShift = [kvindex.NumTiers]uint{0, 20, 10, 0}
 
 func resInst(w uint64) uint32 { return uint32(w >> 32) }
 
-func resRefs(w uint64, t Tier) uint32 { return uint32(w>>tierShift[t]) & refMax }
+func resRefs(w uint64, t kvindex.Tier) uint32 { return uint32(w>>tierShift[t]) & refMax }
 
-func resSetRefs(w uint64, t Tier, n uint32) uint64 {
+func resSetRefs(w uint64, t kvindex.Tier, n uint32) uint64 {
 	return w&^(uint64(refMax)<<tierShift[t]) | uint64(n)<<tierShift[t]
 }
 
 func resMask(w uint64) uint8 {
 	var m uint8
-	for t := TierGPU; t <= TierDisk; t++ {
+	for t := kvindex.TierGPU; t <= kvindex.TierDisk; t++ {
 		if resRefs(w, t) != 0 {
-			m |= TierBit(t)
+			m |= kvindex.TierBit(t)
 		}
 	}
 	return m
 }
 
-func (s *MemStore) backend(b BackendRef, create bool) *memBackend {
+func (s *Store) backend(b kvindex.BackendRef, create bool) *memBackend {
 	s.mu.RLock()
 	mb := s.backends[b]
 	s.mu.RUnlock()
@@ -119,13 +118,13 @@ func (s *MemStore) backend(b BackendRef, create bool) *memBackend {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if mb = s.backends[b]; mb == nil {
-		mb = &memBackend{byKey: map[instKey]uint32{}, spaces: map[Space]*memSpace{}, pods: map[string]*memPod{}}
+		mb = &memBackend{byKey: map[instKey]uint32{}, spaces: map[kvindex.Space]*memSpace{}, pods: map[string]*memPod{}}
 		s.backends[b] = mb
 	}
 	return mb
 }
 
-func (b *memBackend) space(sp Space, create bool) *memSpace {
+func (b *memBackend) space(sp kvindex.Space, create bool) *memSpace {
 	s := b.spaces[sp]
 	if s == nil && create {
 		s = &memSpace{blocks: map[uint64]uint64{}}
@@ -153,7 +152,7 @@ func (b *memBackend) instance(uid string, rank uint32, create bool) (uint32, boo
 	b.byKey[instKey{uid, rank}] = id
 	p := b.pods[uid]
 	if p == nil {
-		p = &memPod{rec: PodRecord{UID: uid}, ranks: map[uint32]uint32{}}
+		p = &memPod{rec: kvindex.PodRecord{UID: uid}, ranks: map[uint32]uint32{}}
 		b.pods[uid] = p
 	}
 	p.ranks[rank] = id
@@ -273,9 +272,9 @@ func (s *memSpace) syncDense(idx, inst uint32, w uint64) uint64 {
 
 func setDense(d []uint64, words int, inst uint32, mask uint8) {
 	word, bit := int(inst)/64, uint64(1)<<(inst%64)
-	for t := TierGPU; t <= TierDisk; t++ {
+	for t := kvindex.TierGPU; t <= kvindex.TierDisk; t++ {
 		i := int(t-1)*words + word
-		if mask&TierBit(t) != 0 {
+		if mask&kvindex.TierBit(t) != 0 {
 			d[i] |= bit
 		} else {
 			d[i] &^= bit
@@ -298,7 +297,7 @@ func (s *memSpace) newMulti(a, b uint64) uint32 {
 }
 
 // add adds n references of (h, tier) for inst.
-func (b *memBackend) add(s *memSpace, id uint32, h uint64, t Tier, n uint32) {
+func (b *memBackend) add(s *memSpace, id uint32, h uint64, t kvindex.Tier, n uint32) {
 	w, slot, ok := s.find(h, id)
 	in := &b.insts[id]
 	old := resRefs(w, t)
@@ -319,7 +318,7 @@ func (b *memBackend) add(s *memSpace, id uint32, h uint64, t Tier, n uint32) {
 
 // remove drops one reference of (h, tier) for inst; unknown blocks are
 // ignored (an eviction the index never saw stored).
-func (b *memBackend) remove(s *memSpace, id uint32, h uint64, t Tier) {
+func (b *memBackend) remove(s *memSpace, id uint32, h uint64, t kvindex.Tier) {
 	w, slot, ok := s.find(h, id)
 	if !ok {
 		return
@@ -339,7 +338,7 @@ func (b *memBackend) remove(s *memSpace, id uint32, h uint64, t Tier) {
 }
 
 // clearInstance drops inst's blocks of one tier, or of every tier.
-func (b *memBackend) clearInstance(id uint32, only Tier) {
+func (b *memBackend) clearInstance(id uint32, only kvindex.Tier) {
 	in := &b.insts[id]
 	for s, log := range in.logs {
 		kept := log[:0]
@@ -348,8 +347,8 @@ func (b *memBackend) clearInstance(id uint32, only Tier) {
 			if !ok {
 				continue
 			}
-			for t := TierGPU; t <= TierDisk; t++ {
-				if (only == TierUnspecified || only == t) && resRefs(w, t) != 0 {
+			for t := kvindex.TierGPU; t <= kvindex.TierDisk; t++ {
+				if (only == kvindex.TierUnspecified || only == t) && resRefs(w, t) != 0 {
 					b.tiers[t]--
 					w = resSetRefs(w, t, 0)
 				}
@@ -384,56 +383,56 @@ func (b *memBackend) compactLog(id uint32, s *memSpace) {
 }
 
 func (b *memBackend) dropInstance(id uint32) {
-	b.clearInstance(id, TierUnspecified)
+	b.clearInstance(id, kvindex.TierUnspecified)
 	in := b.insts[id]
 	delete(b.byKey, instKey{in.uid, in.rank})
 	b.insts[id] = memInstance{}
 	b.free = append(b.free, id)
 }
 
-// Apply implements Store.
-func (s *MemStore) Apply(_ context.Context, src Source, d Delta) (Outcome, Position, error) {
+// Apply implements kvindex.Store.
+func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (kvindex.Outcome, kvindex.Position, error) {
 	b := s.backend(src.Backend, true)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	id, exists := b.instance(src.PodUID, src.Rank, false)
-	var pos Position
+	var pos kvindex.Position
 	known := exists && b.insts[id].known
 	if known {
 		pos = b.insts[id].pos
 	}
 	switch {
 	case known && d.Epoch == pos.Epoch && d.Sequence <= pos.Sequence:
-		return Duplicate, pos, nil
+		return kvindex.Duplicate, pos, nil
 	case known && d.Epoch == pos.Epoch && d.Sequence == pos.Sequence+1:
 	case d.Sequence == 1 && (!known || d.Epoch > pos.Epoch):
 		if exists {
-			b.clearInstance(id, TierUnspecified)
+			b.clearInstance(id, kvindex.TierUnspecified)
 		}
 	default:
-		return NeedSnapshot, pos, nil
+		return kvindex.NeedSnapshot, pos, nil
 	}
 	id, _ = b.instance(src.PodUID, src.Rank, true)
 	for _, op := range d.Ops {
 		switch op.Kind {
-		case OpClear:
+		case kvindex.OpClear:
 			b.clearInstance(id, op.Tier)
-		case OpStore:
-			if op.Tier == TierUnspecified || op.Tier >= numTiers {
+		case kvindex.OpStore:
+			if op.Tier == kvindex.TierUnspecified || op.Tier >= kvindex.NumTiers {
 				continue
 			}
 			sp := b.space(op.Space, true)
 			for _, h := range op.Hashes {
 				b.add(sp, id, h, op.Tier, 1)
 			}
-		case OpRemove:
+		case kvindex.OpRemove:
 			sp := b.space(op.Space, false)
-			if sp == nil || op.Tier >= numTiers {
+			if sp == nil || op.Tier >= kvindex.NumTiers {
 				continue
 			}
 			for _, h := range op.Hashes {
-				if op.Tier == TierUnspecified {
-					for t := TierGPU; t <= TierDisk; t++ {
+				if op.Tier == kvindex.TierUnspecified {
+					for t := kvindex.TierGPU; t <= kvindex.TierDisk; t++ {
 						b.remove(sp, id, h, t)
 					}
 				} else {
@@ -442,24 +441,24 @@ func (s *MemStore) Apply(_ context.Context, src Source, d Delta) (Outcome, Posit
 			}
 		}
 	}
-	pos = Position{Epoch: d.Epoch, Sequence: d.Sequence}
+	pos = kvindex.Position{Epoch: d.Epoch, Sequence: d.Sequence}
 	b.insts[id].known, b.insts[id].pos = true, pos
-	return Applied, pos, nil
+	return kvindex.Applied, pos, nil
 }
 
-// Replace implements Store.
-func (s *MemStore) Replace(_ context.Context, src Source, pos Position, entries []Entry) error {
+// Replace implements kvindex.Store.
+func (s *Store) Replace(_ context.Context, src kvindex.Source, pos kvindex.Position, entries []kvindex.Entry) error {
 	b := s.backend(src.Backend, true)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	id, exists := b.instance(src.PodUID, src.Rank, false)
 	if exists && b.insts[id].known && b.insts[id].pos.Epoch > pos.Epoch {
-		return fmt.Errorf("replace %s rank %d with epoch %d (holding %d): %w", src.PodUID, src.Rank, pos.Epoch, b.insts[id].pos.Epoch, ErrStaleEpoch)
+		return fmt.Errorf("replace %s rank %d with epoch %d (holding %d): %w", src.PodUID, src.Rank, pos.Epoch, b.insts[id].pos.Epoch, kvindex.ErrStaleEpoch)
 	}
 	id, _ = b.instance(src.PodUID, src.Rank, true)
-	b.clearInstance(id, TierUnspecified)
+	b.clearInstance(id, kvindex.TierUnspecified)
 	for _, e := range entries {
-		if e.Tier == TierUnspecified || e.Tier >= numTiers || e.Refs == 0 {
+		if e.Tier == kvindex.TierUnspecified || e.Tier >= kvindex.NumTiers || e.Refs == 0 {
 			continue
 		}
 		b.add(b.space(e.Space, true), id, e.Hash, e.Tier, e.Refs)
@@ -468,9 +467,9 @@ func (s *MemStore) Replace(_ context.Context, src Source, pos Position, entries 
 	return nil
 }
 
-// Positions implements Store.
-func (s *MemStore) Positions(_ context.Context, pod PodKey) (map[uint32]Position, error) {
-	out := map[uint32]Position{}
+// Positions implements kvindex.Store.
+func (s *Store) Positions(_ context.Context, pod kvindex.PodKey) (map[uint32]kvindex.Position, error) {
+	out := map[uint32]kvindex.Position{}
 	b := s.backend(pod.Backend, false)
 	if b == nil {
 		return out, nil
@@ -487,8 +486,8 @@ func (s *MemStore) Positions(_ context.Context, pod PodKey) (map[uint32]Position
 	return out, nil
 }
 
-// Score implements Store.
-func (s *MemStore) Score(_ context.Context, backend BackendRef, space Space, hashes []uint64) ([]Match, error) {
+// Score implements kvindex.Store.
+func (s *Store) Score(_ context.Context, backend kvindex.BackendRef, space kvindex.Space, hashes []uint64) ([]kvindex.Match, error) {
 	b := s.backend(backend, false)
 	if b == nil || len(hashes) == 0 {
 		return nil, nil
@@ -587,7 +586,7 @@ func (sp *memSpace) lookAhead(hashes []uint64, out *[walkChunk]postingOf) uint64
 // of a kind at block i matched i blocks of it. Once fewer than sparseMax
 // instances still match, the walk checks just those per block (the
 // sparse phase) instead of every word of the bitsets.
-func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []Match {
+func bitWalk(sp *memSpace, insts []memInstance, hashes []uint64) []kvindex.Match {
 	words := (len(insts) + 63) / 64
 	wb := walkBufs.Get().(*walkBuf)
 	defer walkBufs.Put(wb)
@@ -727,10 +726,10 @@ walk:
 	for _, inst := range wb.sInst {
 		slot[inst] = 0
 	}
-	out := make([]Match, 0, len(wb.seen))
+	out := make([]kvindex.Match, 0, len(wb.seen))
 	for _, inst := range wb.seen {
 		if in := &insts[inst]; in.used {
-			out = append(out, MatchFrom(in.uid, in.rank, lens[inst]))
+			out = append(out, kvindex.MatchFrom(in.uid, in.rank, lens[inst]))
 		}
 		lens[inst] = [5]uint32{}
 	}
@@ -752,7 +751,7 @@ func sparseStep(wb *walkBuf, slot []uint8, lens [][5]uint32, dense, list []uint6
 			j, b := int(inst)/64, inst%64
 			var m uint8
 			if j < pw {
-				m = uint8(dense[j]>>b&1)<<TierGPU | uint8(dense[pw+j]>>b&1)<<TierCPU | uint8(dense[2*pw+j]>>b&1)<<TierDisk
+				m = uint8(dense[j]>>b&1)<<kvindex.TierGPU | uint8(dense[pw+j]>>b&1)<<kvindex.TierCPU | uint8(dense[2*pw+j]>>b&1)<<kvindex.TierDisk
 			}
 			mask[a] = m
 		}
@@ -769,7 +768,7 @@ func sparseStep(wb *walkBuf, slot []uint8, lens [][5]uint32, dense, list []uint6
 	kept := 0
 	for a, inst := range wb.sInst {
 		old := wb.sBits[a]
-		nb := old & deriveBits[mask[a]]
+		nb := old & kvindex.MatchBits(mask[a])
 		for dropped := old &^ nb; dropped != 0; dropped &= dropped - 1 {
 			lens[inst][bits.TrailingZeros8(dropped)] = i
 		}
@@ -785,19 +784,19 @@ func sparseStep(wb *walkBuf, slot []uint8, lens [][5]uint32, dense, list []uint6
 	return kept > 0
 }
 
-// TierBlocks implements Store.
-func (s *MemStore) TierBlocks(_ context.Context, backend BackendRef) ([numTiers]uint64, error) {
+// TierBlocks implements kvindex.Store.
+func (s *Store) TierBlocks(_ context.Context, backend kvindex.BackendRef) ([kvindex.NumTiers]uint64, error) {
 	b := s.backend(backend, false)
 	if b == nil {
-		return [numTiers]uint64{}, nil
+		return [kvindex.NumTiers]uint64{}, nil
 	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	return b.tiers, nil
 }
 
-// PodBlocks implements Store.
-func (s *MemStore) PodBlocks(_ context.Context, pod PodKey) (uint64, error) {
+// PodBlocks implements kvindex.Store.
+func (s *Store) PodBlocks(_ context.Context, pod kvindex.PodKey) (uint64, error) {
 	b := s.backend(pod.Backend, false)
 	if b == nil {
 		return 0, nil
@@ -813,8 +812,8 @@ func (s *MemStore) PodBlocks(_ context.Context, pod PodKey) (uint64, error) {
 	return n, nil
 }
 
-// PutPod implements Store.
-func (s *MemStore) PutPod(_ context.Context, rec PodRecord, leaseUntil time.Time) error {
+// PutPod implements kvindex.Store.
+func (s *Store) PutPod(_ context.Context, rec kvindex.PodRecord, leaseUntil time.Time) error {
 	b := s.backend(rec.Backend, true)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -827,15 +826,15 @@ func (s *MemStore) PutPod(_ context.Context, rec PodRecord, leaseUntil time.Time
 	return nil
 }
 
-// Pods implements Store.
-func (s *MemStore) Pods(_ context.Context, backend BackendRef) ([]PodRecord, error) {
+// Pods implements kvindex.Store.
+func (s *Store) Pods(_ context.Context, backend kvindex.BackendRef) ([]kvindex.PodRecord, error) {
 	b := s.backend(backend, false)
 	if b == nil {
 		return nil, nil
 	}
 	b.mu.RLock()
 	defer b.mu.RUnlock()
-	out := make([]PodRecord, 0, len(b.pods))
+	out := make([]kvindex.PodRecord, 0, len(b.pods))
 	for _, p := range b.pods {
 		if p.rec.Name != "" {
 			out = append(out, p.rec)
@@ -844,15 +843,15 @@ func (s *MemStore) Pods(_ context.Context, backend BackendRef) ([]PodRecord, err
 	return out, nil
 }
 
-// ExpireLeases implements Store.
-func (s *MemStore) ExpireLeases(_ context.Context, now time.Time) ([]PodKey, error) {
+// ExpireLeases implements kvindex.Store.
+func (s *Store) ExpireLeases(_ context.Context, now time.Time) ([]kvindex.PodKey, error) {
 	s.mu.RLock()
-	backends := make(map[BackendRef]*memBackend, len(s.backends))
+	backends := make(map[kvindex.BackendRef]*memBackend, len(s.backends))
 	for k, v := range s.backends {
 		backends[k] = v
 	}
 	s.mu.RUnlock()
-	var gone []PodKey
+	var gone []kvindex.PodKey
 	for ref, b := range backends {
 		b.mu.Lock()
 		for uid, p := range b.pods {
@@ -863,12 +862,12 @@ func (s *MemStore) ExpireLeases(_ context.Context, now time.Time) ([]PodKey, err
 				b.dropInstance(id)
 			}
 			delete(b.pods, uid)
-			gone = append(gone, PodKey{Backend: ref, UID: uid})
+			gone = append(gone, kvindex.PodKey{Backend: ref, UID: uid})
 		}
 		b.mu.Unlock()
 	}
 	return gone, nil
 }
 
-// Close implements Store.
-func (s *MemStore) Close() error { return nil }
+// Close implements kvindex.Store.
+func (s *Store) Close() error { return nil }

@@ -1,4 +1,4 @@
-package kvindex_test
+package memstore_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	"github.com/inferencecache/operator/internal/kvindex/storetest"
 )
 
@@ -31,7 +32,7 @@ var (
 // stores 16 new blocks of a prompt and evicts the 16 stored 4 deltas
 // earlier, for one of 100 pods in turn (a steady-state cache).
 func BenchmarkIngest(b *testing.B) {
-	storetest.BenchIngest(b, kvindex.NewMemStore())
+	storetest.BenchIngest(b, memstore.New())
 }
 
 // The Score benchmark's index: 1,000 pods × 100,000 GPU blocks each. The
@@ -63,11 +64,11 @@ func prompt(p int) []uint64 {
 	return out
 }
 
-var bigIndex = sync.OnceValues(func() (*kvindex.MemStore, [2]float64) {
+var bigIndex = sync.OnceValues(func() (*memstore.Store, [2]float64) {
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	s := kvindex.NewMemStore()
+	s := memstore.New()
 	ctx := context.Background()
 	var residencies uint64
 	for pod := range benchPods {
