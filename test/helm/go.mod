@@ -8,7 +8,10 @@ require (
 	sigs.k8s.io/controller-runtime v0.25.2
 )
 
-require github.com/fsnotify/fsnotify v1.10.1 // indirect
+require (
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+	google.golang.org/grpc v1.85.0 // indirect
+)
 
 require (
 	dario.cat/mergo v1.0.1 // indirect
