@@ -7,12 +7,20 @@ import (
 
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	sigsjson "sigs.k8s.io/json"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/receipt"
 )
 
-// FuzzAdmit: arbitrary pods never panic the webhook, and every patch it
-// returns applies cleanly to the pod it was computed for.
+// FuzzAdmit: arbitrary pods never panic the webhook; every patch it
+// returns applies cleanly to the pod it was computed for; and the
+// webhook's reader (ReadObject, the spec decoded only as far as a decision
+// reads it) decides as a full decode of the same bytes with the API
+// server's own decoder (sigs.k8s.io/json, case-sensitive) does: same
+// outcome, reason, annotations (the receipt, whose digest covers the
+// containers) and containers. Stripping a forged receipt thus rests on
+// the library reader, not on a hand-written one.
 func FuzzAdmit(f *testing.F) {
 	for _, p := range []*corev1.Pod{
 		enginePod(), enginePod(forgedReceipt), enginePod(withAnnotations(v1alpha1.AnnotationSkipInject, "true")),
@@ -34,9 +42,22 @@ func FuzzAdmit(f *testing.F) {
 				cb.Spec.Type, cb.Spec.Runtime = v1alpha1.BackendTypeSGLangHiCache, v1alpha1.RuntimeSGLang
 			}
 		}), backend("a", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "" })}
-		d, ops, err := Admit(raw, cbs, Options{KVEventSubscriberImage: "sub:v1"})
+		opts := Options{KVEventSubscriberImage: "sub:v1", Key: &receipt.Key{ID: "k", Secret: []byte("fuzz")}}
+		d, ops, err := Admit(raw, cbs, opts)
+		var full corev1.Pod
+		if ferr := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &full); ferr == nil && err == nil {
+			want := Decide(&full, cbs, opts)
+			require.Equal(t, want.Outcome, d.Outcome, "outcome")
+			require.Equal(t, want.Reason, d.Reason, "reason")
+			require.Equal(t, want.Pod.Annotations, d.Pod.Annotations, "annotations")
+			require.Equal(t, len(want.Pod.Spec.Containers), len(d.Pod.Spec.Containers), "containers")
+			for i, c := range want.Pod.Spec.Containers {
+				require.Equal(t, c.Args, d.Pod.Spec.Containers[i].Args, "containers[%d].args", i)
+				require.Equal(t, c.Env, d.Pod.Spec.Containers[i].Env, "containers[%d].env", i)
+			}
+		}
 		if err != nil {
-			return // not a pod: the handler admits it unchanged
+			return // not a pod as the API server sends one: the handler admits it unchanged
 		}
 		if len(ops) == 0 {
 			return

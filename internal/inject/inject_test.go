@@ -389,7 +389,9 @@ func assertPatchApplies(t testing.TB, raw []byte, ops any, want *corev1.Pod) {
 	require.NoError(t, err, "patch applies to the pod")
 	// The decision holds the part of the pod the webhook decodes: compare
 	// that part; minimalPatch touches nothing else.
-	got, _, err := decodePod(patched)
+	o, err := ReadObject(patched)
+	require.NoError(t, err)
+	got, err := o.Pod()
 	require.NoError(t, err)
 	require.True(t, equality.Semantic.DeepEqual(want, got), "patched pod equals the decided pod")
 }

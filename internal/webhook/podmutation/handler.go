@@ -152,15 +152,15 @@ func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun 
 		}
 		return list.Items, false, admission.Response{}
 	}
-	labels, stripped, err := inject.PodMeta(req.Object.Raw)
+	o, err := inject.ReadObject(req.Object.Raw)
 	if err != nil {
 		return nil, false, admission.Response{} // inject.Admit reports it
 	}
-	cb := h.Backends.Select(req.Namespace, labels)
+	cb := h.Backends.Select(req.Namespace, o.Labels())
 	switch {
 	case cb != nil:
 		return []v1alpha1.CacheBackend{*cb}, false, admission.Response{}
-	case stripped:
+	case o.Stripped():
 		return nil, false, admission.Response{}
 	}
 	if !dryRun {

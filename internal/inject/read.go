@@ -1,0 +1,149 @@
+package inject
+
+import (
+	"fmt"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+)
+
+// Object is a pod as the webhook reads it from an admission request, with
+// github.com/go-json-experiment/json (the candidate for Go's
+// encoding/json/v2) in the API server's way: field names case-sensitive,
+// no duplicate names, valid UTF-8. What selecting a CacheBackend needs
+// (the metadata) is decoded; the spec is kept as sent and decoded only for
+// a pod a decision reads further (Pod), so that a pod no CacheBackend
+// claims costs one pass over its bytes. The webhook decodes it as part of
+// the AdmissionReview (the request is read once); ReadObject reads one on
+// its own.
+type Object struct {
+	// Metadata is nil when the pod has no metadata object (absent or null).
+	Metadata *ObjectMeta `json:"metadata"`
+	// Spec is the pod's spec as sent (nil when absent).
+	Spec jsontext.Value `json:"spec"`
+}
+
+// ObjectMeta is the part of a pod's metadata a decision reads.
+type ObjectMeta struct {
+	Name         string            `json:"name"`
+	GenerateName string            `json:"generateName"`
+	Namespace    string            `json:"namespace"`
+	Labels       map[string]string `json:"labels"`
+	Annotations  map[string]string `json:"annotations"`
+}
+
+// ReadObject reads a pod's JSON as the webhook does.
+func ReadObject(raw []byte) (Object, error) {
+	var o Object
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return Object{}, fmt.Errorf("decoding pod: %w", err)
+	}
+	return o, nil
+}
+
+// Labels are the pod's labels, which select its CacheBackend.
+func (o Object) Labels() map[string]string {
+	if o.Metadata == nil {
+		return nil
+	}
+	return o.Metadata.Labels
+}
+
+// Stripped reports whether the pod carries an annotation the webhook
+// strips at admission (a receipt or an injection stamp), which a pod no
+// CacheBackend claims must still lose.
+func (o Object) Stripped() bool {
+	return o.Metadata != nil && CarriesStripped(o.Metadata.Annotations)
+}
+
+// Name names the pod for logs: its name, else its generateName and "*".
+func (o Object) Name() string {
+	switch {
+	case o.Metadata == nil:
+		return "*"
+	case o.Metadata.Name != "":
+		return o.Metadata.Name
+	}
+	return o.Metadata.GenerateName + "*"
+}
+
+// podSpec is the part of a pod's spec a decision reads: the init
+// containers and the containers (the receipt's digest covers them; of the
+// containers, all but their resources, which the digest leaves out), the
+// volumes' names (the KV-event wiring appends its token volume after the
+// pod's own) and the source of a volume named like the webhook's
+// index-token volume (the digest covers it; other sources are not read),
+// and hostNetwork. Nothing else is decoded: the rest of the pod, including
+// fields this build does not know, stays as the API server sent it, since
+// the patch (minimalPatch) names only the paths the decision changes.
+type podSpec struct {
+	InitContainers []corev1.Container `json:"initContainers"`
+	Containers     []*podContainer    `json:"containers"`
+	Volumes        []struct {
+		Name      string         `json:"name"`
+		Projected jsontext.Value `json:"projected"`
+	} `json:"volumes"`
+	HostNetwork bool `json:"hostNetwork"`
+}
+
+// podContainer is a container as Pod reads it: everything but its
+// resources, which no decision reads and the receipt's digest leaves out
+// (quantities are the dearest part of a container to decode).
+type podContainer struct {
+	corev1.Container
+	Resources unread `json:"resources"`
+}
+
+// unread passes over a JSON value, which must be an object or null.
+type unread struct{}
+
+func (*unread) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	if k := dec.PeekKind(); k != '{' && k != 'n' {
+		return fmt.Errorf("expected an object, got %v", k)
+	}
+	return dec.SkipValue()
+}
+
+// Pod decodes what a decision reads of the pod (its metadata and podSpec)
+// into a Pod.
+func (o Object) Pod() (*corev1.Pod, error) {
+	pod := &corev1.Pod{}
+	if m := o.Metadata; m != nil {
+		pod.Name, pod.GenerateName, pod.Namespace, pod.Labels, pod.Annotations = m.Name, m.GenerateName, m.Namespace, m.Labels, m.Annotations
+	}
+	if len(o.Spec) == 0 {
+		return pod, nil
+	}
+	var spec podSpec
+	if err := json.Unmarshal(o.Spec, &spec); err != nil {
+		return nil, fmt.Errorf("decoding pod: spec: %w", err)
+	}
+	pod.Spec.InitContainers, pod.Spec.HostNetwork = spec.InitContainers, spec.HostNetwork
+	if spec.Volumes != nil {
+		pod.Spec.Volumes = make([]corev1.Volume, len(spec.Volumes))
+		for i, v := range spec.Volumes {
+			pod.Spec.Volumes[i].Name = v.Name
+			if v.Name != v1alpha1.VolumeIndexToken || len(v.Projected) == 0 || v.Projected.Kind() == 'n' {
+				continue
+			}
+			src := &corev1.ProjectedVolumeSource{}
+			if err := json.Unmarshal(v.Projected, src); err != nil {
+				return nil, fmt.Errorf("decoding pod: spec.volumes[%d].projected: %w", i, err)
+			}
+			pod.Spec.Volumes[i].Projected = src
+		}
+	}
+	if spec.Containers != nil {
+		pod.Spec.Containers = make([]corev1.Container, len(spec.Containers))
+	}
+	for i, c := range spec.Containers {
+		if c == nil {
+			return nil, fmt.Errorf("decoding pod: spec.containers[%d] is null", i)
+		}
+		pod.Spec.Containers[i] = c.Container
+	}
+	return pod, nil
+}
