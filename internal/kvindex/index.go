@@ -30,9 +30,10 @@ type Options struct {
 	StaleAfter time.Duration
 	// MaxSnapshotBlocks bounds one rank's snapshot. Default 4,000,000.
 	MaxSnapshotBlocks int
-	Metrics           *Metrics
-	Log               logr.Logger
-	Now               func() time.Time
+	// Observer hears ingest and query events. Default NopObserver.
+	Observer Observer
+	Log      logr.Logger
+	Now      func() time.Time
 }
 
 // Index is the index service: ingest sessions, lease expiry, Score and
@@ -65,16 +66,24 @@ func New(opt Options) *Index {
 	if opt.Authenticator == nil {
 		opt.Authenticator = AllowAll{}
 	}
-	if opt.Metrics == nil {
-		opt.Metrics = NewMetrics(nil)
+	if opt.Observer == nil {
+		opt.Observer = NopObserver{}
 	}
 	return &Index{opt: opt, sessions: map[PodKey]*Session{}, rates: map[BackendRef]*rateWindow{}}
 }
 
-// Authenticate checks a bearer token.
-func (ix *Index) Authenticate(ctx context.Context, token string) (Caller, error) {
-	return ix.opt.Authenticator.Authenticate(ctx, token)
+// Authenticate checks a bearer token for a call of api (ingest, query)
+// and reports a refusal to the Observer.
+func (ix *Index) Authenticate(ctx context.Context, api, token string) (Caller, error) {
+	c, err := ix.opt.Authenticator.Authenticate(ctx, token)
+	if err != nil {
+		ix.opt.Observer.Refused(api)
+	}
+	return c, err
 }
+
+// Log is the index's logger; the transports log with it.
+func (ix *Index) Log() logr.Logger { return ix.opt.Log }
 
 // ExpireLeases removes the pods whose lease ended; cmd/cache-index calls it
 // periodically. Every replica on a shared store may call it: a pod is
@@ -83,7 +92,6 @@ func (ix *Index) ExpireLeases(ctx context.Context) (int, error) {
 	gone, err := ix.opt.Store.ExpireLeases(ctx, ix.opt.Now())
 	for _, p := range gone {
 		ix.opt.Log.Info("pod lease expired; its blocks were removed", "cacheBackend", p.Backend.String(), "podUID", p.UID)
-		ix.opt.Metrics.evictions.WithLabelValues("lease").Inc()
 	}
 	return len(gone), err
 }

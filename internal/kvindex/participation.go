@@ -88,7 +88,7 @@ func (ix *Index) Participation(ctx context.Context, caller Caller, req *pb.Parti
 		return nil, fmt.Errorf("a participation request names a cache backend: %w", ErrInvalid)
 	}
 	if err := ix.opt.Policy.AuthorizeRead(caller, backend); err != nil {
-		ix.opt.Metrics.refused.WithLabelValues("query").Inc()
+		ix.opt.Observer.Refused("query")
 		return nil, err
 	}
 	recs, err := ix.opt.Store.Pods(ctx, backend)

@@ -49,7 +49,7 @@ func (ix *Index) Score(ctx context.Context, caller Caller, req *pb.ScoreRequest)
 	if l := int(req.GetLimit()); l > 0 && len(resp.Pods) > l {
 		resp.Pods = resp.Pods[:l]
 	}
-	ix.opt.Metrics.scoreDuration.Observe(time.Since(start).Seconds())
+	ix.opt.Observer.Scored(time.Since(start))
 	return resp, nil
 }
 
@@ -90,7 +90,7 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 		return res, fmt.Errorf("a query names a cache backend and a model: %w", ErrInvalid)
 	}
 	if err := ix.opt.Policy.AuthorizeRead(caller, backend); err != nil {
-		ix.opt.Metrics.refused.WithLabelValues("query").Inc()
+		ix.opt.Observer.Refused("query")
 		return res, err
 	}
 	recs, err := ix.opt.Store.Pods(ctx, backend)

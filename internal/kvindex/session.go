@@ -51,7 +51,7 @@ func (s *Session) Close() {
 		delete(s.ix.sessions, s.pod)
 	}
 	s.ix.mu.Unlock()
-	s.ix.opt.Metrics.streams.Dec()
+	s.ix.opt.Observer.StreamClosed()
 }
 
 // Handle applies one message and returns the responses to send.
@@ -124,7 +124,7 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	}
 	backend := BackendRef{Namespace: be.GetNamespace(), Name: be.GetName()}
 	if err := s.ix.opt.Policy.AuthorizePublish(s.caller, backend, pod.GetNamespace(), pod.GetName(), pod.GetUid()); err != nil {
-		s.ix.opt.Metrics.refused.WithLabelValues("ingest").Inc()
+		s.ix.opt.Observer.Refused("ingest")
 		return nil, err
 	}
 	s.hello = h
@@ -150,7 +150,7 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	prev := s.ix.sessions[s.pod]
 	s.ix.sessions[s.pod] = s
 	s.ix.mu.Unlock()
-	s.ix.opt.Metrics.streams.Inc()
+	s.ix.opt.Observer.StreamOpened()
 	if prev != nil && prev.cancel != nil {
 		prev.cancel()
 	}
@@ -207,7 +207,7 @@ func helloResync(said *pb.RankPosition, pos Position, known bool) pb.ResyncReaso
 
 func (s *Session) resync(rank uint32, reason pb.ResyncReason, pos Position, known bool) *pb.IngestResponse {
 	s.asked[rank] = true
-	s.ix.opt.Metrics.resyncs.WithLabelValues(strings.ToLower(strings.TrimPrefix(reason.String(), "RESYNC_REASON_"))).Inc()
+	s.ix.opt.Observer.Resync(strings.ToLower(strings.TrimPrefix(reason.String(), "RESYNC_REASON_")))
 	r := &pb.ResyncRequest{Rank: rank, Reason: reason}
 	if known {
 		r.Applied = &pb.RankPosition{Rank: rank, Epoch: pos.Epoch, Sequence: pos.Sequence}
@@ -260,16 +260,13 @@ func (s *Session) handleDelta(ctx context.Context, d *pb.Delta) ([]*pb.IngestRes
 			blocks++
 		}
 	}
-	start := time.Now()
 	outcome, pos, err := s.ix.opt.Store.Apply(ctx, s.source(d.GetRank()), delta)
 	if err != nil {
 		return nil, fmt.Errorf("applying delta %d of pod %s rank %d: %w", d.GetSequence(), s.rec.Name, d.GetRank(), err)
 	}
-	s.ix.opt.Metrics.applyDuration.Observe(time.Since(start).Seconds())
-	s.ix.opt.Metrics.deltas.WithLabelValues(outcome.String()).Inc()
+	s.ix.opt.Observer.Delta(outcome, blocks)
 	switch outcome {
 	case Applied:
-		s.ix.opt.Metrics.blockEvents.Add(float64(blocks))
 		s.ix.rate(s.pod.Backend).add(s.ix.opt.Now(), uint64(blocks))
 		s.rec.LastEvent = s.ix.opt.Now()
 		fallthrough
@@ -365,7 +362,7 @@ func (s *Session) handleSnapshotEnd(ctx context.Context, e *pb.SnapshotEnd) ([]*
 	s.rec.AwaitSnapshot = s.awaiting()
 	s.rec.Resyncs++
 	s.rec.LastEvent = s.ix.opt.Now()
-	s.ix.opt.Metrics.snapshots.Inc()
+	s.ix.opt.Observer.SnapshotApplied()
 	s.ix.opt.Log.Info("snapshot applied", "pod", s.rec.Name, "rank", rank, "epoch", pos.Epoch, "sequence", pos.Sequence, "blocks", len(st.entries))
 	return []*pb.IngestResponse{ack(rank, pos)}, s.put(ctx, true)
 }
