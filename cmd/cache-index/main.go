@@ -35,8 +35,10 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/indexmetrics"
 	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	"github.com/inferencecache/operator/internal/kvindex/redisstore"
+	"github.com/inferencecache/operator/internal/kvindex/server"
 	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/version"
 )
@@ -128,7 +130,7 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("creating the Kubernetes client: %w", err)
 		}
-		authn = &kvindex.TokenReviewAuthenticator{Reviewer: cs.AuthenticationV1().TokenReviews(), Audiences: audiences, CacheTTL: *reviewTTL}
+		authn = &server.TokenReviewAuthenticator{Reviewer: cs.AuthenticationV1().TokenReviews(), Audiences: audiences, CacheTTL: *reviewTTL}
 	case "none":
 		log.Info("authentication is off: every caller may publish and query; use only for local tests")
 		authn = kvindex.AllowAll{}
@@ -138,9 +140,10 @@ func run(args []string) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := indexmetrics.New(reg)
 	ix := kvindex.New(kvindex.Options{
-		Store: store, Authenticator: authn, Policy: kvindex.Policy{ClusterReaders: readers},
-		Lease: *lease, Heartbeat: *heartbeat, Metrics: kvindex.NewMetrics(reg), Log: log.WithName("index"),
+		Store: metrics.Store(store), Authenticator: authn, Policy: kvindex.Policy{ClusterReaders: readers},
+		Lease: *lease, Heartbeat: *heartbeat, Observer: metrics, Log: log.WithName("index"),
 	})
 
 	grpcLis, err := net.Listen("tcp", *grpcAddr)
@@ -152,10 +155,10 @@ func run(args []string) error {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(16<<20),
 	)
-	kvindex.RegisterGRPC(gs, ix)
+	server.RegisterGRPC(gs, ix)
 
 	api := http.NewServeMux()
-	kvindex.HTTPHandler(ix, api)
+	server.HTTPHandler(ix, api)
 	apiSrv := &http.Server{Addr: *httpAddr, Handler: api, ReadHeaderTimeout: 10 * time.Second}
 
 	var ready atomic.Bool

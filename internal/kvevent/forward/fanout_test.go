@@ -17,6 +17,7 @@ import (
 	"github.com/inferencecache/operator/internal/kvevent/subscriber"
 	"github.com/inferencecache/operator/internal/kvindex"
 	"github.com/inferencecache/operator/internal/kvindex/memstore"
+	"github.com/inferencecache/operator/internal/kvindex/server"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -102,7 +103,7 @@ func startReplica(t *testing.T, addr string) *replica {
 	require.NoError(t, err)
 	ix := kvindex.New(kvindex.Options{Store: memstore.New(), Heartbeat: time.Hour})
 	s := grpc.NewServer()
-	kvindex.RegisterGRPC(s, ix)
+	server.RegisterGRPC(s, ix)
 	go func() { _ = s.Serve(ln) }()
 	t.Cleanup(s.Stop)
 	return &replica{ix: ix, addr: ln.Addr().String(), stop: s.Stop}

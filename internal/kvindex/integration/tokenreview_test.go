@@ -24,6 +24,7 @@ import (
 
 	"github.com/inferencecache/operator/internal/kvindex"
 	"github.com/inferencecache/operator/internal/kvindex/memstore"
+	"github.com/inferencecache/operator/internal/kvindex/server"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/test/controlplane"
 )
@@ -88,14 +89,14 @@ func TestServiceAccountTokensAgainstTheAPIServer(t *testing.T) {
 	reviews := &countingReviewer{TokenReviewer: cs.AuthenticationV1().TokenReviews()}
 	ix := kvindex.New(kvindex.Options{
 		Store:         memstore.New(),
-		Authenticator: &kvindex.TokenReviewAuthenticator{Reviewer: reviews, Audiences: []string{audience}, CacheTTL: time.Minute},
+		Authenticator: &server.TokenReviewAuthenticator{Reviewer: reviews, Audiences: []string{audience}, CacheTTL: time.Minute},
 	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	kvindex.RegisterGRPC(srv, ix)
+	server.RegisterGRPC(srv, ix)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -175,7 +176,7 @@ func TestServiceAccountTokensAgainstTheAPIServer(t *testing.T) {
 }
 
 type countingReviewer struct {
-	kvindex.TokenReviewer
+	server.TokenReviewer
 	calls int
 }
 

@@ -1,4 +1,4 @@
-package kvindex
+package server
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/inferencecache/operator/internal/kvindex"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -28,7 +29,7 @@ const maxQueryBody = 4 << 20
 //
 // In the Mooncake shape tenant_id is the CacheBackend "namespace/name" and
 // instance_id a pod name.
-func HTTPHandler(ix *Index, mux *http.ServeMux) {
+func HTTPHandler(ix *kvindex.Index, mux *http.ServeMux) {
 	h := &httpAPI{ix: ix}
 	mux.HandleFunc("POST /query", h.query)
 	mux.HandleFunc("POST /v1/query", h.query)
@@ -38,17 +39,17 @@ func HTTPHandler(ix *Index, mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/backends/{namespace}/{name}/participation", h.participation)
 }
 
-type httpAPI struct{ ix *Index }
+type httpAPI struct{ ix *kvindex.Index }
 
 func httpStatus(err error) int {
 	switch {
-	case errors.Is(err, ErrUnauthenticated):
+	case errors.Is(err, kvindex.ErrUnauthenticated):
 		return http.StatusUnauthorized
-	case errors.Is(err, ErrForbidden):
+	case errors.Is(err, kvindex.ErrForbidden):
 		return http.StatusForbidden
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, kvindex.ErrInvalid):
 		return http.StatusBadRequest
-	case errors.Is(err, ErrTokensUnsupported):
+	case errors.Is(err, kvindex.ErrTokensUnsupported):
 		return http.StatusUnprocessableEntity
 	}
 	return http.StatusServiceUnavailable
@@ -60,13 +61,9 @@ func writeError(w http.ResponseWriter, err error) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
 }
 
-func (h *httpAPI) caller(r *http.Request, api string) (Caller, error) {
+func (h *httpAPI) caller(r *http.Request, api string) (kvindex.Caller, error) {
 	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	c, err := h.ix.Authenticate(r.Context(), strings.TrimSpace(tok))
-	if err != nil {
-		h.ix.opt.Metrics.refused.WithLabelValues(api).Inc()
-	}
-	return c, err
+	return h.ix.Authenticate(r.Context(), api, strings.TrimSpace(tok))
 }
 
 // mooncakeQuery is the request body of /query and /query_by_hash.
@@ -100,7 +97,7 @@ func parseHash(n json.Number) (uint64, error) {
 	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return uint64(i), nil // SGLang's signed hashes keep their bit pattern
 	}
-	return 0, fmt.Errorf("block hash %q is not a 64-bit integer: %w", s, ErrInvalid)
+	return 0, fmt.Errorf("block hash %q is not a 64-bit integer: %w", s, kvindex.ErrInvalid)
 }
 
 func (h *httpAPI) query(w http.ResponseWriter, r *http.Request) {
@@ -113,12 +110,12 @@ func (h *httpAPI) query(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(io.LimitReader(r.Body, maxQueryBody))
 	dec.UseNumber()
 	if err := dec.Decode(&q); err != nil {
-		writeError(w, fmt.Errorf("decoding the query: %w", errors.Join(err, ErrInvalid)))
+		writeError(w, fmt.Errorf("decoding the query: %w", errors.Join(err, kvindex.ErrInvalid)))
 		return
 	}
 	ns, name, ok := strings.Cut(q.TenantID, "/")
 	if !ok {
-		writeError(w, fmt.Errorf("tenant_id %q is not a CacheBackend namespace/name: %w", q.TenantID, ErrInvalid))
+		writeError(w, fmt.Errorf("tenant_id %q is not a CacheBackend namespace/name: %w", q.TenantID, kvindex.ErrInvalid))
 		return
 	}
 	var hashes []uint64
@@ -131,16 +128,16 @@ func (h *httpAPI) query(w http.ResponseWriter, r *http.Request) {
 		hashes = append(hashes, v)
 	}
 	if strings.HasSuffix(r.URL.Path, "query_by_hash") && len(hashes) == 0 {
-		writeError(w, fmt.Errorf("query_by_hash without seq_hashes: %w", ErrInvalid))
+		writeError(w, fmt.Errorf("query_by_hash without seq_hashes: %w", kvindex.ErrInvalid))
 		return
 	}
-	res, err := h.ix.ScoreByRank(r.Context(), caller, BackendRef{Namespace: ns, Name: name}, q.Model, q.LoraName, hashes, q.TokenIDs)
+	res, err := h.ix.ScoreByRank(r.Context(), caller, kvindex.BackendRef{Namespace: ns, Name: name}, q.Model, q.LoraName, hashes, q.TokenIDs)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	if q.BlockSize != 0 && res.BlockSize != 0 && q.BlockSize != res.BlockSize {
-		writeError(w, fmt.Errorf("block_size %d, the pods use %d: %w", q.BlockSize, res.BlockSize, ErrInvalid))
+		writeError(w, fmt.Errorf("block_size %d, the pods use %d: %w", q.BlockSize, res.BlockSize, kvindex.ErrInvalid))
 		return
 	}
 	inst := map[string]*mooncakeInstance{}
@@ -172,12 +169,12 @@ func (h *httpAPI) score(w http.ResponseWriter, r *http.Request) {
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxQueryBody))
 	if err != nil {
-		writeError(w, fmt.Errorf("reading the request: %w", errors.Join(err, ErrInvalid)))
+		writeError(w, fmt.Errorf("reading the request: %w", errors.Join(err, kvindex.ErrInvalid)))
 		return
 	}
 	var req pb.ScoreRequest
 	if err := protojson.Unmarshal(body, &req); err != nil {
-		writeError(w, fmt.Errorf("decoding the request: %w", errors.Join(err, ErrInvalid)))
+		writeError(w, fmt.Errorf("decoding the request: %w", errors.Join(err, kvindex.ErrInvalid)))
 		return
 	}
 	resp, err := h.ix.Score(r.Context(), caller, &req)

@@ -1,4 +1,4 @@
-package kvindex_test
+package server_test
 
 import (
 	"bytes"
@@ -24,6 +24,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/kvindex"
 	"github.com/inferencecache/operator/internal/kvindex/memstore"
+	"github.com/inferencecache/operator/internal/kvindex/server"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -92,7 +93,7 @@ func newHarness(t *testing.T, store kvindex.Store) *harness {
 	}}
 	h.ix = kvindex.New(kvindex.Options{
 		Store:         store,
-		Authenticator: &kvindex.TokenReviewAuthenticator{Reviewer: h.reviewer, Audiences: []string{audience}, CacheTTL: time.Minute, Now: h.clock.Now},
+		Authenticator: &server.TokenReviewAuthenticator{Reviewer: h.reviewer, Audiences: []string{audience}, CacheTTL: time.Minute, Now: h.clock.Now},
 		Policy:        kvindex.Policy{ClusterReaders: []string{"system:serviceaccount:inferencecache-system:manager"}},
 		Lease:         time.Minute,
 		Heartbeat:     10 * time.Second,
@@ -103,7 +104,7 @@ func newHarness(t *testing.T, store kvindex.Store) *harness {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	kvindex.RegisterGRPC(srv, h.ix)
+	server.RegisterGRPC(srv, h.ix)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	h.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -112,7 +113,7 @@ func newHarness(t *testing.T, store kvindex.Store) *harness {
 	}
 	t.Cleanup(func() { _ = h.conn.Close() })
 	mux := http.NewServeMux()
-	kvindex.HTTPHandler(h.ix, mux)
+	server.HTTPHandler(h.ix, mux)
 	h.http = httptest.NewServer(mux)
 	t.Cleanup(h.http.Close)
 	return h

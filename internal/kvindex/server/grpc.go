@@ -1,4 +1,4 @@
-package kvindex
+package server
 
 import (
 	"context"
@@ -11,11 +11,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/inferencecache/operator/internal/kvindex"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
 // RegisterGRPC serves the Ingest and Query services of ix on s.
-func RegisterGRPC(s grpc.ServiceRegistrar, ix *Index) {
+func RegisterGRPC(s grpc.ServiceRegistrar, ix *kvindex.Index) {
 	g := &grpcServer{ix: ix}
 	pb.RegisterIngestServer(s, g)
 	pb.RegisterQueryServer(s, g)
@@ -24,7 +25,7 @@ func RegisterGRPC(s grpc.ServiceRegistrar, ix *Index) {
 type grpcServer struct {
 	pb.UnimplementedIngestServer
 	pb.UnimplementedQueryServer
-	ix *Index
+	ix *kvindex.Index
 }
 
 func bearer(ctx context.Context) string {
@@ -42,13 +43,13 @@ func grpcError(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrUnauthenticated):
+	case errors.Is(err, kvindex.ErrUnauthenticated):
 		return status.Error(codes.Unauthenticated, err.Error())
-	case errors.Is(err, ErrForbidden):
+	case errors.Is(err, kvindex.ErrForbidden):
 		return status.Error(codes.PermissionDenied, err.Error())
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, kvindex.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ErrTokensUnsupported):
+	case errors.Is(err, kvindex.ErrTokensUnsupported):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
@@ -56,12 +57,8 @@ func grpcError(err error) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-func (g *grpcServer) authenticate(ctx context.Context, api string) (Caller, error) {
-	c, err := g.ix.Authenticate(ctx, bearer(ctx))
-	if err != nil {
-		g.ix.opt.Metrics.refused.WithLabelValues(api).Inc()
-	}
-	return c, err
+func (g *grpcServer) authenticate(ctx context.Context, api string) (kvindex.Caller, error) {
+	return g.ix.Authenticate(ctx, api, bearer(ctx))
 }
 
 // Stream implements pb.IngestServer.
@@ -111,10 +108,10 @@ func (g *grpcServer) Stream(stream pb.Ingest_StreamServer) error {
 				}
 			}
 			if err != nil {
-				if !errors.Is(err, ErrForbidden) && !errors.Is(err, ErrInvalid) {
-					g.ix.opt.Log.Error(err, "ingest stream failed", "caller", caller.Username)
+				if !errors.Is(err, kvindex.ErrForbidden) && !errors.Is(err, kvindex.ErrInvalid) {
+					g.ix.Log().Error(err, "ingest stream failed", "caller", caller.Username)
 				} else {
-					g.ix.opt.Log.Info("ingest stream refused", "caller", caller.Username, "reason", err.Error())
+					g.ix.Log().Info("ingest stream refused", "caller", caller.Username, "reason", err.Error())
 				}
 				return grpcError(err)
 			}

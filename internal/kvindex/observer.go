@@ -1,0 +1,51 @@
+package kvindex
+
+import "time"
+
+// Observer hears the index's ingest and query events; the Prometheus
+// metrics (internal/kvindex/indexmetrics) are one. The measurements of a
+// Store call (apply duration, evictions) are not events of the Index: a
+// Store decorator takes them. Implementations are safe for concurrent use.
+type Observer interface {
+	// Delta reports a delta's outcome and the block stores, removals and
+	// clears it holds (events applied only when the outcome is Applied).
+	Delta(outcome Outcome, blockEvents int)
+	// Resync reports a snapshot asked of a subscriber, by reason (gap,
+	// epoch_changed, unknown_rank, snapshot_invalid).
+	Resync(reason string)
+	// SnapshotApplied reports a snapshot applied.
+	SnapshotApplied()
+	// Refused reports a call refused by authentication or authorisation,
+	// by API (ingest, query).
+	Refused(api string)
+	// StreamOpened and StreamClosed report a subscriber stream registered
+	// with and unregistered from this replica.
+	StreamOpened()
+	StreamClosed()
+	// Scored reports the time one Score query took.
+	Scored(d time.Duration)
+}
+
+// NopObserver is the Observer of an Index given none.
+type NopObserver struct{}
+
+// Delta implements Observer.
+func (NopObserver) Delta(Outcome, int) {}
+
+// Resync implements Observer.
+func (NopObserver) Resync(string) {}
+
+// SnapshotApplied implements Observer.
+func (NopObserver) SnapshotApplied() {}
+
+// Refused implements Observer.
+func (NopObserver) Refused(string) {}
+
+// StreamOpened implements Observer.
+func (NopObserver) StreamOpened() {}
+
+// StreamClosed implements Observer.
+func (NopObserver) StreamClosed() {}
+
+// Scored implements Observer.
+func (NopObserver) Scored(time.Duration) {}

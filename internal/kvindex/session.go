@@ -1,0 +1,396 @@
+package kvindex
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	pb "github.com/inferencecache/operator/internal/kvindexpb"
+)
+
+// Session is one subscriber stream. Handle is called for each message in
+// order; it is not safe for concurrent use.
+type Session struct {
+	ix     *Index
+	caller Caller
+	cancel context.CancelFunc
+
+	hello    *pb.Hello
+	pod      PodKey
+	rec      PodRecord
+	scheme   string
+	putAt    time.Time
+	snapshot map[uint32]*staging
+	asked    map[uint32]bool
+}
+
+type staging struct {
+	pos      Position
+	expected uint64
+	entries  []Entry
+	bad      bool
+}
+
+// NewSession starts a stream for an authenticated caller. cancel ends the
+// stream's context; the Index calls it when a newer stream for the same pod
+// replaces this one.
+func (ix *Index) NewSession(caller Caller, cancel context.CancelFunc) *Session {
+	return &Session{ix: ix, caller: caller, cancel: cancel, snapshot: map[uint32]*staging{}, asked: map[uint32]bool{}}
+}
+
+// Close unregisters the session; the pod's lease keeps running.
+func (s *Session) Close() {
+	if s.hello == nil {
+		return
+	}
+	s.ix.mu.Lock()
+	if s.ix.sessions[s.pod] == s {
+		delete(s.ix.sessions, s.pod)
+	}
+	s.ix.mu.Unlock()
+	s.ix.opt.Observer.StreamClosed()
+}
+
+// Handle applies one message and returns the responses to send.
+func (s *Session) Handle(ctx context.Context, req *pb.IngestRequest) ([]*pb.IngestResponse, error) {
+	if h := req.GetHello(); h != nil {
+		if s.hello != nil {
+			return nil, fmt.Errorf("second hello on one stream: %w", ErrInvalid)
+		}
+		return s.handleHello(ctx, h)
+	}
+	if s.hello == nil {
+		return nil, fmt.Errorf("the first message must be a hello: %w", ErrInvalid)
+	}
+	now := s.ix.opt.Now()
+	s.rec.LastSeen = now
+	var out []*pb.IngestResponse
+	var err error
+	switch m := req.Message.(type) {
+	case *pb.IngestRequest_Delta:
+		out, err = s.handleDelta(ctx, m.Delta)
+	case *pb.IngestRequest_SnapshotBegin:
+		out, err = s.handleSnapshotBegin(m.SnapshotBegin)
+	case *pb.IngestRequest_SnapshotChunk:
+		out, err = s.handleSnapshotChunk(m.SnapshotChunk)
+	case *pb.IngestRequest_SnapshotEnd:
+		out, err = s.handleSnapshotEnd(ctx, m.SnapshotEnd)
+	case *pb.IngestRequest_Heartbeat:
+		s.handleHeartbeat(m.Heartbeat)
+		err = s.put(ctx, true)
+	default:
+		return nil, fmt.Errorf("empty ingest message: %w", ErrInvalid)
+	}
+	if err != nil {
+		return out, err
+	}
+	return out, s.put(ctx, false)
+}
+
+// put stores the pod record and renews the lease, at most every quarter
+// lease unless forced.
+func (s *Session) put(ctx context.Context, force bool) error {
+	now := s.ix.opt.Now()
+	if !force && now.Sub(s.putAt) < s.ix.opt.Lease/4 {
+		return nil
+	}
+	s.putAt = now
+	if err := s.ix.opt.Store.PutPod(ctx, s.rec, now.Add(s.ix.opt.Lease)); err != nil {
+		return fmt.Errorf("storing pod %s: %w", s.rec.Name, err)
+	}
+	return nil
+}
+
+func schemeString(h *pb.HashScheme) string {
+	return fmt.Sprintf("%s/%d/%s", h.GetAlgorithm(), h.GetBlockSize(), h.GetSeed())
+}
+
+func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestResponse, error) {
+	pod, be := h.GetPod(), h.GetCacheBackend()
+	switch {
+	case h.GetProtocolVersion() != ProtocolVersion:
+		return nil, fmt.Errorf("protocol version %d, this index speaks %d: %w", h.GetProtocolVersion(), ProtocolVersion, ErrInvalid)
+	case pod.GetNamespace() == "" || pod.GetName() == "" || pod.GetUid() == "":
+		return nil, fmt.Errorf("hello without pod namespace, name and uid: %w", ErrInvalid)
+	case be.GetName() == "" || be.GetNamespace() != pod.GetNamespace():
+		return nil, fmt.Errorf("hello for CacheBackend %q/%q of pod namespace %q: %w", be.GetNamespace(), be.GetName(), pod.GetNamespace(), ErrInvalid)
+	case h.GetModel() == "":
+		return nil, fmt.Errorf("hello without a model: %w", ErrInvalid)
+	case h.GetDataParallelSize() > 1024:
+		return nil, fmt.Errorf("data_parallel_size %d: %w", h.GetDataParallelSize(), ErrInvalid)
+	}
+	backend := BackendRef{Namespace: be.GetNamespace(), Name: be.GetName()}
+	if err := s.ix.opt.Policy.AuthorizePublish(s.caller, backend, pod.GetNamespace(), pod.GetName(), pod.GetUid()); err != nil {
+		s.ix.opt.Observer.Refused("ingest")
+		return nil, err
+	}
+	s.hello = h
+	s.pod = PodKey{Backend: backend, UID: pod.GetUid()}
+	s.scheme = schemeString(h.GetHashScheme())
+	dp := max(h.GetDataParallelSize(), 1)
+	now := s.ix.opt.Now()
+	s.rec = PodRecord{
+		Backend: backend, UID: pod.GetUid(), Name: pod.GetName(), Model: h.GetModel(), Engine: h.GetEngine(),
+		Scheme: s.scheme, BlockSize: h.GetHashScheme().GetBlockSize(), Compatibility: int32(h.GetHashCompatibility()),
+		DPSize: dp, LastSeen: now,
+	}
+	// Keep the counters and last event of an earlier stream of this pod.
+	if old, err := s.ix.opt.Store.Pods(ctx, backend); err == nil {
+		for _, o := range old {
+			if o.UID == s.rec.UID {
+				s.rec.Resyncs, s.rec.LastEvent, s.rec.Ranks = o.Resyncs, o.LastEvent, o.Ranks
+			}
+		}
+	}
+
+	s.ix.mu.Lock()
+	prev := s.ix.sessions[s.pod]
+	s.ix.sessions[s.pod] = s
+	s.ix.mu.Unlock()
+	s.ix.opt.Observer.StreamOpened()
+	if prev != nil && prev.cancel != nil {
+		prev.cancel()
+	}
+
+	applied, err := s.ix.opt.Store.Positions(ctx, s.pod)
+	if err != nil {
+		return nil, fmt.Errorf("reading positions of pod %s: %w", pod.GetName(), err)
+	}
+	said := map[uint32]*pb.RankPosition{}
+	for _, r := range h.GetRanks() {
+		said[r.GetRank()] = r
+	}
+	welcome := &pb.Welcome{
+		LeaseSeconds:     uint32(s.ix.opt.Lease / time.Second),
+		HeartbeatSeconds: uint32(s.ix.opt.Heartbeat / time.Second),
+		ProtocolVersion:  ProtocolVersion,
+	}
+	var resyncs []*pb.IngestResponse
+	for rank := range dp {
+		pos, known := applied[rank]
+		if known {
+			welcome.Applied = append(welcome.Applied, &pb.RankPosition{Rank: rank, Epoch: pos.Epoch, Sequence: pos.Sequence})
+		}
+		reason := helloResync(said[rank], pos, known)
+		if reason != pb.ResyncReason_RESYNC_REASON_UNSPECIFIED {
+			resyncs = append(resyncs, s.resync(rank, reason, pos, known))
+		}
+	}
+	s.rec.AwaitSnapshot = s.awaiting()
+	if err := s.put(ctx, true); err != nil {
+		return nil, err
+	}
+	s.ix.opt.Log.Info("subscriber connected", "pod", pod.GetNamespace()+"/"+pod.GetName(), "cacheBackend", backend.String(),
+		"model", h.GetModel(), "scheme", s.scheme, "ranks", dp, "resyncs", len(resyncs))
+	return append([]*pb.IngestResponse{{Message: &pb.IngestResponse_Welcome{Welcome: welcome}}}, resyncs...), nil
+}
+
+// helloResync decides whether a rank needs a snapshot right after Hello.
+func helloResync(said *pb.RankPosition, pos Position, known bool) pb.ResyncReason {
+	switch {
+	case said == nil:
+		return pb.ResyncReason_RESYNC_REASON_UNSPECIFIED // the deltas will tell
+	case !known && said.GetSequence() == 0:
+		return pb.ResyncReason_RESYNC_REASON_UNSPECIFIED // nothing sent yet: sequence 1 applies
+	case !known:
+		return pb.ResyncReason_RESYNC_REASON_UNKNOWN_RANK
+	case said.GetEpoch() == pos.Epoch && said.GetSequence() >= pos.Sequence:
+		return pb.ResyncReason_RESYNC_REASON_UNSPECIFIED // resume after pos.Sequence
+	case said.GetEpoch() > pos.Epoch && said.GetSequence() == 0:
+		return pb.ResyncReason_RESYNC_REASON_UNSPECIFIED // a new epoch starts at sequence 1
+	}
+	return pb.ResyncReason_RESYNC_REASON_EPOCH_CHANGED
+}
+
+func (s *Session) resync(rank uint32, reason pb.ResyncReason, pos Position, known bool) *pb.IngestResponse {
+	s.asked[rank] = true
+	s.ix.opt.Observer.Resync(strings.ToLower(strings.TrimPrefix(reason.String(), "RESYNC_REASON_")))
+	r := &pb.ResyncRequest{Rank: rank, Reason: reason}
+	if known {
+		r.Applied = &pb.RankPosition{Rank: rank, Epoch: pos.Epoch, Sequence: pos.Sequence}
+	}
+	return &pb.IngestResponse{Message: &pb.IngestResponse_Resync{Resync: r}}
+}
+
+func (s *Session) awaiting() []uint32 {
+	var out []uint32
+	for r, v := range s.asked {
+		if v {
+			out = append(out, r)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (s *Session) source(rank uint32) Source {
+	return Source{Backend: s.pod.Backend, PodUID: s.pod.UID, Rank: rank}
+}
+
+func (s *Session) space(lora string) Space {
+	return Space{Model: s.rec.Model, Lora: lora, Scheme: s.scheme}
+}
+
+func (s *Session) checkRank(rank uint32) error {
+	if rank >= s.rec.DPSize {
+		return fmt.Errorf("rank %d of a pod with %d ranks: %w", rank, s.rec.DPSize, ErrInvalid)
+	}
+	return nil
+}
+
+func (s *Session) handleDelta(ctx context.Context, d *pb.Delta) ([]*pb.IngestResponse, error) {
+	if err := s.checkRank(d.GetRank()); err != nil {
+		return nil, err
+	}
+	delta := Delta{Epoch: d.GetEpoch(), Sequence: d.GetSequence(), Ops: make([]Op, 0, len(d.GetEvents()))}
+	var blocks int
+	for _, ev := range d.GetEvents() {
+		switch e := ev.Event.(type) {
+		case *pb.BlockEvent_Stored:
+			delta.Ops = append(delta.Ops, Op{Kind: OpStore, Tier: Tier(e.Stored.GetTier()), Space: s.space(e.Stored.GetLoraName()), Hashes: e.Stored.GetBlockHashes()})
+			blocks += len(e.Stored.GetBlockHashes())
+		case *pb.BlockEvent_Removed:
+			delta.Ops = append(delta.Ops, Op{Kind: OpRemove, Tier: Tier(e.Removed.GetTier()), Space: s.space(e.Removed.GetLoraName()), Hashes: e.Removed.GetBlockHashes()})
+			blocks += len(e.Removed.GetBlockHashes())
+		case *pb.BlockEvent_Cleared:
+			delta.Ops = append(delta.Ops, Op{Kind: OpClear, Tier: Tier(e.Cleared.GetTier())})
+			blocks++
+		}
+	}
+	outcome, pos, err := s.ix.opt.Store.Apply(ctx, s.source(d.GetRank()), delta)
+	if err != nil {
+		return nil, fmt.Errorf("applying delta %d of pod %s rank %d: %w", d.GetSequence(), s.rec.Name, d.GetRank(), err)
+	}
+	s.ix.opt.Observer.Delta(outcome, blocks)
+	switch outcome {
+	case Applied:
+		s.ix.rate(s.pod.Backend).add(s.ix.opt.Now(), uint64(blocks))
+		s.rec.LastEvent = s.ix.opt.Now()
+		fallthrough
+	case Duplicate:
+		return []*pb.IngestResponse{ack(d.GetRank(), pos)}, nil
+	}
+	if s.asked[d.GetRank()] {
+		return nil, nil // a snapshot is on its way; drop until it arrives
+	}
+	_, known := s.knownPosition(ctx, d.GetRank())
+	reason := pb.ResyncReason_RESYNC_REASON_UNKNOWN_RANK
+	switch {
+	case known && d.GetEpoch() == pos.Epoch:
+		reason = pb.ResyncReason_RESYNC_REASON_GAP
+		s.ix.opt.Log.Info("delta skipped a sequence; asking for a snapshot", "pod", s.rec.Name, "rank", d.GetRank(), "applied", pos.Sequence, "got", d.GetSequence())
+	case known:
+		reason = pb.ResyncReason_RESYNC_REASON_EPOCH_CHANGED
+	}
+	out := []*pb.IngestResponse{s.resync(d.GetRank(), reason, pos, known)}
+	s.rec.AwaitSnapshot = s.awaiting()
+	return out, s.put(ctx, true)
+}
+
+func (s *Session) knownPosition(ctx context.Context, rank uint32) (Position, bool) {
+	ps, err := s.ix.opt.Store.Positions(ctx, s.pod)
+	if err != nil {
+		return Position{}, false
+	}
+	p, ok := ps[rank]
+	return p, ok
+}
+
+func ack(rank uint32, pos Position) *pb.IngestResponse {
+	return &pb.IngestResponse{Message: &pb.IngestResponse_Ack{Ack: &pb.Ack{Applied: &pb.RankPosition{Rank: rank, Epoch: pos.Epoch, Sequence: pos.Sequence}}}}
+}
+
+func (s *Session) handleSnapshotBegin(b *pb.SnapshotBegin) ([]*pb.IngestResponse, error) {
+	if err := s.checkRank(b.GetRank()); err != nil {
+		return nil, err
+	}
+	st := &staging{pos: Position{Epoch: b.GetEpoch(), Sequence: b.GetSequence()}, expected: b.GetBlockCount()}
+	if b.GetBlockCount() > uint64(s.ix.opt.MaxSnapshotBlocks) {
+		st.bad = true
+	} else {
+		st.entries = make([]Entry, 0, b.GetBlockCount())
+	}
+	s.snapshot[b.GetRank()] = st
+	return nil, nil
+}
+
+func (s *Session) handleSnapshotChunk(c *pb.SnapshotChunk) ([]*pb.IngestResponse, error) {
+	st := s.snapshot[c.GetRank()]
+	if st == nil || st.pos.Epoch != c.GetEpoch() {
+		return nil, fmt.Errorf("snapshot chunk for rank %d epoch %d without its begin: %w", c.GetRank(), c.GetEpoch(), ErrInvalid)
+	}
+	for _, e := range c.GetEntries() {
+		refs := e.GetRefCounts()
+		if len(refs) != 0 && len(refs) != len(e.GetBlockHashes()) {
+			st.bad = true
+		}
+		if st.bad || uint64(len(st.entries)+len(e.GetBlockHashes())) > st.expected {
+			st.bad, st.entries = true, nil
+			continue
+		}
+		sp := s.space(e.GetLoraName())
+		for i, h := range e.GetBlockHashes() {
+			n := uint32(1)
+			if len(refs) != 0 {
+				n = refs[i]
+			}
+			st.entries = append(st.entries, Entry{Space: sp, Tier: Tier(e.GetTier()), Hash: h, Refs: n})
+		}
+	}
+	return nil, nil
+}
+
+func (s *Session) handleSnapshotEnd(ctx context.Context, e *pb.SnapshotEnd) ([]*pb.IngestResponse, error) {
+	rank := e.GetRank()
+	st := s.snapshot[rank]
+	delete(s.snapshot, rank)
+	pos := Position{Epoch: e.GetEpoch(), Sequence: e.GetSequence()}
+	if st == nil || st.bad || st.pos != pos || uint64(len(st.entries)) != e.GetBlockCount() || e.GetBlockCount() != st.expected {
+		s.ix.opt.Log.Info("snapshot did not add up; asking again", "pod", s.rec.Name, "rank", rank)
+		return []*pb.IngestResponse{s.resync(rank, pb.ResyncReason_RESYNC_REASON_SNAPSHOT_INVALID, Position{}, false)}, nil
+	}
+	if err := s.ix.opt.Store.Replace(ctx, s.source(rank), pos, st.entries); err != nil {
+		if errors.Is(err, ErrStaleEpoch) {
+			return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
+		}
+		return nil, fmt.Errorf("replacing rank %d of pod %s: %w", rank, s.rec.Name, err)
+	}
+	s.asked[rank] = false
+	s.rec.AwaitSnapshot = s.awaiting()
+	s.rec.Resyncs++
+	s.rec.LastEvent = s.ix.opt.Now()
+	s.ix.opt.Observer.SnapshotApplied()
+	s.ix.opt.Log.Info("snapshot applied", "pod", s.rec.Name, "rank", rank, "epoch", pos.Epoch, "sequence", pos.Sequence, "blocks", len(st.entries))
+	return []*pb.IngestResponse{ack(rank, pos)}, s.put(ctx, true)
+}
+
+func (s *Session) handleHeartbeat(h *pb.Heartbeat) {
+	if c := h.GetHashCompatibility(); c != pb.HashCompatibility_HASH_COMPATIBILITY_UNSPECIFIED {
+		s.rec.Compatibility = int32(c)
+	}
+	ranks := make([]RankHealth, 0, len(h.GetRanks()))
+	for _, r := range h.GetRanks() {
+		if r.GetRank() >= s.rec.DPSize {
+			continue
+		}
+		ranks = append(ranks, RankHealth{
+			Rank: r.GetRank(), State: int32(r.GetState()), EventsTotal: r.GetEventsTotal(), Gaps: r.GetSequenceGaps(),
+			GapsRecovered: r.GetGapsRecovered(), LagP50Millis: r.GetLagP50Millis(), LagP99Millis: r.GetLagP99Millis(),
+			Message: truncate(r.GetMessage(), 256),
+		})
+		if t := r.GetLastEventUnixMillis(); t > 0 && time.UnixMilli(t).After(s.rec.LastEvent) {
+			s.rec.LastEvent = time.UnixMilli(t)
+		}
+	}
+	s.rec.Ranks = ranks
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
