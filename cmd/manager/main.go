@@ -34,6 +34,7 @@ import (
 	"github.com/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/kvindex/indexclient"
 	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/metrics"
 	"github.com/inferencecache/operator/internal/render"
@@ -207,7 +208,7 @@ func indexReader(url, tokenFile, namespace, domain string) controller.IndexReade
 	if url == "" {
 		url = fmt.Sprintf("http://%s.%s.svc.%s:%d", v1alpha1.IndexService, namespace, domain, v1alpha1.IndexHTTPPort)
 	}
-	return &controller.HTTPIndexReader{BaseURL: url, TokenFile: tokenFile}
+	return &indexclient.HTTP{BaseURL: url, TokenFile: tokenFile}
 }
 
 // metricsOptions serves /metrics over HTTPS behind the API server's

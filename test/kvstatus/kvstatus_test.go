@@ -43,6 +43,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/kvindex/indexclient"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/manifests"
@@ -433,7 +434,7 @@ func startStack(t *testing.T) *stack {
 		t.Fatal(err)
 	}
 	readerToken := c.token(t, operatorNS, operatorSA, indexAud, 3600, nil)
-	reader := &countingReader{IndexReader: &controller.HTTPIndexReader{BaseURL: "http://" + httpAddr, TokenFile: readerToken}}
+	reader := &countingReader{IndexReader: &indexclient.HTTP{BaseURL: "http://" + httpAddr, TokenFile: readerToken}}
 	if err := controller.Setup(mgr, controller.Options{Webhooks: true, Namespace: operatorNS, KeyRefresh: time.Second,
 		Inject: inject.Options{KVEventSubscriberImage: "ghcr.io/inferencecache/kvevent-subscriber:test", IndexEndpoint: grpcAddr},
 		Index:  reader, IndexPoll: pollPeriod}); err != nil {

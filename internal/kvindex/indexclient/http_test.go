@@ -1,4 +1,4 @@
-package controller_test
+package indexclient_test
 
 import (
 	"context"
@@ -9,13 +9,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/kvindex/indexclient"
 )
 
-// TestHTTPIndexReader guards the controller's read of the index: the path,
+// TestHTTP guards the manager's read of the index: the path,
 // the bearer token re-read from its file, the protobuf-JSON decoding, and
 // an error for any answer but 200.
-func TestHTTPIndexReader(t *testing.T) {
+func TestHTTP(t *testing.T) {
 	var gotPath, gotAuth string
 	status := http.StatusOK
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -29,7 +29,7 @@ func TestHTTPIndexReader(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte("first\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := &controller.HTTPIndexReader{BaseURL: srv.URL + "/", TokenFile: tokenFile}
+	r := &indexclient.HTTP{BaseURL: srv.URL + "/", TokenFile: tokenFile}
 	sum, err := r.Participation(context.Background(), "team", "cache")
 	if err != nil {
 		t.Fatal(err)
