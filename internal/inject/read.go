@@ -16,9 +16,8 @@ import (
 // no duplicate names, valid UTF-8. What selecting a CacheBackend needs
 // (the metadata) is decoded; the spec is kept as sent and decoded only for
 // a pod a decision reads further (Pod), so that a pod no CacheBackend
-// claims costs one pass over its bytes. The webhook decodes it as part of
-// the AdmissionReview (the request is read once); ReadObject reads one on
-// its own.
+// claims costs one pass over its bytes. The handler reads it once per
+// admission (ReadObject) and hands it to AdmitObject.
 type Object struct {
 	// Metadata is nil when the pod has no metadata object (absent or null).
 	Metadata *ObjectMeta `json:"metadata"`
@@ -57,17 +56,6 @@ func (o Object) Labels() map[string]string {
 // CacheBackend claims must still lose.
 func (o Object) Stripped() bool {
 	return o.Metadata != nil && CarriesStripped(o.Metadata.Annotations)
-}
-
-// Name names the pod for logs: its name, else its generateName and "*".
-func (o Object) Name() string {
-	switch {
-	case o.Metadata == nil:
-		return "*"
-	case o.Metadata.Name != "":
-		return o.Metadata.Name
-	}
-	return o.Metadata.GenerateName + "*"
 }
 
 // podSpec is the part of a pod's spec a decision reads: the init

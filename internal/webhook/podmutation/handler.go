@@ -85,7 +85,12 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 		return admission.Errored(http.StatusBadRequest, errors.New("pod admission request without a namespace"))
 	}
 	dryRun := req.DryRun != nil && *req.DryRun
-	backends, done, resp := h.candidates(ctx, req, dryRun, sel)
+	o, err := inject.ReadObject(req.Object.Raw)
+	if err != nil {
+		logger().Error(err, "reading the pod; admitting the pod unchanged")
+		return failOpen(err.Error())
+	}
+	backends, done, resp := h.candidates(ctx, req, o, dryRun, sel)
 	if done {
 		return resp
 	}
@@ -110,7 +115,7 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 		// The API server gave up on this call (its timeout): do no more work.
 		return failOpen("the admission request was cancelled: " + err.Error())
 	}
-	d, patch, err := inject.Admit(req.Object.Raw, backends, opts)
+	d, patch, err := inject.AdmitObject(o, backends, opts)
 	if err != nil {
 		logger().Error(err, "computing the injection; admitting the pod unchanged")
 		return failOpen(err.Error())
@@ -131,13 +136,13 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 	return resp
 }
 
-// candidates returns the CacheBackends inject.Admit decides among. With a synced
-// Index it reads only the pod's metadata and hands inject.Admit the one backend
-// that claims the pod; a pod none claims and that carries none of the
-// annotations the webhook strips is answered here (done), without
-// decoding the rest of it. Without the Index it lists the namespace. sel,
+// candidates returns the CacheBackends inject.AdmitObject decides among.
+// With a synced Index it selects by the pod's labels (o) and hands
+// inject.AdmitObject the one backend that claims the pod; a pod none
+// claims and that carries none of the annotations the webhook strips is
+// answered here (done), without decoding its spec. Without the Index it lists the namespace. sel,
 // when not nil, is the Index's selection Shortcut made.
-func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun bool, sel *selection) ([]v1alpha1.CacheBackend, bool, admission.Response) {
+func (h *Handler) candidates(ctx context.Context, req admission.Request, o inject.Object, dryRun bool, sel *selection) ([]v1alpha1.CacheBackend, bool, admission.Response) {
 	if sel != nil {
 		if sel.backend == nil {
 			return nil, false, admission.Response{}
@@ -151,10 +156,6 @@ func (h *Handler) candidates(ctx context.Context, req admission.Request, dryRun 
 			return nil, true, failOpen("listing CacheBackends: " + err.Error())
 		}
 		return list.Items, false, admission.Response{}
-	}
-	o, err := inject.ReadObject(req.Object.Raw)
-	if err != nil {
-		return nil, false, admission.Response{} // inject.Admit reports it
 	}
 	cb := h.Backends.Select(req.Namespace, o.Labels())
 	switch {
