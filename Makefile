@@ -179,7 +179,7 @@ test: packages ## Run unit, fuzz-seed, integration (kube-apiserver + etcd), engi
 	cd test/helm && CONTROLPLANE_DIR="$$dir" go test -count=1 ./...
 	dir=$$($(INSTALL_CONTROLPLANE)); cd test/gitopsdiff && CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 15m ./...
 	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
-	go test -run '^$$' -fuzz FuzzShortcut -fuzztime 10s ./internal/webhook/podmutation/
+	go test -run '^$$' -fuzz FuzzReview -fuzztime 10s ./internal/webhook/podmutation/
 	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
 	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
 	go test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./internal/kvevent/wire/

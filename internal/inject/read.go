@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"bytes"
 	"fmt"
 
 	"github.com/go-json-experiment/json"
@@ -14,15 +15,48 @@ import (
 // github.com/go-json-experiment/json (the candidate for Go's
 // encoding/json/v2) in the API server's way: field names case-sensitive,
 // no duplicate names, valid UTF-8. What selecting a CacheBackend needs
-// (the metadata) is decoded; the spec is kept as sent and decoded only for
-// a pod a decision reads further (Pod), so that a pod no CacheBackend
-// claims costs one pass over its bytes. The handler reads it once per
-// admission (ReadObject) and hands it to AdmitObject.
+// (the metadata) is decoded; of the spec only its place in the bytes read
+// is noted, and it is decoded only for a pod a decision reads further
+// (Pod), so that a pod no CacheBackend claims costs one pass over its bytes
+// and no copy of them. The webhook reads it once per admission, as a field
+// of the AdmissionReview or with ReadObject, and hands it to AdmitObject.
 type Object struct {
 	// Metadata is nil when the pod has no metadata object (absent or null).
 	Metadata *ObjectMeta `json:"metadata"`
-	// Spec is the pod's spec as sent (nil when absent).
-	Spec jsontext.Value `json:"spec"`
+	// SpecAt is where the spec lies in the bytes the pod was read from.
+	SpecAt Span `json:"spec"`
+	// spec is the spec's bytes once Bind has found them (nil when absent).
+	spec []byte
+}
+
+// Span is where a JSON value lies in the input being decoded: it passes
+// over the value (checking its syntax) and notes its offsets, copying
+// nothing.
+type Span struct{ start, end int64 }
+
+// UnmarshalJSONFrom notes the offsets around the next value.
+func (s *Span) UnmarshalJSONFrom(dec *jsontext.Decoder) error {
+	start := dec.InputOffset() // after the member's name, before its colon
+	if err := dec.SkipValue(); err != nil {
+		return err
+	}
+	s.start, s.end = start, dec.InputOffset()
+	return nil
+}
+
+// Bind returns o with its spec's bytes taken from in, the input o was
+// decoded from (the pod's JSON, or an AdmissionReview holding it). o
+// refers to in from then on: in must not change while o is in use.
+func (o Object) Bind(in []byte) (Object, error) {
+	s := o.SpecAt
+	if s.start < 0 || s.start > s.end || s.end > int64(len(in)) {
+		return Object{}, fmt.Errorf("decoding pod: spec at %d..%d of %d bytes", s.start, s.end, len(in))
+	}
+	o.spec = bytes.TrimLeft(in[s.start:s.end], " \t\r\n:")
+	if len(o.spec) == 0 {
+		o.spec = nil
+	}
+	return o, nil
 }
 
 // ObjectMeta is the part of a pod's metadata a decision reads.
@@ -40,7 +74,7 @@ func ReadObject(raw []byte) (Object, error) {
 	if err := json.Unmarshal(raw, &o); err != nil {
 		return Object{}, fmt.Errorf("decoding pod: %w", err)
 	}
-	return o, nil
+	return o.Bind(raw)
 }
 
 // Labels are the pod's labels, which select its CacheBackend.
@@ -102,11 +136,11 @@ func (o Object) Pod() (*corev1.Pod, error) {
 	if m := o.Metadata; m != nil {
 		pod.Name, pod.GenerateName, pod.Namespace, pod.Labels, pod.Annotations = m.Name, m.GenerateName, m.Namespace, m.Labels, m.Annotations
 	}
-	if len(o.Spec) == 0 {
+	if o.spec == nil {
 		return pod, nil
 	}
 	var spec podSpec
-	if err := json.Unmarshal(o.Spec, &spec); err != nil {
+	if err := json.Unmarshal(o.spec, &spec); err != nil {
 		return nil, fmt.Errorf("decoding pod: spec: %w", err)
 	}
 	pod.Spec.InitContainers, pod.Spec.HostNetwork = spec.InitContainers, spec.HostNetwork

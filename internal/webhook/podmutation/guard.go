@@ -1,26 +1,20 @@
 package podmutation
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
 
 const (
@@ -60,38 +54,38 @@ var AdmissionWait = prometheus.NewHistogram(prometheus.HistogramOpts{
 
 func init() { metrics.Registry.MustRegister(GuardTrips, AdmissionDuration, AdmissionWait) }
 
-// Served is the pod webhook as the manager serves it: h behind
-// controller-runtime's admission webhook, behind the Guard, with h's
-// Shortcut. The manager and the served-path benchmark both build it here.
-func Served(h *Handler, l inject.Limits) http.Handler {
-	return Guard(&webhook.Admission{Handler: h, LogConstructor: requestLogger}, l, h)
+// Served is the pod webhook as the manager serves it: h's Review behind
+// the Guard. The manager and the served-path benchmark both build it here.
+func Served(h *Handler, l inject.Limits) http.Handler { return Guard(h, l) }
+
+// Reviewer answers an AdmissionReview's bytes with the response's bytes,
+// or an error for a body that is not an admission request (Handler.Review).
+// It must not keep body, which the guard reuses once it has answered.
+type Reviewer interface {
+	Review(ctx context.Context, body []byte) ([]byte, error)
 }
 
-// requestLogger replaces controller-runtime's DefaultLogConstructor, which
-// adds six request fields to a logger on every admission (some thirty
-// allocations with zap, for lines that are mostly never written): the
-// handler names the pod and the request's UID on the lines it writes.
-func requestLogger(base logr.Logger, _ *admission.Request) logr.Logger { return base }
+// ReviewFunc is a Reviewer.
+type ReviewFunc func(ctx context.Context, body []byte) ([]byte, error)
 
-// Guard wraps the pod webhook's HTTP handler with the inject.Limits and the
-// request's own deadline (the API server's ?timeout=).
-//
-// fast, when not nil, may answer a request from its bytes (see
-// Handler.Shortcut) before next decodes it; it sees only requests within
-// the limits and sent as application/json, as controller-runtime requires.
-func Guard(next http.Handler, l inject.Limits, fast Shortcut) http.Handler {
+// Review calls f.
+func (f ReviewFunc) Review(ctx context.Context, body []byte) ([]byte, error) { return f(ctx, body) }
+
+// Guard serves next over HTTP within the inject.Limits and the request's
+// own deadline (the API server's ?timeout=). next sees only requests within
+// the limits and sent as application/json, as the API server sends them.
+func Guard(next Reviewer, l inject.Limits) http.Handler {
 	if l.MaxRequestBytes <= 0 {
 		l.MaxRequestBytes = inject.DefaultMaxRequestBytes
 	}
 	if l.MaxConcurrent <= 0 {
 		l.MaxConcurrent = inject.DefaultMaxConcurrent
 	}
-	return &guard{next: next, fast: fast, max: l.MaxRequestBytes, slots: make(chan struct{}, l.MaxConcurrent)}
+	return &guard{next: next, max: l.MaxRequestBytes, slots: make(chan struct{}, l.MaxConcurrent)}
 }
 
 type guard struct {
-	next  http.Handler
-	fast  Shortcut
+	next  Reviewer
 	max   int64
 	slots chan struct{}
 }
@@ -122,8 +116,8 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	pooled := bodies.Get().(*[]byte)
 	buf, err := readBody((*pooled)[:0], io.LimitReader(body, g.max+1), r.ContentLength)
 	defer func() {
-		// Nothing holds on to the request's bytes once it is answered: the
-		// shortcut copies what it keeps, and the full path reads its own copy.
+		// Nothing holds on to the request's bytes once it is answered
+		// (Reviewer's contract).
 		if cap(buf) <= maxPooledBody {
 			*pooled = buf[:0]
 			bodies.Put(pooled)
@@ -137,15 +131,17 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.failOpen(ctx, w, io.MultiReader(bytes.NewReader(buf), body), "oversized", -1)
 		return
 	}
-	if g.fast != nil && r.Header.Get("Content-Type") == "application/json" {
-		if out, ok := g.fast.Shortcut(ctx, buf); ok {
-			_, _ = w.Write(out)
-			return
-		}
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		http.Error(w, fmt.Sprintf("the admission request's Content-Type is %q, not application/json", ct), http.StatusBadRequest)
+		return
 	}
-	r.Body = io.NopCloser(bytes.NewReader(buf))
-	r.ContentLength = int64(len(buf))
-	g.next.ServeHTTP(w, r)
+	out, err := g.next.Review(ctx, buf)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
 }
 
 // bodies holds the buffers admission requests are read into, so that a
@@ -201,78 +197,4 @@ func (g *guard) failOpen(ctx context.Context, w http.ResponseWriter, body io.Rea
 	out.APIVersion, out.Kind = "admission.k8s.io/v1", "AdmissionReview"
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
-}
-
-// reviewUID streams an AdmissionReview up to request.uid. Values before
-// it are skipped token by token; the API server writes the UID first, so
-// the object (the large part) is never decoded.
-func reviewUID(r io.Reader) (types.UID, error) {
-	dec := json.NewDecoder(bufio.NewReaderSize(r, 4096))
-	if err := expectDelim(dec, '{'); err != nil {
-		return "", err
-	}
-	for dec.More() {
-		k, err := dec.Token()
-		if err != nil {
-			return "", err
-		}
-		if k != "request" {
-			if err := skipValue(dec); err != nil {
-				return "", err
-			}
-			continue
-		}
-		if err := expectDelim(dec, '{'); err != nil {
-			return "", err
-		}
-		for dec.More() {
-			k, err := dec.Token()
-			if err != nil {
-				return "", err
-			}
-			if k == "uid" {
-				v, err := dec.Token()
-				if s, ok := v.(string); err == nil && ok {
-					return types.UID(s), nil
-				}
-				return "", errors.New("request.uid is not a string")
-			}
-			if err := skipValue(dec); err != nil {
-				return "", err
-			}
-		}
-		break
-	}
-	return "", errors.New("no request.uid in the admission review")
-}
-
-func expectDelim(dec *json.Decoder, d json.Delim) error {
-	t, err := dec.Token()
-	if err != nil {
-		return err
-	}
-	if t != d {
-		return fmt.Errorf("expected %v in the admission review, got %v", d, t)
-	}
-	return nil
-}
-
-func skipValue(dec *json.Decoder) error {
-	depth := 0
-	for {
-		t, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		if d, ok := t.(json.Delim); ok {
-			if d == '{' || d == '[' {
-				depth++
-			} else {
-				depth--
-			}
-		}
-		if depth == 0 {
-			return nil
-		}
-	}
 }

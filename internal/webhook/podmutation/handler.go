@@ -2,7 +2,6 @@ package podmutation
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -49,25 +50,48 @@ type Handler struct {
 	Keys *receipt.KeyRing
 }
 
-// Handle implements admission.Handler.
+// Handle implements admission.Handler, for callers that hold a decoded
+// admission.Request; the manager serves Review, which reads the request's
+// bytes itself.
 func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
-	return h.handle(ctx, req, nil)
+	in := admissionInput{UID: req.UID, Kind: req.Kind, Namespace: req.Namespace, Name: req.Name, Operation: req.Operation, DryRun: req.DryRun != nil && *req.DryRun}
+	in.Object, in.objectErr = inject.ReadObject(req.Object.Raw)
+	return h.admit(ctx, in)
 }
 
-// selection is what Shortcut has already read of a pod: the CacheBackend
-// the index selected for it (nil: none) and whether it carries an
-// annotation the webhook strips.
-type selection struct {
-	backend  *v1alpha1.CacheBackend
-	stripped bool
+// admissionInput is what a decision reads of an admission request.
+type admissionInput struct {
+	UID       types.UID
+	Kind      metav1.GroupVersionKind
+	Namespace string
+	Name      string
+	Operation admissionv1.Operation
+	DryRun    bool
+	Object    inject.Object
+	// objectErr is why the pod could not be read (Object is then empty).
+	objectErr error
 }
 
-// handle is Handle, given what Shortcut read of the pod when it has
-// (sel; nil when controller-runtime decoded the request).
-func (h *Handler) handle(ctx context.Context, req admission.Request, sel *selection) (resp admission.Response) {
-	// The pod's name is read only when there is something to log.
+// podName names the pod on log lines: the request's name, else the pod's,
+// else its generateName and a star.
+func (in *admissionInput) podName() string {
+	if in.Name != "" {
+		return in.Name
+	}
+	if m := in.Object.Metadata; m != nil {
+		if m.Name != "" {
+			return m.Name
+		}
+		return m.GenerateName + "*"
+	}
+	return "*"
+}
+
+// admit decides one admission request, for Review and Handle alike.
+func (h *Handler) admit(ctx context.Context, in admissionInput) (resp admission.Response) {
+	// The pod's name is looked up only when there is something to log.
 	logger := func() logr.Logger {
-		return log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req), "requestID", req.UID)
+		return log.FromContext(ctx).WithValues("pod", in.Namespace+"/"+in.podName(), "requestID", in.UID)
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -75,27 +99,25 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 			resp = failOpen(fmt.Sprintf("internal error: %v", r))
 		}
 	}()
-	if req.Operation != admissionv1.Create || req.Kind.Kind != "Pod" {
+	if in.Operation != admissionv1.Create || in.Kind.Kind != "Pod" {
 		return admission.Allowed("")
 	}
-	if req.Namespace == "" {
+	if in.Namespace == "" {
 		// The API server always names a pod's namespace. Without one, the
 		// list below would read the CacheBackends of every namespace and
 		// wire the pod to another namespace's cache: refuse the request.
 		return admission.Errored(http.StatusBadRequest, errors.New("pod admission request without a namespace"))
 	}
-	dryRun := req.DryRun != nil && *req.DryRun
-	o, err := inject.ReadObject(req.Object.Raw)
-	if err != nil {
-		logger().Error(err, "reading the pod; admitting the pod unchanged")
-		return failOpen(err.Error())
+	if in.objectErr != nil {
+		logger().Error(in.objectErr, "reading the pod; admitting the pod unchanged")
+		return failOpen(in.objectErr.Error())
 	}
-	backends, done, resp := h.candidates(ctx, req, o, dryRun, sel)
+	backends, done, resp := h.candidates(ctx, &in, logger)
 	if done {
 		return resp
 	}
 	opts := h.Options
-	if h.Keys != nil && dryRun {
+	if h.Keys != nil && in.DryRun {
 		// A dry run has no side effects: sign with the key held, if any,
 		// and never create the key Secret.
 		if k, ok := h.Keys.Held(); ok {
@@ -115,16 +137,16 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 		// The API server gave up on this call (its timeout): do no more work.
 		return failOpen("the admission request was cancelled: " + err.Error())
 	}
-	d, patch, err := inject.AdmitObject(o, backends, opts)
+	d, patch, err := inject.AdmitObject(in.Object, backends, opts)
 	if err != nil {
 		logger().Error(err, "computing the injection; admitting the pod unchanged")
 		return failOpen(err.Error())
 	}
-	if !dryRun {
+	if !in.DryRun {
 		Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
 	}
 	if d.Outcome != inject.NoMatch {
-		log.FromContext(ctx).Info("admission decision", "pod", req.Namespace+"/"+decidedName(d.Pod), "requestID", req.UID, "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", dryRun, "message", d.Message)
+		log.FromContext(ctx).Info("admission decision", "pod", in.Namespace+"/"+decidedName(d.Pod), "requestID", in.UID, "outcome", d.Outcome, "reason", d.Reason, "cachebackend", d.Backend.Name, "dryRun", in.DryRun, "message", d.Message)
 	}
 	resp = admission.Patched("", patch...)
 	if len(patch) == 0 {
@@ -137,34 +159,28 @@ func (h *Handler) handle(ctx context.Context, req admission.Request, sel *select
 }
 
 // candidates returns the CacheBackends inject.AdmitObject decides among.
-// With a synced Index it selects by the pod's labels (o) and hands
+// With a synced Index it selects by the pod's labels and hands
 // inject.AdmitObject the one backend that claims the pod; a pod none
 // claims and that carries none of the annotations the webhook strips is
-// answered here (done), without decoding its spec. Without the Index it lists the namespace. sel,
-// when not nil, is the Index's selection Shortcut made.
-func (h *Handler) candidates(ctx context.Context, req admission.Request, o inject.Object, dryRun bool, sel *selection) ([]v1alpha1.CacheBackend, bool, admission.Response) {
-	if sel != nil {
-		if sel.backend == nil {
-			return nil, false, admission.Response{}
-		}
-		return []v1alpha1.CacheBackend{*sel.backend}, false, admission.Response{}
-	}
+// answered here (done), without decoding its spec. Without the Index it
+// lists the namespace.
+func (h *Handler) candidates(ctx context.Context, in *admissionInput, logger func() logr.Logger) ([]v1alpha1.CacheBackend, bool, admission.Response) {
 	if h.Backends == nil || !h.Backends.Synced() {
 		var list v1alpha1.CacheBackendList
-		if err := h.Reader.List(ctx, &list, client.InNamespace(req.Namespace)); err != nil {
-			log.FromContext(ctx).WithValues("pod", req.Namespace+"/"+podName(req), "requestID", req.UID).Error(err, "listing CacheBackends; admitting the pod unchanged")
+		if err := h.Reader.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
+			logger().Error(err, "listing CacheBackends; admitting the pod unchanged")
 			return nil, true, failOpen("listing CacheBackends: " + err.Error())
 		}
 		return list.Items, false, admission.Response{}
 	}
-	cb := h.Backends.Select(req.Namespace, o.Labels())
+	cb := h.Backends.Select(in.Namespace, in.Object.Labels())
 	switch {
 	case cb != nil:
 		return []v1alpha1.CacheBackend{*cb}, false, admission.Response{}
-	case o.Stripped():
+	case in.Object.Stripped():
 		return nil, false, admission.Response{}
 	}
-	if !dryRun {
+	if !in.DryRun {
 		Decisions.WithLabelValues(string(inject.NoMatch), "").Inc()
 	}
 	return nil, true, admission.Allowed("")
@@ -183,21 +199,4 @@ func decidedName(p *corev1.Pod) string {
 		return p.Name
 	}
 	return p.GenerateName + "*"
-}
-
-func podName(req admission.Request) string {
-	if req.Name != "" {
-		return req.Name
-	}
-	var meta struct {
-		Metadata struct {
-			Name         string `json:"name"`
-			GenerateName string `json:"generateName"`
-		} `json:"metadata"`
-	}
-	_ = json.Unmarshal(req.Object.Raw, &meta)
-	if meta.Metadata.Name != "" {
-		return meta.Metadata.Name
-	}
-	return meta.Metadata.GenerateName + "*"
 }

@@ -65,21 +65,28 @@ func TestDryRunCreatesNothing(t *testing.T) {
 	assert.EqualValues(t, 1, writes.Load(), "a real admission creates the key Secret on first use")
 }
 
-func review(uid string, pod []byte) []byte {
+// post is the API server's POST of an AdmissionReview to the webhook.
+func post(target string, body []byte) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, target, bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	return r
+}
+
+func reviewOf(uid string, pod []byte) []byte {
 	return fmt.Appendf(nil, `{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{"uid":%q,"kind":{"group":"","version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"llm","object":%s}}`, uid, pod)
 }
 
 func TestGuardFailsOpenAboveTheSizeLimit(t *testing.T) {
 	var decoded atomic.Int32
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { decoded.Add(1); w.WriteHeader(299) })
-	g := Guard(next, inject.Limits{MaxRequestBytes: 64 << 10}, nil)
+	next := ReviewFunc(func(context.Context, []byte) ([]byte, error) { decoded.Add(1); return []byte("decoded"), nil })
+	g := Guard(next, inject.Limits{MaxRequestBytes: 64 << 10})
 	big := enginePod(func(p *corev1.Pod) {
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "BIG", Value: strings.Repeat("x", 1<<20)}}
 	})
 	raw, err := json.Marshal(big)
 	require.NoError(t, err)
 	for _, chunked := range []bool{false, true} {
-		body := bytes.NewReader(review("uid-1", raw))
+		body := bytes.NewReader(reviewOf("uid-1", raw))
 		req := httptest.NewRequest(http.MethodPost, MutatePath+"?timeout=5s", body)
 		if chunked {
 			req.ContentLength = -1
@@ -98,8 +105,9 @@ func TestGuardFailsOpenAboveTheSizeLimit(t *testing.T) {
 
 	small, _ := json.Marshal(enginePod())
 	rec := httptest.NewRecorder()
-	g.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review("uid-2", small))))
-	assert.Equal(t, 299, rec.Code)
+	g.ServeHTTP(rec, post(MutatePath, reviewOf("uid-2", small)))
+	assert.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, "decoded", rec.Body.String())
 	assert.EqualValues(t, 1, decoded.Load())
 }
 
@@ -108,7 +116,7 @@ func TestGuardFailsOpenAboveTheSizeLimit(t *testing.T) {
 func TestGuardLimitsConcurrency(t *testing.T) {
 	release := make(chan struct{})
 	var inFlight, peak atomic.Int32
-	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	next := ReviewFunc(func(context.Context, []byte) ([]byte, error) {
 		n := inFlight.Add(1)
 		for {
 			p := peak.Load()
@@ -118,13 +126,14 @@ func TestGuardLimitsConcurrency(t *testing.T) {
 		}
 		<-release
 		inFlight.Add(-1)
+		return []byte("{}"), nil
 	})
-	g := Guard(next, inject.Limits{MaxConcurrent: 2}, nil)
+	g := Guard(next, inject.Limits{MaxConcurrent: 2})
 	raw, _ := json.Marshal(enginePod())
 	var wg sync.WaitGroup
 	for i := range 2 {
 		wg.Go(func() {
-			g.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review(fmt.Sprint(i), raw))))
+			g.ServeHTTP(httptest.NewRecorder(), post(MutatePath, reviewOf(fmt.Sprint(i), raw)))
 		})
 	}
 	for inFlight.Load() < 2 {
@@ -133,7 +142,7 @@ func TestGuardLimitsConcurrency(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the API server's deadline has passed
 	rec := httptest.NewRecorder()
-	g.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(review("late", raw))).WithContext(ctx))
+	g.ServeHTTP(rec, post(MutatePath, reviewOf("late", raw)).WithContext(ctx))
 	var out admissionv1.AdmissionReview
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out))
 	assert.True(t, out.Response.Allowed)
