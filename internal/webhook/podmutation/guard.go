@@ -21,6 +21,9 @@ const (
 	// hardMaxRequestBytes caps what is read at all, even to find the UID
 	// (the API server sends at most 3 MiB objects).
 	hardMaxRequestBytes = 8 << 20
+	// maxReadTime bounds the reading of a request without a deadline of
+	// its own (the API server's ?timeout= is at most 30 s).
+	maxReadTime = 30 * time.Second
 )
 
 // GuardTrips counts admissions the guard failed open, by reason.
@@ -100,17 +103,19 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 		r = r.WithContext(ctx)
 	}
+	// The body is read before a slot is taken, within the request's
+	// deadline: a client that announces a body and sends it slowly (or
+	// never) holds its own connection until then, never one of the slots
+	// the other admissions wait for.
+	deadline, ok := ctx.Deadline()
+	if !ok || deadline.Sub(start) > maxReadTime {
+		deadline = start.Add(maxReadTime)
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(deadline) // not every ResponseWriter has a connection
 	body := http.MaxBytesReader(w, r.Body, hardMaxRequestBytes)
 	if r.ContentLength > g.max {
 		g.failOpen(ctx, w, body, "oversized", r.ContentLength)
-		return
-	}
-	select {
-	case g.slots <- struct{}{}:
-		AdmissionWait.Observe(time.Since(start).Seconds())
-		defer func() { <-g.slots }()
-	case <-ctx.Done():
-		g.failOpen(ctx, w, body, "busy", r.ContentLength)
 		return
 	}
 	pooled := bodies.Get().(*[]byte)
@@ -124,11 +129,25 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	if err != nil {
+		// The deadline stays: the server's own reading of what remains of
+		// the body ends with it, and the connection closes.
 		http.Error(w, "reading the admission request: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	if int64(len(buf)) > g.max {
 		g.failOpen(ctx, w, io.MultiReader(bytes.NewReader(buf), body), "oversized", -1)
+		return
+	}
+	// The whole body is read: the connection, which carries the next
+	// request too, no longer needs this one's deadline.
+	_ = rc.SetReadDeadline(time.Time{})
+	waiting := time.Now()
+	select {
+	case g.slots <- struct{}{}:
+		AdmissionWait.Observe(time.Since(waiting).Seconds())
+		defer func() { <-g.slots }()
+	case <-ctx.Done():
+		g.failOpen(ctx, w, bytes.NewReader(buf), "busy", int64(len(buf)))
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "application/json" {

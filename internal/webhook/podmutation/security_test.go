@@ -1,10 +1,13 @@
 package podmutation
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionv1 "k8s.io/api/admission/v1"
@@ -150,4 +154,56 @@ func TestGuardLimitsConcurrency(t *testing.T) {
 	close(release)
 	wg.Wait()
 	assert.EqualValues(t, 2, peak.Load())
+}
+
+// TestSlowClientsHoldNoSlot: clients that announce a body and never send
+// it (issue 25: eight of them held every slot, so that every pod CREATE
+// waited its whole deadline and was admitted unwired) hold only their own
+// connections: with more of them than slots, another admission is still
+// decided, and each slow one is answered 400 once its own deadline passes.
+func TestSlowClientsHoldNoSlot(t *testing.T) {
+	var entered atomic.Int32
+	g := Guard(indexedHandler(t), inject.Limits{MaxConcurrent: 2})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered.Add(1)
+		g.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	const slow = 4 // twice the slots
+	conns := make([]net.Conn, slow)
+	for i := range conns {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		timeout := "30s"
+		if i == 0 {
+			timeout = "1s"
+		}
+		_, err = fmt.Fprintf(c, "POST %s?timeout=%s HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n{\"kind\":", MutatePath, timeout)
+		require.NoError(t, err)
+		conns[i] = c
+	}
+	for entered.Load() < slow {
+		time.Sleep(time.Millisecond)
+	}
+
+	busy := testutil.ToFloat64(GuardTrips.WithLabelValues("busy"))
+	body := reviewJSON("admission.k8s.io/v1", podCreate, podJSON(t))
+	resp, err := http.Post(srv.URL+MutatePath+"?timeout=2s", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	out, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", out)
+	assert.Contains(t, string(out), `"patch":`, "the admission was decided, not failed open: %s", out)
+	assert.Equal(t, busy, testutil.ToFloat64(GuardTrips.WithLabelValues("busy")), "no admission waited for a slot")
+
+	// The slow client with a 1 s deadline is answered once it passes (the
+	// client's own read deadline only keeps a broken guard from hanging
+	// the test).
+	require.NoError(t, conns[0].SetReadDeadline(time.Now().Add(20*time.Second)))
+	line, err := bufio.NewReader(conns[0]).ReadString('\n')
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(line, "HTTP/1.1 400"), "%q", line)
 }
