@@ -30,7 +30,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/certs"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/inject"
@@ -195,7 +194,7 @@ func run(args []string, stdout io.Writer) error {
 	if err := mgr.AddReadyzCheck("webhook", ready); err != nil {
 		return fmt.Errorf("adding readiness check: %w", err)
 	}
-	setupLog.Info("starting manager", "version", version.Version, "fieldManager", apply.FieldManager, "statusManager", controller.StatusManager)
+	setupLog.Info("starting manager", "version", version.Version, "fieldManager", v1alpha1.FieldManagerChildren, "statusManager", v1alpha1.FieldManagerStatus)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		return fmt.Errorf("running manager: %w", err)
 	}

@@ -28,15 +28,6 @@ import (
 	"github.com/inferencecache/operator/internal/plan"
 )
 
-// Field managers, kept here under their historical names.
-const (
-	// FieldManager owns every field the operator applies to children.
-	FieldManager = v1alpha1.FieldManagerChildren
-	// ReplicasHandoffManager holds a workload's replica count while an HPA
-	// takes it over.
-	ReplicasHandoffManager = v1alpha1.FieldManagerReplicasHandoff
-)
-
 // Applier writes children through one client.
 type Applier struct {
 	client  client.Client
@@ -48,7 +39,7 @@ type Applier struct {
 func New(c client.Client) *Applier {
 	return &Applier{
 		client: c,
-		rm:     ssa.NewResourceManager(c, nil, ssa.Owner{Field: FieldManager, Group: v1alpha1.GroupVersion.Group}),
+		rm:     ssa.NewResourceManager(c, nil, ssa.Owner{Field: v1alpha1.FieldManagerChildren, Group: v1alpha1.GroupVersion.Group}),
 	}
 }
 
@@ -214,7 +205,7 @@ func (a *Applier) handOff(ctx context.Context, h plan.Handoff) error {
 		"spec":       map[string]any{"replicas": int64(h.Replicas)},
 	}}
 	if err := a.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(patch),
-		client.FieldOwner(ReplicasHandoffManager), client.ForceOwnership); err != nil {
+		client.FieldOwner(v1alpha1.FieldManagerReplicasHandoff), client.ForceOwnership); err != nil {
 		return fmt.Errorf("handing replica count to the autoscaler: %w", err)
 	}
 	return nil

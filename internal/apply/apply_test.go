@@ -84,5 +84,5 @@ func TestExecuteHandsReplicasOff(t *testing.T) {
 	}
 	_, err := New(c).Execute(context.Background(), p)
 	require.NoError(t, err)
-	assert.Equal(t, []string{ReplicasHandoffManager}, applied)
+	assert.Equal(t, []string{v1alpha1.FieldManagerReplicasHandoff}, applied)
 }

@@ -46,10 +46,6 @@ import (
 	"github.com/inferencecache/operator/internal/render"
 )
 
-// StatusManager is the field manager of CacheBackend status. It is API:
-// renaming it strands the status fields it owns.
-const StatusManager = v1alpha1.FieldManagerStatus
-
 // CacheBackendReconciler reconciles CacheBackends: render, apply, status.
 type CacheBackendReconciler struct {
 	Client   client.Client
@@ -516,7 +512,7 @@ func (r *CacheBackendReconciler) patchStatus(ctx context.Context, cb *v1alpha1.C
 		"status":     status,
 	}}
 	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u),
-		client.FieldOwner(StatusManager), client.ForceOwnership); err != nil {
+		client.FieldOwner(v1alpha1.FieldManagerStatus), client.ForceOwnership); err != nil {
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 			return nil
 		}

@@ -109,7 +109,7 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 	key := testutil.StartBackend(t, k8s, cb)
 
 	dep := waitDeployment(t, key, nil)
-	assert.Contains(t, managers(dep), apply.FieldManager+"/Apply")
+	assert.Contains(t, managers(dep), v1alpha1.FieldManagerChildren+"/Apply")
 	assert.True(t, metav1.IsControlledBy(dep, cb), "Deployment controlled by the CacheBackend")
 	c := dep.Spec.Template.Spec.Containers[0]
 	assert.Equal(t, []string{"lmcache_server"}, c.Command)
@@ -120,13 +120,13 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 
 	svc := &corev1.Service{}
 	require.NoError(t, k8s.Get(ctx, key, svc))
-	assert.Contains(t, managers(svc), apply.FieldManager+"/Apply")
+	assert.Contains(t, managers(svc), v1alpha1.FieldManagerChildren+"/Apply")
 	assert.True(t, metav1.IsControlledBy(svc, cb))
 	assert.Equal(t, corev1.ProtocolTCP, svc.Spec.Ports[0].Protocol)
 
 	// The status has its own field manager.
 	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
-	assert.Contains(t, managers(got), controller.StatusManager+"/Apply")
+	assert.Contains(t, managers(got), v1alpha1.FieldManagerStatus+"/Apply")
 	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionProgressing, v1alpha1.ConditionDegraded} {
 		assert.NotNil(t, meta.FindStatusCondition(got.Status.Conditions, typ), "condition %s published from the first reconcile", typ)
 	}
@@ -320,7 +320,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	assert.Equal(t, int32(5), hpa.Spec.MaxReplicas)
 	assert.Equal(t, "Deployment", hpa.Spec.ScaleTargetRef.Kind)
 	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
-		if slices.Contains(managers(d), apply.ReplicasHandoffManager+"/Apply") {
+		if slices.Contains(managers(d), v1alpha1.FieldManagerReplicasHandoff+"/Apply") {
 			return nil
 		}
 		return fmt.Errorf("replicas not handed off yet: %v", managers(d))

@@ -76,7 +76,7 @@ func TestHiCacheReadiness(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, pod))
 	assert.Equal(t, []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--enable-hierarchical-cache",
 		"--hicache-ratio", "2", "--hicache-write-policy", "write_through", "--page-size", "64"}, pod.Spec.Containers[0].Args)
-	assert.NotEmpty(t, pod.Annotations[receipt.AnnotationSignature], "the receipt is signed")
+	assert.NotEmpty(t, pod.Annotations[v1alpha1.AnnotationReceiptSignature], "the receipt is signed")
 	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsUnavailable))
 
 	markPodReady(t, pod)
@@ -123,7 +123,7 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 	withWebhookUnreachable(t, func() {
 		copied := map[string]string{}
 		for _, k := range []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration,
-			receipt.AnnotationDigest, receipt.AnnotationSignature} {
+			v1alpha1.AnnotationInjectedConfigDigest, v1alpha1.AnnotationReceiptSignature} {
 			copied[k] = genuine.Annotations[k]
 		}
 		var forged *corev1.Pod
@@ -181,7 +181,7 @@ func TestReceiptKeyRotation(t *testing.T) {
 		if err := k8s.Create(ctx, young); err != nil {
 			return err
 		}
-		if young.Annotations[receipt.AnnotationSignature][:16] != receipt.NewKey(fresh).ID {
+		if young.Annotations[v1alpha1.AnnotationReceiptSignature][:16] != receipt.NewKey(fresh).ID {
 			_ = k8s.Delete(ctx, young, client.GracePeriodSeconds(0))
 			return fmt.Errorf("not signed with the new key yet")
 		}

@@ -90,7 +90,7 @@ func receiptView(obj any) (any, error) {
 			view.Annotations[k] = v
 		}
 	}
-	if view.Annotations[receipt.AnnotationDigest] != "" {
+	if view.Annotations[v1alpha1.AnnotationInjectedConfigDigest] != "" {
 		view.Annotations[receiptDigestKey] = receipt.Digest(pod)
 	}
 	return view, nil

@@ -31,34 +31,48 @@ func (t enginePods) participating() int {
 // one policy per row; the order is the precedence of the reasons when pods
 // disagree: not injected, mismatched, rolling out, unavailable.
 var engineLocalChain = Chain[enginePods]{
-	func(t enginePods) (Verdict, bool) {
-		return Verdict{Reason: v1alpha1.ReasonAwaitingEnginePods, Progressing: true,
-			Message: "no active engine pod matches spec.engineSelector"}, t.active == 0
-	},
-	func(t enginePods) (Verdict, bool) {
-		return Verdict{Ready: true, Reason: v1alpha1.ReasonAllEnginePodsSkipped,
-			Message: fmt.Sprintf("all %d matching engine pods opt out with %s", t.skipped, v1alpha1.AnnotationSkipInject)}, t.participating() == 0
-	},
-	func(t enginePods) (Verdict, bool) {
-		return Verdict{Reason: v1alpha1.ReasonEnginePodsNotInjected, Degraded: true, Stalled: true,
-			Message: fmt.Sprintf("%d engine pod(s) without a valid injection receipt or configuration: %s; restart them so the webhook admits them again", len(t.notInjected), names(t.notInjected))}, len(t.notInjected) > 0
-	},
-	func(t enginePods) (Verdict, bool) {
-		return Verdict{Reason: v1alpha1.ReasonEnginePodsInjectionMismatch, Degraded: true, Stalled: true,
-			Message: fmt.Sprintf("%d engine pod(s) carry the receipt of another CacheBackend: %s", len(t.mismatched), names(t.mismatched))}, len(t.mismatched) > 0
-	},
-	func(t enginePods) (Verdict, bool) {
-		return Verdict{Reason: v1alpha1.ReasonEnginePodsRolloutInProgress, Progressing: true,
-			Message: fmt.Sprintf("%d engine pod(s) run another generation of this CacheBackend (%d): %s; roll the engine workload to apply the current spec", len(t.rolling), t.cb.Generation, names(t.rolling))}, len(t.rolling) > 0
-	},
-	func(t enginePods) (Verdict, bool) {
-		return Verdict{Reason: v1alpha1.ReasonEnginePodsUnavailable, Degraded: true,
-			Message: fmt.Sprintf("%d of %d engine pods not Ready: %s", len(t.unavailable), t.participating(), names(t.unavailable))}, len(t.unavailable) > 0
-	},
-	func(t enginePods) (Verdict, bool) {
-		return Verdict{Ready: true, Reason: v1alpha1.ReasonEnginePodsReady,
-			Message: fmt.Sprintf("%d engine pod(s) injected with generation %d and Ready", t.participating(), t.cb.Generation)}, true
-	},
+	noActiveEnginePod,
+	allEnginePodsSkipped,
+	enginePodsNotInjected,
+	enginePodsMismatched,
+	enginePodsRollingOut,
+	enginePodsUnavailable,
+	enginePodsReady,
+}
+
+func noActiveEnginePod(t enginePods) (Verdict, bool) {
+	return Verdict{Reason: v1alpha1.ReasonAwaitingEnginePods, Progressing: true,
+		Message: "no active engine pod matches spec.engineSelector"}, t.active == 0
+}
+
+func allEnginePodsSkipped(t enginePods) (Verdict, bool) {
+	return Verdict{Ready: true, Reason: v1alpha1.ReasonAllEnginePodsSkipped,
+		Message: fmt.Sprintf("all %d matching engine pods opt out with %s", t.skipped, v1alpha1.AnnotationSkipInject)}, t.participating() == 0
+}
+
+func enginePodsNotInjected(t enginePods) (Verdict, bool) {
+	return Verdict{Reason: v1alpha1.ReasonEnginePodsNotInjected, Degraded: true, Stalled: true,
+		Message: fmt.Sprintf("%d engine pod(s) without a valid injection receipt or configuration: %s; restart them so the webhook admits them again", len(t.notInjected), names(t.notInjected))}, len(t.notInjected) > 0
+}
+
+func enginePodsMismatched(t enginePods) (Verdict, bool) {
+	return Verdict{Reason: v1alpha1.ReasonEnginePodsInjectionMismatch, Degraded: true, Stalled: true,
+		Message: fmt.Sprintf("%d engine pod(s) carry the receipt of another CacheBackend: %s", len(t.mismatched), names(t.mismatched))}, len(t.mismatched) > 0
+}
+
+func enginePodsRollingOut(t enginePods) (Verdict, bool) {
+	return Verdict{Reason: v1alpha1.ReasonEnginePodsRolloutInProgress, Progressing: true,
+		Message: fmt.Sprintf("%d engine pod(s) run another generation of this CacheBackend (%d): %s; roll the engine workload to apply the current spec", len(t.rolling), t.cb.Generation, names(t.rolling))}, len(t.rolling) > 0
+}
+
+func enginePodsUnavailable(t enginePods) (Verdict, bool) {
+	return Verdict{Reason: v1alpha1.ReasonEnginePodsUnavailable, Degraded: true,
+		Message: fmt.Sprintf("%d of %d engine pods not Ready: %s", len(t.unavailable), t.participating(), names(t.unavailable))}, len(t.unavailable) > 0
+}
+
+func enginePodsReady(t enginePods) (Verdict, bool) {
+	return Verdict{Ready: true, Reason: v1alpha1.ReasonEnginePodsReady,
+		Message: fmt.Sprintf("%d engine pod(s) injected with generation %d and Ready", t.participating(), t.cb.Generation)}, true
 }
 
 // EngineLocal judges an engine-local backend from its selector-matched

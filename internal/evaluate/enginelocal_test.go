@@ -87,7 +87,7 @@ func TestEngineLocalHealth(t *testing.T) {
 	// right name, UID and generation and the canonical flags written by hand.
 	forgedCanonical := mutate(good, func(p *corev1.Pod) {
 		p.Name = "forged"
-		p.Annotations[receipt.AnnotationSignature] = testKey.ID + ":" + "00"
+		p.Annotations[v1alpha1.AnnotationReceiptSignature] = testKey.ID + ":" + "00"
 	})
 	// A genuine receipt copied onto a pod whose configuration differs.
 	copied := mutate(good, func(p *corev1.Pod) {

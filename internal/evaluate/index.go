@@ -58,53 +58,71 @@ func (f IndexFacts) GateOpen() bool {
 
 // indexChain is the precedence of IndexSynced's reasons, first match wins.
 var indexChain = []func(IndexFacts, *v1alpha1.IndexParticipation) (IndexVerdict, bool){
-	func(f IndexFacts, _ *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		if f.ModelID == "" {
-			return falseV(v1alpha1.ReasonSubscriberMissing, "spec.observation.modelID is empty: the webhook adds no kvevent-subscriber sidecar"), true
-		}
-		if !f.SubscriberImage {
-			return falseV(v1alpha1.ReasonSubscriberMissing, "the manager runs without --kvevent-subscriber-image: the webhook adds no kvevent-subscriber sidecar"), true
-		}
+	noSubscriber,
+	gateClosed,
+	indexUnread,
+	hashMismatch,
+	podsUnsynced,
+	podsMissing,
+	podsStale,
+	podsResyncing,
+	allPodsLive,
+}
+
+func noSubscriber(f IndexFacts, _ *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	if f.ModelID == "" {
+		return falseV(v1alpha1.ReasonSubscriberMissing, "spec.observation.modelID is empty: the webhook adds no kvevent-subscriber sidecar"), true
+	}
+	if !f.SubscriberImage {
+		return falseV(v1alpha1.ReasonSubscriberMissing, "the manager runs without --kvevent-subscriber-image: the webhook adds no kvevent-subscriber sidecar"), true
+	}
+	return IndexVerdict{}, false
+}
+
+func gateClosed(f IndexFacts, _ *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	switch {
+	case !f.WorkloadAvailable:
+		return IndexVerdict{metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, "the KV-event gate is closed: the backend is not serving yet"}, true
+	case len(f.Expected) == 0:
+		return IndexVerdict{metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, "the KV-event gate is closed: no matched engine pod carries the kvevent-subscriber sidecar"}, true
+	}
+	return IndexVerdict{}, false
+}
+
+func indexUnread(f IndexFacts, _ *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	if f.ReadErr == nil && f.Summary != nil {
 		return IndexVerdict{}, false
-	},
-	func(f IndexFacts, _ *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		switch {
-		case !f.WorkloadAvailable:
-			return IndexVerdict{metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, "the KV-event gate is closed: the backend is not serving yet"}, true
-		case len(f.Expected) == 0:
-			return IndexVerdict{metav1.ConditionUnknown, v1alpha1.ReasonAwaitingWorkload, "the KV-event gate is closed: no matched engine pod carries the kvevent-subscriber sidecar"}, true
-		}
-		return IndexVerdict{}, false
-	},
-	func(f IndexFacts, _ *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		if f.ReadErr == nil && f.Summary != nil {
-			return IndexVerdict{}, false
-		}
-		msg := "the KV-block index was not read"
-		if f.ReadErr != nil {
-			msg = "reading the KV-block index: " + f.ReadErr.Error()
-		}
-		return falseV(v1alpha1.ReasonIndexUnavailable, msg+" (Ready is not affected)"), true
-	},
-	func(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		return falseV(v1alpha1.ReasonHashMismatch, "the engines' block hashes do not match the configured scheme "+p.HashScheme+": token-ID queries never match; check --prefix-caching-hash-algo, the block size and PYTHONHASHSEED"),
-			p.HashCompatibility == v1alpha1.HashMismatch
-	},
-	func(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		return falseV(v1alpha1.ReasonPodsUnsynced, podsMessage(p, v1alpha1.IndexPodUnsynced, p.UnsyncedPods, "lost events they cannot recover")), p.UnsyncedPods > 0
-	},
-	func(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		return falseV(v1alpha1.ReasonSubscriberMissing, podsMessage(p, v1alpha1.IndexPodMissing, p.MissingPods, "never reached the index")), p.MissingPods > 0
-	},
-	func(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		return falseV(v1alpha1.ReasonPodsStale, podsMessage(p, v1alpha1.IndexPodStale, p.StalePods, "sent nothing for the index's stale period")), p.StalePods > 0
-	},
-	func(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		return falseV(v1alpha1.ReasonPodsResyncing, fmt.Sprintf("%d pod(s) connecting or catching up", p.ResyncingPods)), p.ResyncingPods > 0
-	},
-	func(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
-		return IndexVerdict{metav1.ConditionTrue, v1alpha1.ReasonAllPodsLive, fmt.Sprintf("%s engine pods live in the KV-block index", p.Indexed)}, true
-	},
+	}
+	msg := "the KV-block index was not read"
+	if f.ReadErr != nil {
+		msg = "reading the KV-block index: " + f.ReadErr.Error()
+	}
+	return falseV(v1alpha1.ReasonIndexUnavailable, msg+" (Ready is not affected)"), true
+}
+
+func hashMismatch(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	return falseV(v1alpha1.ReasonHashMismatch, "the engines' block hashes do not match the configured scheme "+p.HashScheme+": token-ID queries never match; check --prefix-caching-hash-algo, the block size and PYTHONHASHSEED"),
+		p.HashCompatibility == v1alpha1.HashMismatch
+}
+
+func podsUnsynced(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	return falseV(v1alpha1.ReasonPodsUnsynced, podsMessage(p, v1alpha1.IndexPodUnsynced, p.UnsyncedPods, "lost events they cannot recover")), p.UnsyncedPods > 0
+}
+
+func podsMissing(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	return falseV(v1alpha1.ReasonSubscriberMissing, podsMessage(p, v1alpha1.IndexPodMissing, p.MissingPods, "never reached the index")), p.MissingPods > 0
+}
+
+func podsStale(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	return falseV(v1alpha1.ReasonPodsStale, podsMessage(p, v1alpha1.IndexPodStale, p.StalePods, "sent nothing for the index's stale period")), p.StalePods > 0
+}
+
+func podsResyncing(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	return falseV(v1alpha1.ReasonPodsResyncing, fmt.Sprintf("%d pod(s) connecting or catching up", p.ResyncingPods)), p.ResyncingPods > 0
+}
+
+func allPodsLive(_ IndexFacts, p *v1alpha1.IndexParticipation) (IndexVerdict, bool) {
+	return IndexVerdict{metav1.ConditionTrue, v1alpha1.ReasonAllPodsLive, fmt.Sprintf("%s engine pods live in the KV-block index", p.Indexed)}, true
 }
 
 func falseV(reason, msg string) IndexVerdict {

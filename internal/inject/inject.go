@@ -239,9 +239,9 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	setAnnotation(out, v1alpha1.AnnotationInjectedGeneration, strconv.FormatInt(cb.Generation, 10))
 	claim := ClaimOf(out)
 	claim.Digest = receipt.Digest(out)
-	setAnnotation(out, receipt.AnnotationDigest, claim.Digest)
+	setAnnotation(out, v1alpha1.AnnotationInjectedConfigDigest, claim.Digest)
 	if opts.Key != nil {
-		setAnnotation(out, receipt.AnnotationSignature, receipt.Sign(*opts.Key, claim))
+		setAnnotation(out, v1alpha1.AnnotationReceiptSignature, receipt.Sign(*opts.Key, claim))
 	}
 	d.Outcome = Injected
 	wired := fmt.Sprintf("container %q wired to CacheBackend %s/%s (generation %d)", c.Name, cb.Namespace, cb.Name, cb.Generation)
@@ -266,7 +266,7 @@ func skip(d Decision, reason, msg string) Decision {
 // strippedAnnotations are the annotations the webhook removes from every
 // pod it admits, matched or not (see clearReceipts).
 var strippedAnnotations = []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration, v1alpha1.AnnotationInjectSkipped, v1alpha1.AnnotationKVEventsSkipped,
-	receipt.AnnotationDigest, receipt.AnnotationSignature}
+	v1alpha1.AnnotationInjectedConfigDigest, v1alpha1.AnnotationReceiptSignature}
 
 // CarriesStripped reports whether annotations hold one the webhook
 // strips from every pod it admits (a receipt a user pre-set, or a skip

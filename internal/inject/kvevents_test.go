@@ -384,7 +384,7 @@ func TestKVEventsWiring(t *testing.T) {
 			}
 			tc.check(t, d.Pod)
 			// The receipt covers what was added.
-			assert.Equal(t, receipt.Digest(d.Pod), d.Pod.Annotations[receipt.AnnotationDigest])
+			assert.Equal(t, receipt.Digest(d.Pod), d.Pod.Annotations[v1alpha1.AnnotationInjectedConfigDigest])
 			// Admitted twice (reinvocation): nothing changes.
 			again := Decide(d.Pod, cbs, tc.opts)
 			assert.True(t, equality.Semantic.DeepEqual(d.Pod, again.Pod), "deciding on the output changes nothing")
@@ -396,7 +396,7 @@ func TestKVEventsWiring(t *testing.T) {
 			assertPatchApplies(t, raw, ops, ad.Pod)
 			// The served path (which decodes only part of the pod) decides the same.
 			assert.Equal(t, d.Pod.Annotations[v1alpha1.AnnotationKVEventsSkipped], ad.Pod.Annotations[v1alpha1.AnnotationKVEventsSkipped], "served path: kv-events-skipped")
-			assert.Equal(t, d.Pod.Annotations[receipt.AnnotationDigest], ad.Pod.Annotations[receipt.AnnotationDigest], "served path: receipt digest")
+			assert.Equal(t, d.Pod.Annotations[v1alpha1.AnnotationInjectedConfigDigest], ad.Pod.Annotations[v1alpha1.AnnotationInjectedConfigDigest], "served path: receipt digest")
 			for _, op := range ops {
 				assert.Equal(t, "add", op.Operation, op.Path)
 				assert.Regexp(t, `^/(metadata/annotations(/.*)?|spec/containers/0/(args|env)(/-)?|spec/initContainers(/-)?|spec/volumes(/-)?)$`, op.Path)

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
 // FuzzVerify: for any pod, claim and signature annotation, Verify never
@@ -30,7 +32,7 @@ func FuzzVerify(f *testing.F) {
 			if pod.Annotations == nil {
 				pod.Annotations = map[string]string{}
 			}
-			pod.Annotations[AnnotationSignature] = s
+			pod.Annotations[v1alpha1.AnnotationReceiptSignature] = s
 			err := Verify([]Key{key}, pod, c)
 			if err != nil {
 				continue

@@ -24,14 +24,6 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
-// Annotations of a signed receipt. They are API.
-const (
-	// AnnotationDigest is sha256 of the pod's containers as admitted.
-	AnnotationDigest = v1alpha1.AnnotationInjectedConfigDigest
-	// AnnotationSignature is <key-id>:<hex HMAC-SHA256>.
-	AnnotationSignature = v1alpha1.AnnotationReceiptSignature
-)
-
 // Key is one HMAC key with its public identifier.
 type Key struct {
 	ID     string
@@ -133,7 +125,7 @@ func ClaimOf(a map[string]string) Claim {
 		Backend:    a[v1alpha1.AnnotationInjectedBy],
 		UID:        a[v1alpha1.AnnotationInjectedByUID],
 		Generation: a[v1alpha1.AnnotationInjectedGeneration],
-		Digest:     a[AnnotationDigest],
+		Digest:     a[v1alpha1.AnnotationInjectedConfigDigest],
 	}
 }
 
@@ -156,7 +148,7 @@ func VerifySignature(keys []Key, annotations map[string]string, c Claim) error {
 	if c.Backend == "" || c.UID == "" || c.Generation == "" || c.Digest == "" {
 		return ErrIncompleteClaims
 	}
-	sig := annotations[AnnotationSignature]
+	sig := annotations[v1alpha1.AnnotationReceiptSignature]
 	if sig == "" {
 		return ErrUnsigned
 	}

@@ -23,8 +23,8 @@ func signedPod(k Key) (*corev1.Pod, Claim) {
 		}}},
 	}
 	c := Claim{Backend: "llm/hicache", UID: "uid-1", Generation: "2", Digest: Digest(p)}
-	p.Annotations[AnnotationDigest] = c.Digest
-	p.Annotations[AnnotationSignature] = Sign(k, c)
+	p.Annotations[v1alpha1.AnnotationInjectedConfigDigest] = c.Digest
+	p.Annotations[v1alpha1.AnnotationReceiptSignature] = Sign(k, c)
 	return p, c
 }
 
@@ -50,11 +50,11 @@ func TestVerify(t *testing.T) {
 	assert.ErrorIs(t, Verify([]Key{key}, tampered, c), ErrConfigMismatch, "a receipt copied onto another configuration")
 
 	unsigned := p.DeepCopy()
-	delete(unsigned.Annotations, AnnotationSignature)
+	delete(unsigned.Annotations, v1alpha1.AnnotationReceiptSignature)
 	assert.ErrorIs(t, Verify([]Key{key}, unsigned, c), ErrUnsigned)
 
 	handWritten := p.DeepCopy()
-	handWritten.Annotations[AnnotationSignature] = key.ID + ":00ff"
+	handWritten.Annotations[v1alpha1.AnnotationReceiptSignature] = key.ID + ":00ff"
 	assert.ErrorIs(t, Verify([]Key{key}, handWritten, c), ErrBadSignature, "the key id is public; the HMAC is not")
 
 	assert.True(t, errors.Is(Verify([]Key{key}, p, Claim{}), ErrIncompleteClaims))

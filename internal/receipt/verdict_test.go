@@ -25,14 +25,14 @@ func TestJudge(t *testing.T) {
 		set(v1alpha1.AnnotationInjectedBy, by)
 		set(v1alpha1.AnnotationInjectedByUID, uid)
 		set(v1alpha1.AnnotationInjectedGeneration, "2")
-		p.Annotations[AnnotationSignature] = Sign(key, c)
+		p.Annotations[v1alpha1.AnnotationReceiptSignature] = Sign(key, c)
 		return p
 	}
 	bare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm"}}
 	tampered := signed("llm/hicache", "uid-1")
 	tampered.Spec.Containers[0].Args = nil
 	forged := signed("llm/hicache", "uid-1")
-	forged.Annotations[AnnotationSignature] = Sign(NewKey([]byte("another key, not the operator's!")), ClaimOf(forged.Annotations))
+	forged.Annotations[v1alpha1.AnnotationReceiptSignature] = Sign(NewKey([]byte("another key, not the operator's!")), ClaimOf(forged.Annotations))
 
 	cases := []struct {
 		name string

@@ -53,10 +53,6 @@ const (
 	// volumeClaimTemplate, whose claims are <DataVolumeName>-<name>-<ordinal>.
 	DataVolumeName = "cache-data"
 
-	// AnnotationRetentionWhenDeleted on a claim records whether it goes with
-	// its CacheBackend (Delete) or outlives it (Retain).
-	AnnotationRetentionWhenDeleted = v1alpha1.AnnotationRetentionWhenDeleted
-
 	// DefaultImage is the cache-server image when the spec names none.
 	// The tag follows the LMCache version the conformance suite runs
 	// (test/tools/python/tested-versions.txt;
@@ -482,7 +478,7 @@ func pvc(cb *v1alpha1.CacheBackend) *corev1ac.PersistentVolumeClaimApplyConfigur
 	// labels, annotations and spec but not owner references.
 	claim := corev1ac.PersistentVolumeClaim(PVCName(cb), cb.Namespace).
 		WithLabels(objectLabels(cb)).
-		WithAnnotations(map[string]string{AnnotationRetentionWhenDeleted: string(retention)}).
+		WithAnnotations(map[string]string{v1alpha1.AnnotationRetentionWhenDeleted: string(retention)}).
 		WithSpec(spec)
 	if DeleteDataWithBackend(cb) {
 		claim.WithOwnerReferences(ownerRef(cb))

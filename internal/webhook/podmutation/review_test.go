@@ -21,7 +21,6 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
-	"github.com/inferencecache/operator/internal/receipt"
 )
 
 // indexedHandler serves namespace llm with one CacheBackend selecting
@@ -118,7 +117,7 @@ func TestReviewAnswersAsControllerRuntime(t *testing.T) {
 		{"matched pod, null container", reviewJSON(v1, podCreate, `{"metadata":{"labels":{"app":"qwen"}},"spec":{"containers":[null]}}`), same, false},
 		{"matched pod, container of the wrong type", reviewJSON(v1, podCreate, `{"metadata":{"labels":{"app":"qwen"}},"spec":{"containers":[{"name":1}]}}`), same, false},
 		{"unmatched pod with a forged receipt", reviewJSON(v1, podCreate, podJSON(t, unmatched, func(p *corev1.Pod) {
-			p.Annotations = map[string]string{receipt.AnnotationSignature: "forged"}
+			p.Annotations = map[string]string{v1alpha1.AnnotationReceiptSignature: "forged"}
 		})), same, true},
 		{"unmatched pod with an injected-by annotation", reviewJSON(v1, podCreate, podJSON(t, unmatched, func(p *corev1.Pod) {
 			p.Annotations = map[string]string{v1alpha1.AnnotationInjectedBy: "x"}
@@ -243,7 +242,7 @@ func FuzzReview(f *testing.F) {
 	f.Add(reviewJSON(v1, podCreate, podJSON(f)))
 	f.Add(reviewJSON("admission.k8s.io/v1beta1", podCreate, `{"metadata":{"labels":{"\u0061pp":"qwen","x":null},"annotations":{"a":"b"}}}`))
 	f.Add(reviewJSON(v1, podCreate, podJSON(f, unmatched, func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.AnnotationInjectSkipped: "x"} })))
-	f.Add(reviewJSON(v1, podCreate, podJSON(f, unmatched, func(p *corev1.Pod) { p.Annotations = map[string]string{receipt.AnnotationSignature: "forged"} })))
+	f.Add(reviewJSON(v1, podCreate, podJSON(f, unmatched, func(p *corev1.Pod) { p.Annotations = map[string]string{v1alpha1.AnnotationReceiptSignature: "forged"} })))
 	f.Add(reviewJSON(v1, podCreate+`,"name":"n","subResource":"","requestSubResource":null,"requestResource":{"group":"","version":"v1","resource":"pods"}`, `{"metadata":{"labels":{"app":"qwen"}},"spec":{"containers":[{"name":"vllm","args":["--port","8000"],"env":[{"name":"A","value":"b"}]}]}}`))
 	// What failed CI on the scanner: a duplicate name in the pod.
 	f.Add(reviewJSON(v1, podCreate, `{"":1,"":2}`))
