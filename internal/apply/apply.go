@@ -26,6 +26,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // Applier writes children through one client.
@@ -86,8 +87,8 @@ func (r Result) Changed() bool {
 // configured.
 func (r Result) WorkloadChanged() bool {
 	for _, c := range r.Changes {
-		if (strings.HasPrefix(c.Subject, "Deployment/") || strings.HasPrefix(c.Subject, "StatefulSet/")) &&
-			(c.Action == Created || c.Action == Configured) {
+		kind, _, _ := strings.Cut(c.Subject, "/")
+		if _, isWorkload := workload.ByKind(kind); isWorkload && (c.Action == Created || c.Action == Configured) {
 			return true
 		}
 	}
@@ -184,9 +185,10 @@ func action(a ssa.Action) Action {
 
 // gvk returns the group, version and kind of a prunable kind.
 func gvk(kind string) schema.GroupVersionKind {
+	if w, ok := workload.ByKind(kind); ok {
+		return w.GroupVersionKind()
+	}
 	switch kind {
-	case "Deployment", "StatefulSet":
-		return schema.GroupVersionKind{Group: "apps", Version: "v1", Kind: kind}
 	case "HorizontalPodAutoscaler":
 		return schema.GroupVersionKind{Group: "autoscaling", Version: "v2", Kind: kind}
 	default:

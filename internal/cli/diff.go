@@ -115,7 +115,7 @@ func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend, keys 
 	if res.Preview, err = apply.New(c).Preview(ctx, p); err != nil {
 		return res, err
 	}
-	rolls, err := previewRolls(ctx, c, live, p.StatefulSetHold() != nil, keys, time.Now())
+	rolls, err := previewRolls(ctx, c, live, p.WorkloadHold() != nil, keys, time.Now())
 	if err != nil {
 		res.RollsNote = err.Error()
 	}

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -44,6 +43,7 @@ import (
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // CacheBackendReconciler reconciles CacheBackends: render, apply, status.
@@ -105,11 +105,12 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, endpointChanged()))).
 		WatchesRawSource(source.Channel(poller.events, &handler.EnqueueRequestForObject{})).
-		Owns(&appsv1.Deployment{}).
-		Owns(&appsv1.StatefulSet{}).
 		Owns(&corev1.Service{}).
 		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
 		WatchesMetadata(&corev1.Pod{}, r.podEvents(), builder.WithPredicates(podMembershipChanged()))
+	for _, k := range workload.Kinds() {
+		b = b.Owns(k.New())
+	}
 	if r.ServerEvents != nil {
 		b = b.WatchesRawSource(r.ServerEvents)
 	}

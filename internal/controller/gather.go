@@ -187,7 +187,7 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 // functional probe's result into the pass's facts.
 func (r *CacheBackendReconciler) observeServer(ctx context.Context, s *pass) (evaluate.ServerChange, error) {
 	cb, f := s.cb, &s.seen.facts
-	if h := s.plan.StatefulSetHold(); h != nil {
+	if h := s.plan.WorkloadHold(); h != nil {
 		f.StorageHold = h.Message
 	}
 	w, err := workload.Read(ctx, r.Client, cb)

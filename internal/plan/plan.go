@@ -145,12 +145,16 @@ func (p Plan) ConflictMessage() string {
 	return strings.Join(msgs, "; ") + "; the operator does not adopt objects it did not create: rename the CacheBackend, or delete or rename the object"
 }
 
-// StatefulSetHold returns the hold of the StatefulSet (its storage drifted
-// from the spec), or nil.
-func (p Plan) StatefulSetHold() *Hold {
+// WorkloadHold returns the hold of the server workload (its storage
+// drifted from the spec's and cannot change), or nil.
+func (p Plan) WorkloadHold() *Hold {
+	if p.Backend == nil {
+		return nil
+	}
+	kind := workload.For(p.Backend).Kind()
 	for i := range p.Holds {
-		if p.Holds[i].Kind == "StatefulSet" {
-			return &p.Holds[i]
+		if h := &p.Holds[i]; h.Kind == kind && h.Name == p.Backend.Name {
+			return h
 		}
 	}
 	return nil
@@ -177,22 +181,19 @@ func Build(in Input) (Plan, error) {
 		children = render.Render(cb)
 	}
 
-	// A StatefulSet's claim templates cannot change: when the spec's
-	// storage no longer matches them, the StatefulSet is held and the
-	// backend reports it; the rest is still applied.
-	if in.Workload.Object() != nil && children.StatefulSet != nil {
-		if drift := ClaimTemplateDrift(children.StatefulSet.Spec.VolumeClaimTemplates, in.Workload.ClaimTemplates()); drift != "" {
-			children.StatefulSet = nil
-			p.Holds = append(p.Holds, Hold{Kind: "StatefulSet", Name: cb.Name, Reason: v1alpha1.ReasonImmutableStatefulSetStorage,
-				Message: fmt.Sprintf("storage of StatefulSet %s cannot change (%s); restore spec.storage, or delete the StatefulSet (its claims are kept) to recreate it", cb.Name, drift)})
+	// Claim templates cannot change: when the spec's storage no longer
+	// matches the live workload's, the workload is held and the backend
+	// reports it; the rest is still applied.
+	if w := in.Workload; w.ClaimsPerReplica() && w.Object() != nil && children.HasWorkload() {
+		if drift := ClaimTemplateDrift(children.WorkloadClaimTemplates(), w.ClaimTemplates()); drift != "" {
+			children = children.WithoutWorkload()
+			p.Holds = append(p.Holds, Hold{Kind: w.Kind(), Name: cb.Name, Reason: v1alpha1.ReasonImmutableStatefulSetStorage,
+				Message: fmt.Sprintf("storage of %s %s cannot change (%s); restore spec.storage, or delete the %s (its claims are kept) to recreate it", w.Kind(), cb.Name, drift, w.Kind())})
 		}
 	}
 	p.planClaims(in, &children)
 
-	if d := children.Deployment; d != nil && d.Spec != nil && d.Spec.Replicas == nil {
-		p.handoff(in.Workload)
-	}
-	if s := children.StatefulSet; s != nil && s.Spec != nil && s.Spec.Replicas == nil {
+	if children.WorkloadReplicasUnset() {
 		p.handoff(in.Workload)
 	}
 
@@ -252,7 +253,7 @@ func Conflicts(cb *v1alpha1.CacheBackend, existing []Child) []Conflict {
 		case ref == nil:
 			owned = true
 		default:
-			owned = c.Name != render.PVCName(cb) && ref.Kind == "StatefulSet" && ref.APIVersion == "apps/v1" && ref.Name == cb.Name
+			owned = c.Name != render.PVCName(cb) && workload.ClaimOwner(ref, cb.Name)
 		}
 		if owned {
 			continue
@@ -376,11 +377,11 @@ func deref(s *string) string {
 func (p *Plan) planClaims(in Input, children *render.Children) {
 	cb := in.Backend
 	perReplica := render.DataVolumeName + "-" + cb.Name + "-"
-	wantsPerReplica := render.IsStatefulSet(cb) && cb.Spec.Storage != nil && cb.Spec.Storage.PVC != nil
-	// A held StatefulSet keeps its claim templates, so its per-replica
+	wantsPerReplica := workload.For(cb).ClaimsPerReplica() && cb.Spec.Storage != nil && cb.Spec.Storage.PVC != nil
+	// A held workload keeps its claim templates, so its per-replica
 	// claims are still mounted, whatever the spec now says.
 	heldMounts := false
-	if h := p.StatefulSetHold(); h != nil {
+	if h := p.WorkloadHold(); h != nil {
 		heldMounts = slices.ContainsFunc(in.Workload.ClaimTemplates(), func(t corev1.PersistentVolumeClaim) bool { return t.Name == render.DataVolumeName })
 	}
 	for i := range in.Claims {

@@ -96,7 +96,7 @@ func TestStatefulSetStorageHold(t *testing.T) {
 				Claims: []corev1.PersistentVolumeClaim{claim("cache-data-cache-0", nil), claim("cache-data-cache-1", nil)}}
 			p, err := Build(in)
 			require.NoError(t, err)
-			hold := p.StatefulSetHold()
+			hold := p.WorkloadHold()
 			assert.Equal(t, tc.held, hold != nil, "held")
 			if tc.held {
 				assert.Equal(t, v1alpha1.ReasonImmutableStatefulSetStorage, hold.Reason)
@@ -208,7 +208,7 @@ func TestPruneOwnership(t *testing.T) {
 	sts.UID = cb.UID
 	p, err = Build(Input{Backend: sts, Workload: workload.Observed(sts, liveStatefulSet(sts, "1Gi")), Children: live})
 	require.NoError(t, err)
-	require.NotNil(t, p.StatefulSetHold())
+	require.NotNil(t, p.WorkloadHold())
 	for _, c := range p.Prune {
 		assert.NotEqual(t, "StatefulSet", c.Kind, "the held StatefulSet is pruned")
 	}

@@ -74,6 +74,36 @@ type Children struct {
 	PVC         *corev1ac.PersistentVolumeClaimApplyConfiguration
 }
 
+// HasWorkload reports whether c holds the server workload.
+func (c Children) HasWorkload() bool { return c.Deployment != nil || c.StatefulSet != nil }
+
+// WithoutWorkload is c without its server workload (held by the plan).
+func (c Children) WithoutWorkload() Children {
+	c.Deployment, c.StatefulSet = nil, nil
+	return c
+}
+
+// WorkloadClaimTemplates are the rendered workload's volumeClaimTemplates
+// (none for a kind that mounts a shared claim).
+func (c Children) WorkloadClaimTemplates() []corev1ac.PersistentVolumeClaimApplyConfiguration {
+	if s := c.StatefulSet; s != nil && s.Spec != nil {
+		return s.Spec.VolumeClaimTemplates
+	}
+	return nil
+}
+
+// WorkloadReplicasUnset reports whether the rendered workload leaves
+// spec.replicas unset (an autoscaler holds the count).
+func (c Children) WorkloadReplicasUnset() bool {
+	switch {
+	case c.Deployment != nil:
+		return c.Deployment.Spec != nil && c.Deployment.Spec.Replicas == nil
+	case c.StatefulSet != nil:
+		return c.StatefulSet.Spec != nil && c.StatefulSet.Spec.Replicas == nil
+	}
+	return false
+}
+
 // SelectorLabels are the labels that select the cache-server pods of cb. They
 // are immutable on a Deployment, so they never change for a given name.
 func SelectorLabels(cb *v1alpha1.CacheBackend) map[string]string {
@@ -289,9 +319,10 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 		// but lmcache_server 0.5 keeps KV in memory only (ServerDevice)
 		// and writes nothing there.
 		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(DataVolumeName).WithMountPath(dataMountPath))
-		// A StatefulSet's volume comes from its volumeClaimTemplate of the
-		// same name; a Deployment mounts the shared claim.
-		if !IsStatefulSet(cb) {
+		// A kind with claims per replica (StatefulSet) gets the volume from
+		// its volumeClaimTemplate of the same name; the others mount the
+		// shared claim.
+		if !workload.For(cb).ClaimsPerReplica() {
 			podSpec.WithVolumes(corev1ac.Volume().
 				WithName(DataVolumeName).
 				WithPersistentVolumeClaim(corev1ac.PersistentVolumeClaimVolumeSource().WithClaimName(PVCName(cb))))

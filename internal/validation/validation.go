@@ -22,6 +22,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // Path is where the validating webhook is served.
@@ -113,7 +114,7 @@ const maxStatefulSetName = validation.LabelValueMaxLength - 11
 // rules of Validate, and that a Deployment's shared claim never shrinks.
 func ValidateUpdate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
 	errs := validate(old, cb)
-	if render.IsStatefulSet(cb) || render.IsStatefulSet(old) || old.Spec.Storage == nil || old.Spec.Storage.PVC == nil ||
+	if workload.For(cb).ClaimsPerReplica() || workload.For(old).ClaimsPerReplica() || old.Spec.Storage == nil || old.Spec.Storage.PVC == nil ||
 		cb.Spec.Storage == nil || cb.Spec.Storage.PVC == nil {
 		return errs
 	}

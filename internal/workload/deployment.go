@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -16,6 +17,12 @@ import (
 type deployment struct{ d *appsv1.Deployment }
 
 func (w *deployment) Kind() string { return "Deployment" }
+
+func (w *deployment) GroupVersionKind() schema.GroupVersionKind {
+	return appsv1.SchemeGroupVersion.WithKind(w.Kind())
+}
+
+func (w *deployment) ClaimsPerReplica() bool { return false }
 
 func (w *deployment) New() client.Object { return &appsv1.Deployment{} }
 

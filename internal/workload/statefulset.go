@@ -6,6 +6,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -13,6 +14,12 @@ import (
 type statefulSet struct{ s *appsv1.StatefulSet }
 
 func (w *statefulSet) Kind() string { return "StatefulSet" }
+
+func (w *statefulSet) GroupVersionKind() schema.GroupVersionKind {
+	return appsv1.SchemeGroupVersion.WithKind(w.Kind())
+}
+
+func (w *statefulSet) ClaimsPerReplica() bool { return true }
 
 func (w *statefulSet) New() client.Object { return &appsv1.StatefulSet{} }
 

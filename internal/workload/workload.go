@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -25,6 +26,12 @@ import (
 type Server interface {
 	// Kind is the workload's kind, e.g. "StatefulSet".
 	Kind() string
+	// GroupVersionKind is the kind's API group, version and kind.
+	GroupVersionKind() schema.GroupVersionKind
+	// ClaimsPerReplica reports whether the kind gives each replica a claim
+	// of its own (from claim templates) rather than mounting one shared
+	// claim.
+	ClaimsPerReplica() bool
 	// New and NewList return an empty object and list of the kind, to
 	// read into.
 	New() client.Object
@@ -89,6 +96,19 @@ type Rollout struct {
 // kinds are the workload kinds, by name. The first is the default of a
 // spec that names none.
 var kinds = []Server{&deployment{}, &statefulSet{}}
+
+// ClaimOwner reports whether ref, a claim's controller reference, names the
+// workload called name of a kind that makes per-replica claims: such
+// claims belong to the backend that owns the workload.
+func ClaimOwner(ref *metav1.OwnerReference, name string) bool {
+	for _, k := range kinds {
+		gvk := k.GroupVersionKind()
+		if k.ClaimsPerReplica() && ref.Kind == gvk.Kind && ref.APIVersion == gvk.GroupVersion().String() && ref.Name == name {
+			return true
+		}
+	}
+	return false
+}
 
 // Kinds returns an absent workload of every kind, in a stable order.
 func Kinds() []Server {

@@ -57,3 +57,23 @@ func TestServingPodsNeedAnOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimOwner: a per-replica claim belongs to the backend when its
+// controller is the backend's workload of a kind that makes such claims,
+// by kind, API version and name.
+func TestClaimOwner(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ref  metav1.OwnerReference
+		want bool
+	}{
+		{"the StatefulSet", metav1.OwnerReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "cache"}, true},
+		{"another StatefulSet", metav1.OwnerReference{APIVersion: "apps/v1", Kind: "StatefulSet", Name: "other"}, false},
+		{"a Deployment of the name (shared claims only)", metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "cache"}, false},
+		{"another group's StatefulSet", metav1.OwnerReference{APIVersion: "apps.kruise.io/v1beta1", Kind: "StatefulSet", Name: "cache"}, false},
+	} {
+		if got := ClaimOwner(&c.ref, "cache"); got != c.want {
+			t.Errorf("%s: ClaimOwner = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
