@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -400,4 +401,83 @@ func foreignDeployment(ns, name string) *appsv1.Deployment {
 			},
 		},
 	}
+}
+
+// TestRefusedReplacementOfAStatefulSetShowsNoEndpoint: the switch
+// StatefulSet → Deployment when the API server refuses the Deployment (a
+// ValidatingAdmissionPolicy denies Deployments in the namespace): no
+// endpoint, not Ready (ApplyFailed, with the API server's message), and
+// the StatefulSet is kept while nothing replaces it.
+func TestRefusedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	key := testutil.StartBackend(t, k8s, stsBackend(ns, "cache", 1, false))
+	waitStatefulSet(t, key, nil)
+	setStatefulSetStatus(t, key, 1, 1)
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	require.NotEmpty(t, got.Status.Endpoint)
+
+	denyDeployments(t, ns)
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
+	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
+	assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
+	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "no Deployments in this namespace")
+	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
+	reconciled(t, key)
+	require.NoError(t, k8s.Get(ctx, key, &appsv1.StatefulSet{}), "the StatefulSet is kept while nothing replaces it")
+	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no Deployment was created")
+}
+
+// denyDeployments makes the API server refuse every Deployment created in
+// ns (a ValidatingAdmissionPolicy and its binding, removed at the test's
+// end), and waits until it does.
+func denyDeployments(t *testing.T, ns string) {
+	ctx := context.Background()
+	name := "deny-deployments-" + ns
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{"apps"}, APIVersions: []string{"v1"}, Resources: []string{"deployments"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "no Deployments in this namespace"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns},
+			}},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, policy))
+	require.NoError(t, k8s.Create(ctx, binding))
+	t.Cleanup(func() {
+		_ = k8s.Delete(context.Background(), binding)
+		_ = k8s.Delete(context.Background(), policy)
+	})
+	probe := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "probe"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "probe"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "x"}}},
+			},
+		},
+	}
+	testutil.Eventually(t, 15*time.Second, func() error {
+		err := k8s.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
+			return nil
+		}
+		return fmt.Errorf("a Deployment is still admitted (%v)", err)
+	})
 }
