@@ -478,6 +478,6 @@ func denyDeployments(t *testing.T, ns string) {
 		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
 			return nil
 		}
-		return fmt.Errorf("a Deployment is still admitted (%v)", err)
+		return fmt.Errorf("a Deployment is still admitted (%w)", err)
 	})
 }
