@@ -27,6 +27,10 @@ type Session struct {
 	asked    map[uint32]bool
 }
 
+// snapshotReserve is how many entries a SnapshotBegin reserves room for
+// before any arrives.
+const snapshotReserve = 1024
+
 type staging struct {
 	pos      Position
 	expected uint64
@@ -311,7 +315,10 @@ func (s *Session) handleSnapshotBegin(b *pb.SnapshotBegin) ([]*pb.IngestResponse
 	if b.GetBlockCount() > uint64(s.ix.opt.MaxSnapshotBlocks) {
 		st.bad = true
 	} else {
-		st.entries = make([]Entry, 0, b.GetBlockCount())
+		// Room for the first entries only: the count is a claim, and the
+		// entries take memory as they arrive (append grows the slice),
+		// so that a begin costs its sender as much as the index.
+		st.entries = make([]Entry, 0, min(b.GetBlockCount(), snapshotReserve))
 	}
 	s.snapshot[b.GetRank()] = st
 	return nil, nil
