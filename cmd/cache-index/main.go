@@ -79,6 +79,7 @@ func run(args []string) error {
 	lease := fs.Duration("lease", time.Minute, "a pod whose subscriber sends nothing for this long loses its blocks")
 	heartbeat := fs.Duration("heartbeat", 10*time.Second, "heartbeat interval asked of idle subscribers; a pod is Stale after 3 missed")
 	reviewTTL := fs.Duration("token-review-ttl", time.Minute, "how long a TokenReview verdict is reused for the same token")
+	reviewQPS := fs.Float64("token-review-qps", server.DefaultReviewsPerSecond, "TokenReviews per second (and burst) for tokens whose verdict is not cached; beyond it a new token is refused until the next review is allowed")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -130,7 +131,7 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("creating the Kubernetes client: %w", err)
 		}
-		authn = &server.TokenReviewAuthenticator{Reviewer: cs.AuthenticationV1().TokenReviews(), Audiences: audiences, CacheTTL: *reviewTTL}
+		authn = &server.TokenReviewAuthenticator{Reviewer: cs.AuthenticationV1().TokenReviews(), Audiences: audiences, CacheTTL: *reviewTTL, ReviewsPerSecond: *reviewQPS}
 	case "none":
 		log.Info("authentication is off: every caller may publish and query; use only for local tests")
 		authn = kvindex.AllowAll{}

@@ -3,6 +3,7 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -45,13 +46,14 @@ func (f *fakeReviewer) Create(_ context.Context, tr *authnv1.TokenReview, _ meta
 	defer f.mu.Unlock()
 	f.calls++
 	out := tr.DeepCopy()
-	user, ok := f.users[tr.Spec.Token]
+	name := nameOf(tr.Spec.Token)
+	user, ok := f.users[name]
 	if !ok {
 		out.Status = authnv1.TokenReviewStatus{Authenticated: false, Error: "invalid bearer token"}
 		return out, nil
 	}
 	out.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{audience},
-		User: authnv1.UserInfo{Username: user, Extra: f.extra[tr.Spec.Token]}}
+		User: authnv1.UserInfo{Username: user, Extra: f.extra[name]}}
 	return out, nil
 }
 
@@ -119,8 +121,30 @@ func newHarness(t *testing.T, store kvindex.Store) *harness {
 	return h
 }
 
+// jwt is the token of the caller name, shaped like the JWTs the API
+// server issues (the authenticator refuses anything else unreviewed).
+func jwt(name string) string {
+	if name == "" {
+		return ""
+	}
+	return "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString([]byte(name)) + ".c2lnbmF0dXJl"
+}
+
+// nameOf is the caller name jwt wrapped in token ("" for another token).
+func nameOf(token string) string {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return ""
+	}
+	return string(b)
+}
+
 func withToken(token string) context.Context {
-	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+token)
+	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+jwt(token))
 }
 
 type stream struct {
@@ -419,7 +443,7 @@ func postJSON(t *testing.T, h *harness, path, token, body string, out any) int {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, h.http.URL+path, bytes.NewBufferString(body))
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Authorization", "Bearer "+jwt(token))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

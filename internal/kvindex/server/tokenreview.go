@@ -9,8 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/lru"
 
 	"github.com/inferencecache/operator/internal/kvindex"
 )
@@ -26,14 +28,29 @@ type TokenReviewer interface {
 // (authentication.k8s.io/v1) for the index's audience, and caches each
 // verdict for CacheTTL so that a router calling Score per request costs one
 // review per token and minute, not one per call.
+//
+// What an unauthenticated caller can cost is bounded: a token that is not
+// shaped like a JWT (every ServiceAccount token is one) is refused without
+// a review; accepted and refused verdicts are kept in two LRU caches of
+// MaxCachedReviews each, so that junk tokens never evict a legitimate
+// caller's verdict; and reviews of tokens in neither cache are limited to
+// ReviewsPerSecond (with a burst of as many), beyond which the token is
+// refused for now (the caller retries).
 type TokenReviewAuthenticator struct {
 	Reviewer  TokenReviewer
 	Audiences []string
 	CacheTTL  time.Duration
 	Now       func() time.Time
+	// MaxCachedReviews bounds each verdict cache (DefaultMaxCachedReviews
+	// when zero).
+	MaxCachedReviews int
+	// ReviewsPerSecond bounds the TokenReviews of uncached tokens
+	// (DefaultReviewsPerSecond when zero).
+	ReviewsPerSecond float64
 
-	mu    sync.Mutex
-	cache map[[32]byte]cachedReview
+	once              sync.Once
+	accepted, refused *lru.Cache
+	limiter           *rate.Limiter
 }
 
 type cachedReview struct {
@@ -42,39 +59,86 @@ type cachedReview struct {
 	expires time.Time
 }
 
-const maxCachedReviews = 4096
+const (
+	// DefaultMaxCachedReviews is each verdict cache's size.
+	DefaultMaxCachedReviews = 4096
+	// DefaultReviewsPerSecond is the rate of TokenReviews of uncached
+	// tokens: a thousand engine pods restarting at once are all reviewed
+	// within 20 s.
+	DefaultReviewsPerSecond = 50
+)
+
+func (a *TokenReviewAuthenticator) init() {
+	size := a.MaxCachedReviews
+	if size <= 0 {
+		size = DefaultMaxCachedReviews
+	}
+	qps := a.ReviewsPerSecond
+	if qps <= 0 {
+		qps = DefaultReviewsPerSecond
+	}
+	a.accepted, a.refused = lru.New(size), lru.New(size)
+	a.limiter = rate.NewLimiter(rate.Limit(qps), max(int(qps), 1))
+}
 
 // Authenticate implements kvindex.Authenticator.
 func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token string) (kvindex.Caller, error) {
 	if token == "" {
 		return kvindex.Caller{}, fmt.Errorf("no bearer token: %w", kvindex.ErrUnauthenticated)
 	}
+	if !jwtShaped(token) {
+		return kvindex.Caller{}, fmt.Errorf("the bearer token is not a JWT: %w", kvindex.ErrUnauthenticated)
+	}
+	a.once.Do(a.init)
 	now := time.Now
 	if a.Now != nil {
 		now = a.Now
 	}
 	key := sha256.Sum256([]byte(token))
-	a.mu.Lock()
-	if c, ok := a.cache[key]; ok && now().Before(c.expires) {
-		a.mu.Unlock()
-		return c.caller, c.err
+	for _, c := range []*lru.Cache{a.accepted, a.refused} {
+		if v, ok := c.Get(key); ok {
+			if r := v.(cachedReview); now().Before(r.expires) {
+				return r.caller, r.err
+			}
+			c.Remove(key)
+		}
 	}
-	a.mu.Unlock()
-
+	if !a.limiter.AllowN(now(), 1) {
+		return kvindex.Caller{}, fmt.Errorf("too many TokenReviews of unknown tokens; try again: %w", kvindex.ErrUnauthenticated)
+	}
 	res, err := a.Reviewer.Create(ctx, &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token, Audiences: a.Audiences}}, metav1.CreateOptions{})
 	if err != nil {
 		return kvindex.Caller{}, fmt.Errorf("reviewing the token: %w", err)
 	}
 	caller, verr := callerFrom(res, a.Audiences)
 	if a.CacheTTL > 0 {
-		a.mu.Lock()
-		if a.cache == nil || len(a.cache) >= maxCachedReviews {
-			a.cache = map[[32]byte]cachedReview{}
+		c := a.accepted
+		if verr != nil {
+			c = a.refused
 		}
-		a.cache[key] = cachedReview{caller: caller, err: verr, expires: now().Add(a.CacheTTL)}
-		a.mu.Unlock()
+		c.Add(key, cachedReview{caller: caller, err: verr, expires: now().Add(a.CacheTTL)})
 	}
 	return caller, verr
+}
+
+// jwtShaped reports whether token has a JWT's compact form: three
+// non-empty base64url segments separated by dots.
+func jwtShaped(token string) bool {
+	dots, seg := 0, 0
+	for i := 0; i < len(token); i++ {
+		switch c := token[i]; {
+		case c == '.':
+			if seg == 0 {
+				return false
+			}
+			dots, seg = dots+1, 0
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+			seg++
+		default:
+			return false
+		}
+	}
+	return dots == 2 && seg > 0
 }
 
 func callerFrom(res *authnv1.TokenReview, audiences []string) (kvindex.Caller, error) {
