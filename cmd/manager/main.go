@@ -66,7 +66,7 @@ func run(args []string, stdout io.Writer) error {
 	indexEndpoint := fs.String("kvindex-endpoint", "", "gRPC address (host:port) of the KV-block index the kvevent-subscriber sidecars forward to; empty: the install bundle's headless inferencecache-index-peers Service in --namespace, <svc>.<namespace>.svc.<cluster-domain>:9400, whose every ready replica each sidecar forwards to")
 	indexURL := fs.String("kvindex-status-url", "", "HTTP base URL of the KV-block index the controller reads status.indexParticipation from; empty: the install bundle's inferencecache-index Service in --namespace, http://<svc>.<namespace>.svc.<cluster-domain>:9401")
 	indexToken := fs.String("kvindex-token-file", inject.IndexTokenPath, "bearer token for the index's HTTP API (a projected ServiceAccount token of audience inferencecache-index); empty sends none")
-	indexPoll := fs.Duration("kvindex-poll-interval", controller.DefaultIndexPoll, "how often the participation of CacheBackends with spec.observation is re-read between reconciles")
+	indexPoll := fs.Duration("kvindex-poll-interval", indexclient.DefaultPoll, "how often the participation of CacheBackends with spec.observation is re-read between reconciles")
 	namespace := fs.String("namespace", envOr("POD_NAMESPACE", "inferencecache-system"), "the operator's own namespace, which holds the receipt key Secret")
 	probe := fs.Bool("functional-probe", true, "before Ready=True, check that each cache server accepts TCP connections on its Service (turn off where servers do not really run, e.g. on kwok nodes)")
 	probeInterval := fs.Duration("functional-probe-interval", 30*time.Second, "at most one functional probe per backend per interval")

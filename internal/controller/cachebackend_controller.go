@@ -40,6 +40,7 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/kvindex/indexclient"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
@@ -74,7 +75,7 @@ type CacheBackendReconciler struct {
 	// (nil: IndexSynced says IndexUnavailable once the gate opens).
 	Index IndexReader
 	// IndexPoll is how often observed backends' participation is re-read
-	// between reconciles (DefaultIndexPoll when zero).
+	// between reconciles (indexclient.DefaultPoll when zero).
 	IndexPoll time.Duration
 	// EnginePodSettle is how long an engine pod's event waits before it
 	// wakes the CacheBackends that select the pod (DefaultEnginePodSettle
@@ -95,16 +96,13 @@ func (r *CacheBackendReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = metav1.Now
 	}
-	poller := &IndexPoller{r: r, Period: r.IndexPoll, events: make(chan event.GenericEvent)}
-	if poller.Period <= 0 {
-		poller.Period = DefaultIndexPoll
-	}
+	poller := &indexclient.Poller{Period: r.IndexPoll, Backends: r.listBackends, Changed: r.indexChanged, Events: make(chan event.GenericEvent)}
 	if err := mgr.Add(poller); err != nil {
 		return err
 	}
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.CacheBackend{}, builder.WithPredicates(predicate.Or[client.Object](predicate.GenerationChangedPredicate{}, endpointChanged()))).
-		WatchesRawSource(source.Channel(poller.events, &handler.EnqueueRequestForObject{})).
+		WatchesRawSource(source.Channel(poller.Events, &handler.EnqueueRequestForObject{})).
 		Owns(&corev1.Service{}).
 		Owns(&autoscalingv2.HorizontalPodAutoscaler{}).
 		WatchesMetadata(&corev1.Pod{}, r.podEvents(), builder.WithPredicates(podMembershipChanged()))

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -89,67 +87,33 @@ func gateAvailable(cb *v1alpha1.CacheBackend) bool {
 	return cb.Status.Endpoint != ""
 }
 
-// IndexPoller reads the index for every observed CacheBackend once per
-// Period and wakes the backend's reconcile only when the result differs
-// meaningfully from the published status. A poll costs one HTTP GET per
-// observed backend whose gate is open, and nothing of the API server: the
-// backends and their pods' metadata come from the manager's cache.
-type IndexPoller struct {
-	r      *CacheBackendReconciler
-	Period time.Duration
-	events chan event.GenericEvent
-}
-
-// DefaultIndexPoll is how often observed backends' participation is read.
-const DefaultIndexPoll = 30 * time.Second
-
-// Start implements manager.Runnable (it runs on the leader only).
-func (p *IndexPoller) Start(ctx context.Context) error {
-	t := time.NewTicker(p.Period)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			p.poll(ctx)
-		}
+// indexChanged reads the index for cb as a reconcile would (the poller's
+// view: the gate's "backend serves" from the published status) and
+// reports whether the participation or IndexSynced it would publish
+// differs meaningfully from cb's status.
+func (r *CacheBackendReconciler) indexChanged(ctx context.Context, cb *v1alpha1.CacheBackend) (bool, error) {
+	matched, err := r.matchedPods(ctx, cb)
+	if err != nil {
+		return false, fmt.Errorf("listing engine pods: %w", err)
 	}
+	wired, err := r.indexPods(ctx, cb, matched)
+	if err != nil {
+		return false, fmt.Errorf("reading engine pods: %w", err)
+	}
+	part, v := r.indexView(ctx, cb, wired, gateAvailable(cb))
+	cur := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionIndexSynced)
+	same := evaluate.ParticipationEqual(part, cb.Status.IndexParticipation) && cur != nil &&
+		cur.Status == v.Status && cur.Reason == v.Reason && cur.Message == v.Message
+	return !same, nil
 }
 
-func (p *IndexPoller) poll(ctx context.Context) {
+// listBackends lists the CacheBackends from the manager's cache.
+func (r *CacheBackendReconciler) listBackends(ctx context.Context) ([]v1alpha1.CacheBackend, error) {
 	var list v1alpha1.CacheBackendList
-	if err := p.r.Client.List(ctx, &list); err != nil {
-		log.FromContext(ctx).Error(err, "listing CacheBackends for the index poll")
-		return
+	if err := r.Client.List(ctx, &list); err != nil {
+		return nil, err
 	}
-	for i := range list.Items {
-		cb := &list.Items[i]
-		if cb.Spec.Observation == nil || !cb.DeletionTimestamp.IsZero() {
-			continue
-		}
-		matched, err := p.r.matchedPods(ctx, cb)
-		if err != nil {
-			log.FromContext(ctx).Error(err, "listing engine pods for the index poll", "cachebackend", client.ObjectKeyFromObject(cb))
-			continue
-		}
-		wired, err := p.r.indexPods(ctx, cb, matched)
-		if err != nil {
-			log.FromContext(ctx).Error(err, "reading engine pods for the index poll", "cachebackend", client.ObjectKeyFromObject(cb))
-			continue
-		}
-		part, v := p.r.indexView(ctx, cb, wired, gateAvailable(cb))
-		cur := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionIndexSynced)
-		if evaluate.ParticipationEqual(part, cb.Status.IndexParticipation) && cur != nil &&
-			cur.Status == v.Status && cur.Reason == v.Reason && cur.Message == v.Message {
-			continue
-		}
-		select {
-		case p.events <- event.GenericEvent{Object: cb}:
-		case <-ctx.Done():
-			return
-		}
-	}
+	return list.Items, nil
 }
 
 // matchedPods lists the metadata of the pods cb's engine selector matches,

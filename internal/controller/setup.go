@@ -53,7 +53,7 @@ type Options struct {
 	ReceiptEventHorizon time.Duration
 	// Index reads the KV-block index for status.indexParticipation (the
 	// manager's --kvindex-status-url); IndexPoll is how often observed
-	// backends are re-read (DefaultIndexPoll when zero).
+	// backends are re-read (indexclient.DefaultPoll when zero).
 	Index     IndexReader
 	IndexPoll time.Duration
 }

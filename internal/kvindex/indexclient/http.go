@@ -1,6 +1,8 @@
-// Package indexclient is the client of the KV-block index's HTTP API
-// (cmd/cache-index, internal/kvindex/server) that the operator's manager
-// uses to read a CacheBackend's participation.
+// Package indexclient is the operator manager's side of the KV-block
+// index (cmd/cache-index, internal/kvindex/server): the client of its HTTP
+// API that reads a CacheBackend's participation (HTTP), and the Poller
+// that re-reads observed backends between reconciles and wakes those whose
+// participation changed.
 package indexclient
 
 import (
