@@ -28,7 +28,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -151,16 +150,12 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("listening for gRPC: %w", err)
 	}
-	gs := grpc.NewServer(
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxRecvMsgSize(16<<20),
-	)
+	gs := grpc.NewServer(server.GRPCOptions()...)
 	server.RegisterGRPC(gs, ix)
 
 	api := http.NewServeMux()
 	server.HTTPHandler(ix, api)
-	apiSrv := &http.Server{Addr: *httpAddr, Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	apiSrv := server.NewHTTPServer(*httpAddr, api)
 
 	var ready atomic.Bool
 	probes := http.NewServeMux()
@@ -178,7 +173,7 @@ func run(args []string) error {
 		_, _ = w.Write([]byte("ok"))
 	})
 	probes.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	probeSrv := &http.Server{Addr: *probeAddr, Handler: probes, ReadHeaderTimeout: 10 * time.Second}
+	probeSrv := server.NewHTTPServer(*probeAddr, probes)
 
 	errc := make(chan error, 3)
 	go func() { errc <- serve("gRPC", func() error { return gs.Serve(grpcLis) }) }()

@@ -52,6 +52,11 @@ func envOr(name, def string) string {
 	return def
 }
 
+// defaultQueueBytes bounds the payloads buffered for processing: a quarter
+// of the memory limit the webhook gives the sidecar (128 MiB), far above
+// what 10,000 block events a second keep queued.
+const defaultQueueBytes = 32 << 20
+
 func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("kvevent-subscriber", flag.ContinueOnError)
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -75,7 +80,7 @@ func run(ctx context.Context, args []string) error {
 	sendTokens := fs.Bool("send-tokens", false, "forward token IDs while hashes are not Verified (they leave the pod)")
 	httpAddr := fs.String("http-bind-address", ":8090", "address of /healthz, /readyz and /metrics")
 	queue := fs.Int("queue-size", 4096, "live messages buffered for processing; more are dropped (counted) and replayed")
-	queueBytes := fs.Int64("queue-bytes", 256<<20, "payload bytes buffered for processing; more are dropped (counted) and replayed")
+	queueBytes := fs.Int64("queue-bytes", defaultQueueBytes, "payload bytes buffered for processing; more are dropped (counted) and replayed")
 	forwardQueue := fs.Int("forward-queue-size", 4096, "deltas buffered for the forwarders, and for each index replica; more are dropped (counted) and resent as a snapshot")
 	journal := fs.Int("journal-limit", 50000, "unacknowledged deltas kept for reconnects; past it the rank is resent as a snapshot")
 	replayIdle := fs.Duration("replay-idle-timeout", 2*time.Second, "a replay that stays silent this long is resumed")

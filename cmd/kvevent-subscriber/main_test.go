@@ -2,8 +2,15 @@ package main
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/inject/injecttest"
 )
 
 func TestOffsetEndpoint(t *testing.T) {
@@ -37,5 +44,24 @@ func TestBadFlags(t *testing.T) {
 		if err == nil || strings.ToLower(err.Error()[:1]) != err.Error()[:1] {
 			t.Errorf("run(%v) = %v, want a lower-case error", args, err)
 		}
+	}
+}
+
+// TestQueueFitsTheSidecarLimit: the default payload queue takes at most a
+// quarter of the memory limit the webhook gives the sidecar (issue 25: it
+// was 256 MiB against a 128 MiB limit, so a burst the queue admitted got
+// the sidecar OOM-killed instead of dropped and replayed).
+func TestQueueFitsTheSidecarLimit(t *testing.T) {
+	cb := injecttest.Backend("cache", func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Observation = &v1alpha1.Observation{ModelID: "qwen"}
+	})
+	d := inject.Decide(injecttest.EnginePod(), []v1alpha1.CacheBackend{cb}, inject.Options{KVEventSubscriberImage: "sub:v1"})
+	i := slices.IndexFunc(d.Pod.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == inject.SubscriberContainer })
+	if i < 0 {
+		t.Fatalf("no sidecar injected: %s", d.Message)
+	}
+	limit := d.Pod.Spec.InitContainers[i].Resources.Limits.Memory().Value()
+	if limit == 0 || defaultQueueBytes > limit/4 {
+		t.Fatalf("--queue-bytes defaults to %d bytes; the sidecar's memory limit is %d", defaultQueueBytes, limit)
 	}
 }
