@@ -47,9 +47,8 @@ func (AllowAll) Authenticate(context.Context, string) (Caller, error) {
 // Policy is the authorisation rule of the index.
 //
 //   - A subscriber publishes only for a pod of its own ServiceAccount's
-//     namespace, under a CacheBackend of that namespace; when its token is
-//     bound to a pod (projected tokens are), that pod must be the one it
-//     publishes for.
+//     namespace, under a CacheBackend of that namespace, with a token bound
+//     to that very pod (the projected token the webhook mounts is).
 //   - A query client reads only the CacheBackends of its own
 //     ServiceAccount's namespace, unless its username is one of
 //     ClusterReaders (e.g. the operator's manager, which reads every
@@ -69,10 +68,16 @@ func (p Policy) AuthorizePublish(caller Caller, backend BackendRef, podNamespace
 	if caller.Namespace != podNamespace || caller.Namespace != backend.Namespace {
 		return fmt.Errorf("%s may not publish for pod %s/%s of CacheBackend %s: %w", caller.Username, podNamespace, podName, backend, ErrForbidden)
 	}
-	if caller.PodName != "" && caller.PodName != podName {
+	if caller.PodName == "" || caller.PodUID == "" {
+		// A token of the namespace that names no pod (kubectl create
+		// token, which the built-in edit role allows) could otherwise act
+		// for every pod there: replace their streams, wipe their blocks.
+		return fmt.Errorf("%s publishes with a token bound to no pod; only the pod's own projected token may publish: %w", caller.Username, ErrForbidden)
+	}
+	if caller.PodName != podName {
 		return fmt.Errorf("token bound to pod %s may not publish for pod %s: %w", caller.PodName, podName, ErrForbidden)
 	}
-	if caller.PodUID != "" && caller.PodUID != podUID {
+	if caller.PodUID != podUID {
 		return fmt.Errorf("token bound to pod UID %s may not publish for pod UID %s: %w", caller.PodUID, podUID, ErrForbidden)
 	}
 	return nil

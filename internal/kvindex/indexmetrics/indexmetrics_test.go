@@ -33,7 +33,7 @@ func TestMetricsOfAnIndex(t *testing.T) {
 		Store: m.Store(memstore.New()), Observer: m, Lease: time.Minute,
 		Policy: kvindex.Policy{}, Now: func() time.Time { return now },
 	})
-	sess := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team:vllm", Namespace: "team"}, func() {})
+	sess := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team:vllm", Namespace: "team", PodName: "vllm-0", PodUID: "uid-0"}, func() {})
 	steps := []*pb.IngestRequest{
 		{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
 			ProtocolVersion: kvindex.ProtocolVersion, Pod: &pb.PodIdentity{Namespace: "team", Name: "vllm-0", Uid: "uid-0"},

@@ -82,6 +82,7 @@ func TestServiceAccountTokensAgainstTheAPIServer(t *testing.T) {
 	}
 	subA := token("team-a", "vllm", audience, pod)
 	subB := token("team-b", "vllm", audience, nil)
+	subUnbound := token("team-a", "vllm", audience, nil) // kubectl create token vllm --audience …
 	subWrongAudience := token("team-a", "vllm", "some-other-service", pod)
 	routerA := token("team-a", "router", audience, nil)
 	routerB := token("team-b", "router", audience, nil)
@@ -130,6 +131,12 @@ func TestServiceAccountTokensAgainstTheAPIServer(t *testing.T) {
 		_, _, err := publish(subB)
 		if status.Code(err) != codes.PermissionDenied {
 			t.Fatalf("team-b token publishing for a team-a pod: %v, want PermissionDenied", err)
+		}
+	})
+	t.Run("refused subscriber with a token of the namespace bound to no pod", func(t *testing.T) {
+		_, _, err := publish(subUnbound)
+		if status.Code(err) != codes.PermissionDenied {
+			t.Fatalf("an unbound team-a token publishing for a team-a pod: %v, want PermissionDenied", err)
 		}
 	})
 	t.Run("refused subscriber with a token for another audience", func(t *testing.T) {

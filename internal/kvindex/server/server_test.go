@@ -88,9 +88,16 @@ func newHarness(t *testing.T, store kvindex.Store) *harness {
 			"router-b": "system:serviceaccount:team-b:router",
 			"operator": "system:serviceaccount:inferencecache-system:manager",
 			"bound":    "system:serviceaccount:team-a:vllm",
+			"sub-sg":   "system:serviceaccount:team-a:sglang",
+			"unbound":  "system:serviceaccount:team-a:vllm",
 		},
+		// Subscribers' tokens are bound to their pods, as the projected
+		// token the webhook mounts is.
 		extra: map[string]map[string]authnv1.ExtraValue{
-			"bound": {"authentication.kubernetes.io/pod-name": {"vllm-0"}, "authentication.kubernetes.io/pod-uid": {"uid-0"}},
+			"sub-a":  boundTo("vllm-0", "uid-0"),
+			"sub-b":  boundTo("vllm-0", "uid-0"),
+			"bound":  boundTo("vllm-0", "uid-0"),
+			"sub-sg": boundTo("sg-0", "uid-sg"),
 		},
 	}}
 	h.ix = kvindex.New(kvindex.Options{
@@ -141,6 +148,11 @@ func nameOf(token string) string {
 		return ""
 	}
 	return string(b)
+}
+
+// boundTo is the extra a TokenReview reports for a token bound to a pod.
+func boundTo(pod, uid string) map[string]authnv1.ExtraValue {
+	return map[string]authnv1.ExtraValue{"authentication.kubernetes.io/pod-name": {pod}, "authentication.kubernetes.io/pod-uid": {uid}}
 }
 
 func withToken(token string) context.Context {
@@ -372,6 +384,7 @@ func TestRefusedCallers(t *testing.T) {
 			return m
 		}(), codes.InvalidArgument},
 		{"token bound to another pod", "bound", hello("team-a", "vllm-1", "uid-1", 1), codes.PermissionDenied},
+		{"token bound to no pod", "unbound", hello("team-a", "vllm-0", "uid-0", 1), codes.PermissionDenied},
 		{"invalid token", "nope", hello("team-a", "vllm-0", "uid-0", 1), codes.Unauthenticated},
 		{"no token", "", hello("team-a", "vllm-0", "uid-0", 1), codes.Unauthenticated},
 	}
@@ -494,7 +507,7 @@ func TestMooncakeShapedQuery(t *testing.T) {
 		}
 	}
 	// Token IDs need a Verified sha256_cbor scheme.
-	s2 := h.open(t, "sub-a")
+	s2 := h.open(t, "sub-sg")
 	m := hello("team-a", "sg-0", "uid-sg", 1)
 	m.GetHello().Model = "sg"
 	m.GetHello().HashScheme.Algorithm = "sglang_sha256"
