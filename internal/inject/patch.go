@@ -89,3 +89,21 @@ func appendOps[T any](ops *[]jsonpatch.Operation, path string, was, now []T) err
 func escape(k string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(k, "~", "~0"), "/", "~1")
 }
+
+// StripPatch is the patch that removes, from the pod o, the annotations
+// the webhook strips from every pod it admits (a receipt or a stamp a user
+// pre-set), and nothing else: what a fail-open answer applies when the
+// pod's metadata was read, so that failing open never lets a forged
+// receipt through. Empty when o carries none.
+func StripPatch(o Object) []jsonpatch.Operation {
+	if o.Metadata == nil {
+		return nil
+	}
+	var ops []jsonpatch.Operation
+	for _, k := range slices.Sorted(maps.Keys(o.Metadata.Annotations)) {
+		if Stripped(k) {
+			ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(k), nil))
+		}
+	}
+	return ops
+}

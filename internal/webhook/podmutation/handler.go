@@ -95,8 +95,8 @@ func (h *Handler) admit(ctx context.Context, in admissionInput) (resp admission.
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			logger().Error(fmt.Errorf("panic: %v", r), "injection failed; admitting the pod unchanged")
-			resp = failOpen(fmt.Sprintf("internal error: %v", r))
+			logger().Error(fmt.Errorf("panic: %v", r), "injection failed; admitting the pod unwired")
+			resp = failOpenStripping(in.Object, fmt.Sprintf("internal error: %v", r))
 		}
 	}()
 	if in.Operation != admissionv1.Create || in.Kind.Kind != "Pod" {
@@ -135,12 +135,12 @@ func (h *Handler) admit(ctx context.Context, in admissionInput) (resp admission.
 	}
 	if err := ctx.Err(); err != nil {
 		// The API server gave up on this call (its timeout): do no more work.
-		return failOpen("the admission request was cancelled: " + err.Error())
+		return failOpenStripping(in.Object, "the admission request was cancelled: "+err.Error())
 	}
 	d, patch, err := inject.AdmitObject(in.Object, backends, opts)
 	if err != nil {
-		logger().Error(err, "computing the injection; admitting the pod unchanged")
-		return failOpen(err.Error())
+		logger().Error(err, "computing the injection; admitting the pod unwired")
+		return failOpenStripping(in.Object, err.Error())
 	}
 	if !in.DryRun {
 		Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
@@ -168,8 +168,8 @@ func (h *Handler) candidates(ctx context.Context, in *admissionInput, logger fun
 	if h.Backends == nil || !h.Backends.Synced() {
 		var list v1alpha1.CacheBackendList
 		if err := h.Reader.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
-			logger().Error(err, "listing CacheBackends; admitting the pod unchanged")
-			return nil, true, failOpen("listing CacheBackends: " + err.Error())
+			logger().Error(err, "listing CacheBackends; admitting the pod unwired")
+			return nil, true, failOpenStripping(in.Object, "listing CacheBackends: "+err.Error())
 		}
 		return list.Items, false, admission.Response{}
 	}
@@ -184,6 +184,19 @@ func (h *Handler) candidates(ctx context.Context, in *admissionInput, logger fun
 		Decisions.WithLabelValues(string(inject.NoMatch), "").Inc()
 	}
 	return nil, true, admission.Allowed("")
+}
+
+// failOpenStripping is failOpen for a pod whose metadata was read: the
+// annotations the webhook strips from every pod (a pre-set receipt) are
+// removed all the same, so that no failure admits a forged receipt.
+func failOpenStripping(o inject.Object, msg string) admission.Response {
+	r := failOpen(msg)
+	if ops := inject.StripPatch(o); len(ops) > 0 {
+		warnings := r.Warnings
+		r = admission.Patched("", ops...)
+		r.Warnings = warnings
+	}
+	return r
 }
 
 func failOpen(msg string) admission.Response {

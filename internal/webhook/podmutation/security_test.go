@@ -207,3 +207,26 @@ func TestSlowClientsHoldNoSlot(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, strings.HasPrefix(line, "HTTP/1.1 400"), "%q", line)
 }
+
+// TestFailingOpenStillStripsAForgedReceipt: a pod admitted unwired because
+// the webhook failed (here: the CacheBackends cannot be listed; likewise a
+// cancelled request, a failed decision or a panic) still loses the receipt
+// annotations a user pre-set (issue 25: fail-open paths kept them, so the
+// pod carried a receipt it was never given), and nothing else changes.
+func TestFailingOpenStillStripsAForgedReceipt(t *testing.T) {
+	h := &Handler{Reader: failingReader(t)}
+	resp := h.Handle(context.Background(), request(t, admissionv1.Create, enginePod(forgedReceipt)))
+	require.True(t, resp.Allowed)
+	require.Len(t, resp.Warnings, 1)
+	assert.Contains(t, resp.Warnings[0], "pod admitted without cache wiring")
+	require.NotEmpty(t, resp.Patches, "the forged receipt is removed")
+	for _, op := range resp.Patches {
+		assert.Equal(t, "remove", op.Operation, "%+v", op)
+		assert.True(t, strings.HasPrefix(op.Path, "/metadata/annotations/inferencecache.io~1"), op.Path)
+	}
+
+	// A pod without such annotations is admitted without a patch.
+	resp = h.Handle(context.Background(), request(t, admissionv1.Create, enginePod()))
+	assert.True(t, resp.Allowed)
+	assert.Empty(t, resp.Patches)
+}
