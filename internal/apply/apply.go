@@ -160,7 +160,8 @@ func (a *Applier) Execute(ctx context.Context, p plan.Plan) (Result, error) {
 	}
 	var markErrs []error
 	for _, w := range p.ClaimWarnings {
-		if err := Annotate(ctx, a.client, "PersistentVolumeClaim", w.Claim.Namespace, w.Claim.Name, w.UID, "", w.MarkKey(), w.Value, v1alpha1.FieldManagerPVCWarnings); err != nil {
+		claim := annotated{Kind: "PersistentVolumeClaim", Namespace: w.Claim.Namespace, Name: w.Claim.Name, UID: w.UID}
+		if err := annotate(ctx, a.client, claim, w.MarkKey(), w.Value, v1alpha1.FieldManagerPVCWarnings); err != nil {
 			markErrs = append(markErrs, fmt.Errorf("marking claim %s: %w", w.Claim.Name, err))
 			continue
 		}
@@ -227,20 +228,28 @@ func RecordOnce(ctx context.Context, c client.Client, ev *eventsv1.Event) (bool,
 	return true, nil
 }
 
-// Annotate server-side applies one annotation on a core/v1 object with its
+// annotated is the object annotate marks: its kind (of core/v1), key and
+// UID, and a resourceVersion to hold it to (empty: none).
+type annotated struct {
+	Kind, Namespace, Name string
+	UID                   types.UID
+	ResourceVersion       string
+}
+
+// annotate server-side applies one annotation on a core/v1 object with its
 // own field manager, guarded by the object's UID so that a recreated object
 // of the same name is never marked. A non-empty resourceVersion is a
 // precondition as well: the API server answers Conflict when the object
 // changed since that version, so a caller working from a cache that lags
 // its own earlier mark finds out instead of marking twice.
-func Annotate(ctx context.Context, c client.Client, kind, namespace, name string, uid types.UID, resourceVersion, key, value, manager string) error {
+func annotate(ctx context.Context, c client.Client, o annotated, key, value, manager string) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("v1")
-	u.SetKind(kind)
-	u.SetNamespace(namespace)
-	u.SetName(name)
-	u.SetUID(uid)
-	u.SetResourceVersion(resourceVersion)
+	u.SetKind(o.Kind)
+	u.SetNamespace(o.Namespace)
+	u.SetName(o.Name)
+	u.SetUID(o.UID)
+	u.SetResourceVersion(o.ResourceVersion)
 	u.SetAnnotations(map[string]string{key: value})
 	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership)
 }
