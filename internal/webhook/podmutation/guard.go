@@ -113,6 +113,12 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rc := http.NewResponseController(w)
 	_ = rc.SetReadDeadline(deadline) // not every ResponseWriter has a connection
+	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+		// The API server always sends JSON; the rest of the body is left
+		// to the server, within the deadline.
+		http.Error(w, fmt.Sprintf("the admission request's Content-Type is %q, not application/json", ct), http.StatusBadRequest)
+		return
+	}
 	body := http.MaxBytesReader(w, r.Body, hardMaxRequestBytes)
 	if r.ContentLength > g.max {
 		g.failOpen(ctx, w, body, "oversized", r.ContentLength)
@@ -148,10 +154,6 @@ func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer func() { <-g.slots }()
 	case <-ctx.Done():
 		g.failOpen(ctx, w, bytes.NewReader(buf), "busy", int64(len(buf)))
-		return
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "application/json" {
-		http.Error(w, fmt.Sprintf("the admission request's Content-Type is %q, not application/json", ct), http.StatusBadRequest)
 		return
 	}
 	out, err := g.next.Review(ctx, buf)

@@ -90,8 +90,7 @@ func TestGuardFailsOpenAboveTheSizeLimit(t *testing.T) {
 	raw, err := json.Marshal(big)
 	require.NoError(t, err)
 	for _, chunked := range []bool{false, true} {
-		body := bytes.NewReader(reviewOf("uid-1", raw))
-		req := httptest.NewRequest(http.MethodPost, MutatePath+"?timeout=5s", body)
+		req := post(MutatePath+"?timeout=5s", reviewOf("uid-1", raw))
 		if chunked {
 			req.ContentLength = -1
 		}
