@@ -263,16 +263,11 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 // nothing replaces it.
 func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	key := testutil.StartBackend(t, k8s, stsBackend(ns, "cache", 1, false))
-	waitStatefulSet(t, key, nil)
-	setStatefulSetStatus(t, key, 1, 1)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
-	require.NotEmpty(t, got.Status.Endpoint)
+	ns, key := servingStatefulSet(t)
 
 	require.NoError(t, k8s.Create(ctx, foreignDeployment(ns, "cache")))
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
-	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
 	assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "Deployment cache")
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
@@ -403,6 +398,20 @@ func foreignDeployment(ns, name string) *appsv1.Deployment {
 	}
 }
 
+// servingStatefulSet starts a backend served by a ready StatefulSet of one
+// replica in a namespace of its own, and waits until it publishes its
+// endpoint.
+func servingStatefulSet(t *testing.T) (string, client.ObjectKey) {
+	t.Helper()
+	ns := newNamespace(t)
+	key := testutil.StartBackend(t, k8s, stsBackend(ns, "cache", 1, false))
+	waitStatefulSet(t, key, nil)
+	setStatefulSetStatus(t, key, 1, 1)
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	require.NotEmpty(t, got.Status.Endpoint)
+	return ns, key
+}
+
 // TestRefusedReplacementOfAStatefulSetShowsNoEndpoint: the switch
 // StatefulSet → Deployment when the API server refuses the Deployment (a
 // ValidatingAdmissionPolicy denies Deployments in the namespace): no
@@ -410,16 +419,11 @@ func foreignDeployment(ns, name string) *appsv1.Deployment {
 // the StatefulSet is kept while nothing replaces it.
 func TestRefusedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	key := testutil.StartBackend(t, k8s, stsBackend(ns, "cache", 1, false))
-	waitStatefulSet(t, key, nil)
-	setStatefulSetStatus(t, key, 1, 1)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
-	require.NotEmpty(t, got.Status.Endpoint)
+	ns, key := servingStatefulSet(t)
 
 	denyDeployments(t, ns)
 	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
-	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
 	assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "no Deployments in this namespace")
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
