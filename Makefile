@@ -183,6 +183,8 @@ test: packages ## Run unit, fuzz-seed, integration (kube-apiserver + etcd), engi
 	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
 	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
 	go test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./internal/kvevent/wire/
+	go test -run '^$$' -fuzz FuzzIngest -fuzztime 10s ./internal/kvindex/
+	go test -run '^$$' -fuzz FuzzHTTPQuery -fuzztime 10s ./internal/kvindex/server/
 
 # The scale benchmark's full size (issue 12); SCALE_BURST pods per pod-CREATE burst.
 SCALE_N ?= 1000
