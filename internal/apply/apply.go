@@ -229,19 +229,15 @@ func RecordOnce(ctx context.Context, c client.Client, ev *eventsv1.Event) (bool,
 }
 
 // annotated is the object annotate marks: its kind (of core/v1), key and
-// UID, and a resourceVersion to hold it to (empty: none).
+// UID.
 type annotated struct {
 	Kind, Namespace, Name string
 	UID                   types.UID
-	ResourceVersion       string
 }
 
 // annotate server-side applies one annotation on a core/v1 object with its
 // own field manager, guarded by the object's UID so that a recreated object
-// of the same name is never marked. A non-empty resourceVersion is a
-// precondition as well: the API server answers Conflict when the object
-// changed since that version, so a caller working from a cache that lags
-// its own earlier mark finds out instead of marking twice.
+// of the same name is never marked.
 func annotate(ctx context.Context, c client.Client, o annotated, key, value, manager string) error {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("v1")
@@ -249,7 +245,6 @@ func annotate(ctx context.Context, c client.Client, o annotated, key, value, man
 	u.SetNamespace(o.Namespace)
 	u.SetName(o.Name)
 	u.SetUID(o.UID)
-	u.SetResourceVersion(o.ResourceVersion)
 	u.SetAnnotations(map[string]string{key: value})
 	return c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership)
 }

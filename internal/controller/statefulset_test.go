@@ -257,22 +257,39 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 }
 
 // TestFailedReplacementOfAStatefulSetShowsNoEndpoint: the switch the other
-// way, StatefulSet → Deployment, when the Deployment cannot be applied (a
-// foreign Deployment holds the name): no endpoint, not Ready
-// (NameConflict, naming it), and nothing of the backend is pruned while
+// way, StatefulSet → Deployment, when the Deployment cannot be applied: a
+// foreign Deployment holds the name (NameConflict, naming it), or the API
+// server refuses it (a ValidatingAdmissionPolicy denies Deployments in the
+// namespace: ApplyFailed, with the API server's message). Either way: no
+// endpoint, not Ready, Stalled, and nothing of the backend is pruned while
 // nothing replaces it.
 func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
-	ctx := context.Background()
-	ns, key := servingStatefulSet(t)
-
-	require.NoError(t, k8s.Create(ctx, foreignDeployment(ns, "cache")))
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
-	assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
-	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "Deployment cache")
-	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
-	reconciled(t, key)
-	require.NoError(t, k8s.Get(ctx, key, &appsv1.StatefulSet{}), "the StatefulSet is kept while nothing replaces it")
+	for _, c := range []struct {
+		name, reason, message string
+		block                 func(t *testing.T, ns string)
+	}{
+		{"a foreign Deployment holds the name", v1alpha1.ReasonNameConflict, "Deployment cache", func(t *testing.T, ns string) {
+			require.NoError(t, k8s.Create(context.Background(), foreignDeployment(ns, "cache")))
+		}},
+		{"the API server refuses the Deployment", v1alpha1.ReasonApplyFailed, "no Deployments in this namespace", denyDeployments},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			ns, key := servingStatefulSet(t)
+			c.block(t, ns)
+			updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
+			got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, c.reason))
+			assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
+			assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, c.message)
+			assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
+			reconciled(t, key)
+			require.NoError(t, k8s.Get(ctx, key, &appsv1.StatefulSet{}), "the StatefulSet is kept while nothing replaces it")
+			if c.reason == v1alpha1.ReasonApplyFailed {
+				var d appsv1.Deployment
+				assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &d)), "no Deployment was created")
+			}
+		})
+	}
 }
 
 // TestCapacityOfTheBoundClaim: status.capacity is the bound capacity of the
@@ -410,26 +427,6 @@ func servingStatefulSet(t *testing.T) (string, client.ObjectKey) {
 	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	require.NotEmpty(t, got.Status.Endpoint)
 	return ns, key
-}
-
-// TestRefusedReplacementOfAStatefulSetShowsNoEndpoint: the switch
-// StatefulSet → Deployment when the API server refuses the Deployment (a
-// ValidatingAdmissionPolicy denies Deployments in the namespace): no
-// endpoint, not Ready (ApplyFailed, with the API server's message), and
-// the StatefulSet is kept while nothing replaces it.
-func TestRefusedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
-	ctx := context.Background()
-	ns, key := servingStatefulSet(t)
-
-	denyDeployments(t, ns)
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonApplyFailed))
-	assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
-	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "no Deployments in this namespace")
-	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
-	reconciled(t, key)
-	require.NoError(t, k8s.Get(ctx, key, &appsv1.StatefulSet{}), "the StatefulSet is kept while nothing replaces it")
-	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no Deployment was created")
 }
 
 // denyDeployments makes the API server refuse every Deployment created in

@@ -95,13 +95,11 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 		now = a.Now
 	}
 	key := sha256.Sum256([]byte(token))
-	for _, c := range []*lru.Cache{a.accepted, a.refused} {
-		if v, ok := c.Get(key); ok {
-			if r := v.(cachedReview); now().Before(r.expires) {
-				return r.caller, r.err
-			}
-			c.Remove(key)
-		}
+	if r, ok := fresh(a.accepted, key, now()); ok {
+		return r.caller, r.err
+	}
+	if r, ok := fresh(a.refused, key, now()); ok {
+		return r.caller, r.err
 	}
 	if !a.limiter.AllowN(now(), 1) {
 		return kvindex.Caller{}, fmt.Errorf("too many TokenReviews of unknown tokens; try again: %w", kvindex.ErrUnauthenticated)
@@ -119,6 +117,20 @@ func (a *TokenReviewAuthenticator) Authenticate(ctx context.Context, token strin
 		c.Add(key, cachedReview{caller: caller, err: verr, expires: now().Add(a.CacheTTL)})
 	}
 	return caller, verr
+}
+
+// fresh returns the verdict c holds for key while it has not expired at
+// now, and drops an expired one.
+func fresh(c *lru.Cache, key [32]byte, now time.Time) (cachedReview, bool) {
+	v, ok := c.Get(key)
+	if !ok {
+		return cachedReview{}, false
+	}
+	if r := v.(cachedReview); now.Before(r.expires) {
+		return r, true
+	}
+	c.Remove(key)
+	return cachedReview{}, false
 }
 
 // jwtShaped reports whether token has a JWT's compact form: three

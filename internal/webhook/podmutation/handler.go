@@ -96,7 +96,7 @@ func (h *Handler) admit(ctx context.Context, in admissionInput) (resp admission.
 	defer func() {
 		if r := recover(); r != nil {
 			logger().Error(fmt.Errorf("panic: %v", r), "injection failed; admitting the pod unwired")
-			resp = failOpenStripping(in.Object, fmt.Sprintf("internal error: %v", r))
+			resp = failOpen(in.Object, fmt.Sprintf("internal error: %v", r))
 		}
 	}()
 	if in.Operation != admissionv1.Create || in.Kind.Kind != "Pod" {
@@ -110,7 +110,7 @@ func (h *Handler) admit(ctx context.Context, in admissionInput) (resp admission.
 	}
 	if in.objectErr != nil {
 		logger().Error(in.objectErr, "reading the pod; admitting the pod unchanged")
-		return failOpen(in.objectErr.Error())
+		return failOpen(inject.Object{}, in.objectErr.Error())
 	}
 	backends, done, resp := h.candidates(ctx, &in, logger)
 	if done {
@@ -135,12 +135,12 @@ func (h *Handler) admit(ctx context.Context, in admissionInput) (resp admission.
 	}
 	if err := ctx.Err(); err != nil {
 		// The API server gave up on this call (its timeout): do no more work.
-		return failOpenStripping(in.Object, "the admission request was cancelled: "+err.Error())
+		return failOpen(in.Object, "the admission request was cancelled: "+err.Error())
 	}
 	d, patch, err := inject.AdmitObject(in.Object, backends, opts)
 	if err != nil {
 		logger().Error(err, "computing the injection; admitting the pod unwired")
-		return failOpenStripping(in.Object, err.Error())
+		return failOpen(in.Object, err.Error())
 	}
 	if !in.DryRun {
 		Decisions.WithLabelValues(string(d.Outcome), d.Reason).Inc()
@@ -169,7 +169,7 @@ func (h *Handler) candidates(ctx context.Context, in *admissionInput, logger fun
 		var list v1alpha1.CacheBackendList
 		if err := h.Reader.List(ctx, &list, client.InNamespace(in.Namespace)); err != nil {
 			logger().Error(err, "listing CacheBackends; admitting the pod unwired")
-			return nil, true, failOpenStripping(in.Object, "listing CacheBackends: "+err.Error())
+			return nil, true, failOpen(in.Object, "listing CacheBackends: "+err.Error())
 		}
 		return list.Items, false, admission.Response{}
 	}
@@ -186,22 +186,17 @@ func (h *Handler) candidates(ctx context.Context, in *admissionInput, logger fun
 	return nil, true, admission.Allowed("")
 }
 
-// failOpenStripping is failOpen for a pod whose metadata was read: the
-// annotations the webhook strips from every pod (a pre-set receipt) are
-// removed all the same, so that no failure admits a forged receipt.
-func failOpenStripping(o inject.Object, msg string) admission.Response {
-	r := failOpen(msg)
-	if ops := inject.StripPatch(o); len(ops) > 0 {
-		warnings := r.Warnings
-		r = admission.Patched("", ops...)
-		r.Warnings = warnings
-	}
-	return r
-}
-
-func failOpen(msg string) admission.Response {
+// failOpen admits the pod unwired, with a warning saying why. When the
+// pod's metadata was read (o), the annotations the webhook strips from
+// every pod (a pre-set receipt) are removed all the same, so that no
+// failure admits a forged receipt; an unread pod (the zero Object) is
+// admitted unchanged.
+func failOpen(o inject.Object, msg string) admission.Response {
 	Decisions.WithLabelValues(string(inject.FailOpen), v1alpha1.FailOpenInternalError).Inc()
 	r := admission.Allowed("")
+	if ops := inject.StripPatch(o); len(ops) > 0 {
+		r = admission.Patched("", ops...)
+	}
 	r.Warnings = []string{"inferencecache: pod admitted without cache wiring: " + msg}
 	return r
 }

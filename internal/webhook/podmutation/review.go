@@ -86,7 +86,7 @@ func (h *Handler) Review(ctx context.Context, body []byte) ([]byte, error) {
 	switch {
 	case err != nil:
 		log.FromContext(ctx).Error(err, "reading the admission request; admitting the pod unchanged", "requestID", uid)
-		resp = failOpen("reading the admission request: " + err.Error())
+		resp = failOpen(inject.Object{}, "reading the admission request: "+err.Error())
 	case rv.Kind != "AdmissionReview":
 		return nil, fmt.Errorf("reading the admission request: kind %q is not AdmissionReview", rv.Kind)
 	default:
