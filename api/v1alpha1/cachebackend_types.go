@@ -196,19 +196,59 @@ type Integration struct {
 // container. Every string is bounded, and so is their total: the webhook
 // copies them into every matched pod, and every informer caches them.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.args) ? self.args.map(a, size(a)).sum() : 0) + (has(self.env) ? self.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) <= 65536",message="engineOverrides may hold at most 64 KiB of arguments, names and values in total"
+// Args and Env hold only what the allow-list of docs/security.md names:
+// engine and LMCache settings that are configuration and load no code.
+// Anything else goes under OptIn, and reaches only the pods whose template
+// opts in.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.args) ? self.args.map(a, size(a)).sum() : 0) + (has(self.env) ? self.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) + (has(self.optIn) && has(self.optIn.args) ? self.optIn.args.map(a, size(a)).sum() : 0) + (has(self.optIn) && has(self.optIn.env) ? self.optIn.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) <= 65536",message="engineOverrides may hold at most 64 KiB of arguments, names and values in total"
 type EngineOverrides struct {
-	// Args are appended to the engine container's arguments.
+	// Args are appended to the engine container's arguments: flags of the
+	// allow-list (docs/security.md), each followed by its value when it
+	// takes one.
 	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=64
 	// +kubebuilder:validation:items:MaxLength=4096
 	// +optional
 	Args []string `json:"args,omitempty"`
 
-	// Env sets environment variables on the engine container, by name.
-	// Names the guard denies (LD_PRELOAD, BASH_ENV, NODE_OPTIONS, ...) are
-	// rejected, and a value from a Secret reaches only pods that opt in
-	// (see docs/security.md).
+	// Env sets environment variables on the engine container, by name:
+	// only the names of the allow-list (docs/security.md), with a literal
+	// value, a fieldRef or resourceFieldRef, or a Secret's key (which
+	// reaches only pods annotated inferencecache.io/allow-secret-overrides).
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:XValidation:rule="self.all(e, size(e.name) <= 256 && (!has(e.value) || size(e.value) <= 16384))",message="an env name may have at most 256 characters and a value at most 16384"
+	// +kubebuilder:validation:XValidation:rule="self.all(e, !has(e.valueFrom) || ((!has(e.valueFrom.secretKeyRef) || (size(e.valueFrom.secretKeyRef.key) <= 253 && (!has(e.valueFrom.secretKeyRef.name) || size(e.valueFrom.secretKeyRef.name) <= 253))) && (!has(e.valueFrom.configMapKeyRef) || (size(e.valueFrom.configMapKeyRef.key) <= 253 && (!has(e.valueFrom.configMapKeyRef.name) || size(e.valueFrom.configMapKeyRef.name) <= 253))) && (!has(e.valueFrom.fieldRef) || (size(e.valueFrom.fieldRef.fieldPath) <= 256 && (!has(e.valueFrom.fieldRef.apiVersion) || size(e.valueFrom.fieldRef.apiVersion) <= 64))) && (!has(e.valueFrom.resourceFieldRef) || (size(e.valueFrom.resourceFieldRef.resource) <= 64 && (!has(e.valueFrom.resourceFieldRef.containerName) || size(e.valueFrom.resourceFieldRef.containerName) <= 63))) && (!has(e.valueFrom.fileKeyRef) || (size(e.valueFrom.fileKeyRef.key) <= 253 && size(e.valueFrom.fileKeyRef.path) <= 1024 && size(e.valueFrom.fileKeyRef.volumeName) <= 63))))",message="valueFrom names, keys and paths are bounded (253 characters; paths 1024)"
+	// +optional
+	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// OptIn holds arguments and environment outside the allow-list (any
+	// flag the engine reads, any env name but those never injected, values
+	// from ConfigMaps): settings that can make the engine load code, trust
+	// other servers or read other files. A pod receives the CacheBackend's
+	// wiring only if its template carries the annotation
+	// inferencecache.io/allow-overrides: "true", which only someone who can
+	// edit the workload can set; other pods are admitted unwired
+	// (override-not-allowed).
+	// +optional
+	OptIn *OptInOverrides `json:"optIn,omitempty"`
+}
+
+// OptInOverrides are engineOverrides outside the allow-list; see
+// EngineOverrides.OptIn.
+type OptInOverrides struct {
+	// Args are appended to the engine container's arguments after
+	// engineOverrides.args.
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=4096
+	// +optional
+	Args []string `json:"args,omitempty"`
+
+	// Env sets environment variables on the engine container, by name
+	// (after engineOverrides.env).
 	// +listType=map
 	// +listMapKey=name
 	// +kubebuilder:validation:MaxItems=64

@@ -435,6 +435,16 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		{"invalid env name", func(cb *v1alpha1.CacheBackend) {
 			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Env: []corev1.EnvVar{{Name: "1=BAD", Value: "x"}}}
 		}, "spec.integration.engineOverrides.env[0].name", "environment variable name"},
+		{"the PYTHONWARNINGS and BROWSER attack (issue 25)", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Env: []corev1.EnvVar{
+				{Name: "PYTHONWARNINGS", Value: "ignore::antigravity.x"}, {Name: "BROWSER", Value: "sh -c 'id' %s"}}}
+		}, "spec.integration.engineOverrides.env[1].name", "annotated inferencecache.io/allow-overrides"},
+		{"remote code and the attacker's tokenizer (issue 25)", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Args: []string{"--trust-remote-code", "--tokenizer", "attacker/tok"}}
+		}, "spec.integration.engineOverrides.args[1]", "move it to spec.integration.engineOverrides.optIn.args"},
+		{"a denied name even under optIn", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{Env: []corev1.EnvVar{{Name: "LD_PRELOAD", Value: "/x.so"}}}}
+		}, "spec.integration.engineOverrides.optIn.env[0].name", "LD_*"},
 		{"invalid selector key", func(cb *v1alpha1.CacheBackend) {
 			cb.Spec.EngineSelector.MatchLabels = map[string]string{"bad key!": "x"}
 		}, "spec.engineSelector.matchLabels[bad key!]", "label key"},
@@ -454,6 +464,12 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.text)
 		})
 	}
+	// What the attack needs, under optIn, is admitted: it reaches only the
+	// pods whose template opts in.
+	cb := newBackend(ns, "opted")
+	cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{
+		Args: []string{"--trust-remote-code"}, Env: []corev1.EnvVar{{Name: "PYTHONWARNINGS", Value: "default"}}}}
+	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
 }
 
 // TestDeletedBackendLeavesWiringInPlace: the failure-modes row "CacheBackend

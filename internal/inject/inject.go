@@ -326,7 +326,8 @@ type Flag struct {
 type Config struct {
 	Flags []Flag
 	Env   []corev1.EnvVar
-	// ExtraArgs are engineOverrides.args, ensured as one contiguous run.
+	// ExtraArgs are engineOverrides.args then engineOverrides.optIn.args,
+	// ensured as one contiguous run.
 	ExtraArgs []string
 }
 
@@ -344,14 +345,14 @@ func Desired(cb *v1alpha1.CacheBackend, opts Options) Config {
 		cfg.Flags = hiCacheFlags(cb.Spec.HiCache)
 	}
 	if o := cb.Spec.Integration.EngineOverrides; o != nil {
-		for _, e := range o.Env {
+		for _, e := range overrideEnv(o) {
 			if i := slices.IndexFunc(cfg.Env, func(x corev1.EnvVar) bool { return x.Name == e.Name }); i >= 0 {
 				cfg.Env[i] = e
 			} else {
 				cfg.Env = append(cfg.Env, e)
 			}
 		}
-		cfg.ExtraArgs = slices.Clone(o.Args)
+		cfg.ExtraArgs = OverrideArgs(o)
 	}
 	return cfg
 }
@@ -524,7 +525,7 @@ func overridesDenied(cb *v1alpha1.CacheBackend, pod *corev1.Pod) string {
 	if o == nil {
 		return ""
 	}
-	for _, e := range o.Env {
+	for _, e := range overrideEnv(o) {
 		if why := EnvNameDenied(e.Name); why != "" {
 			return fmt.Sprintf("spec.integration.engineOverrides of %s/%s sets %s, which the operator never injects: %s", cb.Namespace, cb.Name, e.Name, why)
 		}
@@ -532,6 +533,10 @@ func overridesDenied(cb *v1alpha1.CacheBackend, pod *corev1.Pod) string {
 			return fmt.Sprintf("spec.integration.engineOverrides of %s/%s reads %s from Secret %q; the pod must opt in with %s=\"true\"",
 				cb.Namespace, cb.Name, e.Name, e.ValueFrom.SecretKeyRef.Name, AnnotationAllowSecretOverrides)
 		}
+	}
+	if why := NeedsOptIn(cb); why != "" && pod.Annotations[AnnotationAllowOverrides] != "true" {
+		return fmt.Sprintf("CacheBackend %s/%s wires only pods that opt in to its engineOverrides (%s); annotate the workload's pod template with %s: \"true\" to accept them",
+			cb.Namespace, cb.Name, why, AnnotationAllowOverrides)
 	}
 	return ""
 }

@@ -217,3 +217,52 @@ func TestEngineOverridesGuard(t *testing.T) {
 	d = Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", withEnv(corev1.EnvVar{Name: "VLLM_LOGGING_LEVEL", Value: "DEBUG"}))}, Options{})
 	assert.Equal(t, Injected, d.Outcome, d.Message)
 }
+
+// TestOptInOverrides: engineOverrides.optIn (and entries outside the
+// allow-list stored before it was enforced) reach only pods whose template
+// opts in; the names never injected stay out even then.
+func TestOptInOverrides(t *testing.T) {
+	optIn := func(o v1alpha1.OptInOverrides) func(*v1alpha1.CacheBackend) {
+		return func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Args: []string{"--max-model-len", "4096"}, OptIn: &o}
+		}
+	}
+	legacy := func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Env: []corev1.EnvVar{{Name: "PYTHONWARNINGS", Value: "ignore::antigravity.x"}}}
+	}
+	trust := optIn(v1alpha1.OptInOverrides{Args: []string{"--trust-remote-code"}, Env: []corev1.EnvVar{{Name: "VLLM_LOGGING_CONFIG_PATH", Value: "/etc/logging.json"}}})
+	opted := withAnnotations(AnnotationAllowOverrides, "true")
+	for _, tc := range []struct {
+		name    string
+		pod     *corev1.Pod
+		mut     func(*v1alpha1.CacheBackend)
+		outcome Outcome
+		args    []string
+	}{
+		{"optIn, pod without the annotation", enginePod(), trust, Skipped, nil},
+		{"optIn, pod annotated false", enginePod(withAnnotations(AnnotationAllowOverrides, "false")), trust, Skipped, nil},
+		{"optIn, pod opted in", enginePod(opted), trust, Injected, []string{"--max-model-len", "4096", "--trust-remote-code"}},
+		{"stored before the allow-list, pod without the annotation", enginePod(), legacy, Skipped, nil},
+		{"stored before the allow-list, pod opted in", enginePod(opted), legacy, Injected, nil},
+		{"a denied name in optIn, pod opted in", enginePod(opted), optIn(v1alpha1.OptInOverrides{Env: []corev1.EnvVar{{Name: "LD_PRELOAD", Value: "/x.so"}}}), Skipped, nil},
+		{"allow-listed only, no annotation needed", enginePod(), optIn(v1alpha1.OptInOverrides{}), Injected, []string{"--max-model-len", "4096"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(tc.pod, []v1alpha1.CacheBackend{backend("cache", tc.mut)}, Options{})
+			require.Equal(t, tc.outcome, d.Outcome, d.Message)
+			if tc.outcome == Skipped {
+				assert.Equal(t, v1alpha1.SkippedOverrideNotAllowed, d.Reason)
+				assert.NotContains(t, d.Pod.Spec.Containers[0].Args, "--trust-remote-code")
+				_, set := env(d.Pod.Spec.Containers[0], "LD_PRELOAD")
+				assert.False(t, set)
+				if !strings.Contains(d.Message, "LD_PRELOAD") {
+					assert.Contains(t, d.Message, AnnotationAllowOverrides+`: "true"`, "the message says how to opt in")
+				}
+				return
+			}
+			for _, a := range tc.args {
+				assert.Contains(t, d.Pod.Spec.Containers[0].Args, a)
+			}
+		})
+	}
+}

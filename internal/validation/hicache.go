@@ -155,7 +155,7 @@ func HiCacheWarnings(cb *v1alpha1.CacheBackend) []string {
 }
 
 // dynamicStorageWarning warns about storageBackend dynamic without
-// --hicache-storage-backend-extra-config in engineOverrides.args: SGLang's
+// --hicache-storage-backend-extra-config in engineOverrides: SGLang's
 // parser accepts it, and its storage factory then fails when the engine
 // starts, unless the pod's own command line names the class to load
 // (which the validating webhook does not see).
@@ -168,7 +168,7 @@ func dynamicStorageWarning(cb *v1alpha1.CacheBackend) string {
 	}
 	return fmt.Sprintf("spec.hiCache.storageBackend: dynamic loads the class that %s names (backend_name, module_path, class_name); "+
 		"unless the engine's command line sets it, SGLang fails at start with \"Unknown storage backend 'dynamic'\": "+
-		"add it to spec.integration.engineOverrides.args", FlagStorageExtraConfig)
+		"add it to spec.integration.engineOverrides.optIn.args (it names code to load, so only pods that opt in receive it)", FlagStorageExtraConfig)
 }
 
 // specSets reports whether cb's spec sets the spec.hiCache field path.
@@ -195,37 +195,48 @@ func validateHiCache(cb *v1alpha1.CacheBackend) field.ErrorList {
 		return nil
 	}
 	var errs field.ErrorList
-	args := field.NewPath("spec", "integration", "engineOverrides", "args")
-	for i, a := range cb.Spec.Integration.EngineOverrides.Args {
+	for i, a := range inject.OverrideArgs(cb.Spec.Integration.EngineOverrides) {
 		key, _, _ := strings.Cut(a, "=")
 		for _, f := range inject.HiCacheExclusiveFlags {
 			if inject.SpellsFlag(key, f, true) {
-				errs = append(errs, field.Forbidden(args.Index(i), fmt.Sprintf("%s is %s: %s", key, f, hiCacheExclusiveWhy(f))))
+				errs = append(errs, field.Forbidden(overrideArgPath(cb, i), fmt.Sprintf("%s is %s: %s", key, f, hiCacheExclusiveWhy(f))))
 			}
 		}
 	}
 	if i, v, ok := overrideFlag(cb, flagHostMemoryMode); ok {
 		switch {
 		case v != SGLangHostMemoryMode && v != hostMemoryBufferOnly:
-			errs = append(errs, field.NotSupported(args.Index(i), v, []string{SGLangHostMemoryMode, hostMemoryBufferOnly}))
+			errs = append(errs, field.NotSupported(overrideArgPath(cb, i), v, []string{SGLangHostMemoryMode, hostMemoryBufferOnly}))
 		case v == hostMemoryBufferOnly && (cb.Spec.HiCache == nil || cb.Spec.HiCache.StorageBackend == ""):
-			errs = append(errs, field.Forbidden(args.Index(i),
+			errs = append(errs, field.Forbidden(overrideArgPath(cb, i),
 				"SGLang refuses --hicache-host-memory-mode buffer_only without a storage backend (host memory is then only a staging buffer): set spec.hiCache.storageBackend"))
 		}
 	}
 	return errs
 }
 
+// overrideArgPath is the field path of argument i of
+// inject.OverrideArgs: engineOverrides.args, then optIn.args.
+func overrideArgPath(cb *v1alpha1.CacheBackend, i int) *field.Path {
+	over := field.NewPath("spec", "integration", "engineOverrides")
+	if n := len(cb.Spec.Integration.EngineOverrides.Args); i >= n {
+		return over.Child("optIn", "args").Index(i - n)
+	}
+	return over.Child("args").Index(i)
+}
+
 // overrideFlag finds the last use of SGLang flag name (in any spelling
-// SGLang's parser reads) in cb's engineOverrides.args: the index of the
-// argument that holds its value, and the value.
+// SGLang's parser reads) in cb's engineOverrides (args, then optIn.args):
+// the index in inject.OverrideArgs of the argument that holds its value,
+// and the value.
 func overrideFlag(cb *v1alpha1.CacheBackend, name string) (int, string, bool) {
 	o := cb.Spec.Integration.EngineOverrides
 	if o == nil {
 		return 0, "", false
 	}
+	args := inject.OverrideArgs(o)
 	at := -1
-	for i, a := range o.Args {
+	for i, a := range args {
 		if a == "--" {
 			break
 		}
@@ -237,7 +248,7 @@ func overrideFlag(cb *v1alpha1.CacheBackend, name string) (int, string, bool) {
 	if at < 0 {
 		return 0, "", false
 	}
-	uses := inject.FlagUses(o.Args[at:], name, true)
+	uses := inject.FlagUses(args[at:], name, true)
 	if len(uses) == 0 {
 		return 0, "", false
 	}

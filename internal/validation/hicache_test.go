@@ -27,7 +27,9 @@ func hiCacheBackend(h *v1alpha1.HiCache, args ...string) *v1alpha1.CacheBackend 
 		},
 	}
 	if args != nil {
-		cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Args: args}
+		// Most of these flags are outside the allow-list: they reach only
+		// the pods that opt in.
+		cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{Args: args}}
 	}
 	return cb
 }
@@ -109,16 +111,16 @@ func TestHiCacheRefusals(t *testing.T) {
 		detail string
 	}{
 		{"disable-radix-cache", &v1alpha1.HiCache{}, []string{"--schedule-policy", "lpm", "--disable-radix-cache"},
-			[]string{"spec.integration.engineOverrides.args[2]"}, "mutually exclusive"},
-		{"abbreviated, underscores", nil, []string{"--disable_radix"}, []string{"spec.integration.engineOverrides.args[0]"}, "--disable-radix-cache"},
-		{"enable-lmcache", nil, []string{"--enable-lmcache"}, []string{"spec.integration.engineOverrides.args[0]"}, "mutually exclusive"},
-		{"external linker", nil, []string{"--enable-unified-cache-external-linker"}, []string{"spec.integration.engineOverrides.args[0]"}, "mutually exclusive"},
+			[]string{"spec.integration.engineOverrides.optIn.args[2]"}, "mutually exclusive"},
+		{"abbreviated, underscores", nil, []string{"--disable_radix"}, []string{"spec.integration.engineOverrides.optIn.args[0]"}, "--disable-radix-cache"},
+		{"enable-lmcache", nil, []string{"--enable-lmcache"}, []string{"spec.integration.engineOverrides.optIn.args[0]"}, "mutually exclusive"},
+		{"external linker", nil, []string{"--enable-unified-cache-external-linker"}, []string{"spec.integration.engineOverrides.optIn.args[0]"}, "mutually exclusive"},
 		{"buffer_only without storage", &v1alpha1.HiCache{}, []string{"--hicache-host-memory-mode", "buffer_only"},
-			[]string{"spec.integration.engineOverrides.args[0]"}, "spec.hiCache.storageBackend"},
+			[]string{"spec.integration.engineOverrides.optIn.args[0]"}, "spec.hiCache.storageBackend"},
 		{"buffer_only without hiCache", nil, []string{"--hicache-host-memory-mode=buffer_only"},
-			[]string{"spec.integration.engineOverrides.args[0]"}, "spec.hiCache.storageBackend"},
+			[]string{"spec.integration.engineOverrides.optIn.args[0]"}, "spec.hiCache.storageBackend"},
 		{"unknown host memory mode", &v1alpha1.HiCache{StorageBackend: "file"}, []string{"--hicache-host-memory-mode", "buffer"},
-			[]string{"spec.integration.engineOverrides.args[0]"}, "supported values"},
+			[]string{"spec.integration.engineOverrides.optIn.args[0]"}, "supported values"},
 		{"buffer_only with storage", &v1alpha1.HiCache{StorageBackend: "file"}, []string{"--hicache-host-memory-mode", "buffer_only"}, nil, ""},
 		{"the last host memory mode counts", &v1alpha1.HiCache{}, []string{"--hicache-host-memory-mode", "buffer_only", "--hicache-host-memory-mode", "cache"}, nil, ""},
 		{"other flags", &v1alpha1.HiCache{}, []string{"--hicache-storage-backend-extra-config", "{}", "--radix-eviction-policy", "lru"}, nil, ""},
@@ -169,7 +171,7 @@ func TestHandlerReturnsHiCacheWarnings(t *testing.T) {
 		resp = h.Handle(context.Background(), review(op, hiCacheBackend(&v1alpha1.HiCache{}, "--disable-radix-cache")))
 		assert.False(t, resp.Allowed)
 		require.NotNil(t, resp.Result)
-		assert.Contains(t, resp.Result.Message, "spec.integration.engineOverrides.args[0]")
+		assert.Contains(t, resp.Result.Message, "spec.integration.engineOverrides.optIn.args[0]")
 		assert.Contains(t, resp.Result.Message, "mutually exclusive")
 	}
 }

@@ -57,7 +57,7 @@ func TestOwnedFlagsInEverySpelling(t *testing.T) {
 
 func TestDeniedOverrideEnv(t *testing.T) {
 	for _, name := range []string{"LD_PRELOAD", "LD_AUDIT", "BASH_ENV", "NODE_OPTIONS", "PYTHONPATH", "JAVA_TOOL_OPTIONS"} {
-		errs := Validate(overrides(v1alpha1.BackendTypeLMCache, nil, corev1.EnvVar{Name: "OK", Value: "1"}, corev1.EnvVar{Name: name, Value: "/tmp/x.so"}))
+		errs := Validate(overrides(v1alpha1.BackendTypeLMCache, nil, corev1.EnvVar{Name: "VLLM_LOGGING_LEVEL", Value: "INFO"}, corev1.EnvVar{Name: name, Value: "/tmp/x.so"}))
 		require.Len(t, errs, 1, name)
 		assert.Equal(t, "spec.integration.engineOverrides.env[1].name", errs[0].Field, "the rejection names the field")
 	}

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -78,32 +79,87 @@ func validate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
 		}
 	}
 	if o := cb.Spec.Integration.EngineOverrides; o != nil {
-		owned := ownedFlags(cb.Spec.Type)
-		abbrev := inject.Abbreviates(cb.Spec.Runtime)
-		for i, a := range o.Args {
-			key, _, _ := strings.Cut(a, "=")
-			for _, name := range slices.Sorted(maps.Keys(owned)) {
-				if inject.SpellsFlag(key, name, abbrev) {
-					errs = append(errs, field.Forbidden(integ.Child("engineOverrides", "args").Index(i),
-						fmt.Sprintf("%s is %s, set by the injection (%s)", key, name, owned[name])))
-					break
+		over := integ.Child("engineOverrides")
+		errs = append(errs, validateOverrideArgs(cb, over.Child("args"), o.Args)...)
+		errs = append(errs, validateOverrideEnv(over.Child("env"), o.Env)...)
+		if in := o.OptIn; in != nil {
+			optIn := over.Child("optIn")
+			errs = append(errs, validateOverrideArgs(cb, optIn.Child("args"), in.Args)...)
+			errs = append(errs, validateOverrideEnv(optIn.Child("env"), in.Env)...)
+			for i, e := range in.Env {
+				if slices.ContainsFunc(o.Env, func(x corev1.EnvVar) bool { return x.Name == e.Name }) {
+					errs = append(errs, field.Duplicate(optIn.Child("env").Index(i).Child("name"), e.Name))
 				}
-			}
-		}
-		for i, e := range o.Env {
-			p := integ.Child("engineOverrides", "env").Index(i).Child("name")
-			for _, msg := range validation.IsEnvVarName(e.Name) {
-				errs = append(errs, field.Invalid(p, e.Name, msg))
-			}
-			if e.Name == "LMCACHE_REMOTE_URL" {
-				errs = append(errs, field.Forbidden(p, "LMCACHE_REMOTE_URL is derived from the backend's spec and cannot be overridden"))
-			}
-			if why := inject.EnvNameDenied(e.Name); why != "" {
-				errs = append(errs, field.Forbidden(p, why+"; engineOverrides may not set it (see docs/security.md)"))
 			}
 		}
 	}
 	errs = append(errs, validateHiCache(cb)...)
+	return append(errs, allowListErrors(cb, errs)...)
+}
+
+// allowListErrors refuses what engineOverrides.args and .env hold outside
+// the allow-list, except the entries refused already (an owned flag, a
+// denied name, a flag SGLang refuses with HiCache): one refusal per entry,
+// the most specific.
+func allowListErrors(cb *v1alpha1.CacheBackend, refused field.ErrorList) field.ErrorList {
+	o := cb.Spec.Integration.EngineOverrides
+	if o == nil {
+		return nil
+	}
+	over := field.NewPath("spec", "integration", "engineOverrides")
+	isRefused := func(p *field.Path) bool {
+		return slices.ContainsFunc(refused, func(e *field.Error) bool { return e.Field == p.String() })
+	}
+	var errs field.ErrorList
+	for _, r := range inject.ArgsNotAllowed(cb.Spec.Runtime, o.Args) {
+		if p := over.Child("args").Index(r.Index); !isRefused(p) {
+			errs = append(errs, field.Forbidden(p, r.Message))
+		}
+	}
+	for i, e := range o.Env {
+		p := over.Child("env").Index(i).Child("name")
+		if why := inject.EnvNotAllowed(cb.Spec.Runtime, cb.Spec.Type, e); why != "" && !isRefused(p) {
+			errs = append(errs, field.Forbidden(p, why))
+		}
+	}
+	return errs
+}
+
+// validateOverrideArgs refuses the flags the injection owns, in any
+// spelling the engine reads, in args (engineOverrides.args or optIn.args).
+func validateOverrideArgs(cb *v1alpha1.CacheBackend, p *field.Path, args []string) field.ErrorList {
+	var errs field.ErrorList
+	owned := ownedFlags(cb.Spec.Type)
+	abbrev := inject.Abbreviates(cb.Spec.Runtime)
+	for i, a := range args {
+		key, _, _ := strings.Cut(a, "=")
+		for _, name := range slices.Sorted(maps.Keys(owned)) {
+			if inject.SpellsFlag(key, name, abbrev) {
+				errs = append(errs, field.Forbidden(p.Index(i), fmt.Sprintf("%s is %s, set by the injection (%s)", key, name, owned[name])))
+				break
+			}
+		}
+	}
+	return errs
+}
+
+// validateOverrideEnv refuses, in env (engineOverrides.env or optIn.env),
+// names that are not env names, the cache address and the names the
+// operator never injects.
+func validateOverrideEnv(p *field.Path, env []corev1.EnvVar) field.ErrorList {
+	var errs field.ErrorList
+	for i, e := range env {
+		name := p.Index(i).Child("name")
+		for _, msg := range validation.IsEnvVarName(e.Name) {
+			errs = append(errs, field.Invalid(name, e.Name, msg))
+		}
+		if e.Name == "LMCACHE_REMOTE_URL" {
+			errs = append(errs, field.Forbidden(name, "LMCACHE_REMOTE_URL is derived from the backend's spec and cannot be overridden"))
+		}
+		if why := inject.EnvNameDenied(e.Name); why != "" {
+			errs = append(errs, field.Forbidden(name, why+"; engineOverrides may not set it (see docs/security.md)"))
+		}
+	}
 	return errs
 }
 

@@ -40,7 +40,7 @@ func TestValidate(t *testing.T) {
 			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Args: []string{"--hicache-ratio", "2"}}
 		}, []string{"spec.integration.engineOverrides.args[0]"}},
 		{"HiCache flags are free for LMCache engines", func(cb *v1alpha1.CacheBackend) {
-			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Args: []string{"--hicache-ratio", "2"}}
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{Args: []string{"--hicache-ratio", "2"}}}
 		}, nil},
 		{"endpoint override and bad env name", func(cb *v1alpha1.CacheBackend) {
 			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Env: []corev1.EnvVar{{Name: "LMCACHE_REMOTE_URL"}, {Name: "A B"}}}

@@ -65,8 +65,11 @@ func newEnginePod(c corev1.Container, mut ...func(*corev1.Pod)) *corev1.Pod {
 		c.Image = "example.com/engine:v1"
 	}
 	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: caseNamespace, Name: "engine", Labels: map[string]string{"app": caseLabel}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{c}},
+		// The case pods opt in to engineOverrides.optIn: the cases hold the
+		// engines to every flag a backend may hand them, listed or opted in.
+		ObjectMeta: metav1.ObjectMeta{Namespace: caseNamespace, Name: "engine", Labels: map[string]string{"app": caseLabel},
+			Annotations: map[string]string{inject.AnnotationAllowOverrides: "true"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{c}},
 	}
 	for _, m := range mut {
 		m(p)

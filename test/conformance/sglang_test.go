@@ -96,7 +96,7 @@ func sglangObserved(cb *v1alpha1.CacheBackend) {
 
 func sglangOverrides(args ...string) func(*v1alpha1.CacheBackend) {
 	return func(cb *v1alpha1.CacheBackend) {
-		cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Args: args}
+		cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{Args: args}}
 	}
 }
 

@@ -66,6 +66,10 @@ func TestOperatorRBACThroughTheAPIServer(t *testing.T) {
 		}
 		err := admin.Create(ctx, cb("too-much", nil, env...))
 		assert.True(t, apierrors.IsInvalid(err), "128 KB of env in total: %v", err)
+		split := cb("too-much-with-opt-in", nil, env[:4]...)
+		split.Spec.Integration.EngineOverrides.OptIn = &v1alpha1.OptInOverrides{Env: env[4:]}
+		err = admin.Create(ctx, split)
+		assert.True(t, apierrors.IsInvalid(err), "64 KB of env and 64 KB under optIn: %v", err)
 	})
 
 	objs, err := cli.ReadFile("../../kustomize/overlays/production", true)

@@ -157,7 +157,7 @@ func HiCacheBackend(gen int64) *v1alpha1.CacheBackend {
 			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "sglang"}},
 			HiCache:        &v1alpha1.HiCache{Ratio: &ratio, WritePolicy: "write_through"},
 			Integration: v1alpha1.Integration{EngineOverrides: &v1alpha1.EngineOverrides{
-				Env: []corev1.EnvVar{{Name: "SGLANG_LOG_LEVEL", Value: "info"}},
+				Env: []corev1.EnvVar{{Name: "SGLANG_TIMEOUT_KEEP_ALIVE", Value: "5"}},
 			}},
 		},
 	}
