@@ -13,7 +13,9 @@
 //     images) and extraArgs;
 //   - every object: the release's namespace instead of the overlays' one, the
 //     chart's labels and commonLabels (pod templates get commonLabels);
-//   - CRDs: behind crds.install, kept on uninstall while crds.keep.
+//   - CRDs: behind crds.install, kept on uninstall while crds.keep;
+//   - NetworkPolicies: behind networkPolicy.enabled, the peers of each
+//     one's ingress rule as networkPolicy.<name>.from.
 //
 // README.md of the chart is written by hand and left alone.
 package helmchart

@@ -116,3 +116,33 @@ func TestTemplateEscapesActions(t *testing.T) {
 	assert.Contains(t, text, "namespace: {{ $.Release.Namespace }}")
 	assert.Contains(t, text, `{{- include "inferencecache.labels" $ | nindent 4 }}`)
 }
+
+// TestTemplateNetworkPolicy: a NetworkPolicy's one ingress rule reads its
+// peers from networkPolicy.<name>.from, the policy renders only while
+// networkPolicy.enabled, and a policy the chart could not map (no from,
+// which would publish "allow every source" as a default, or two rules) is
+// an error.
+func TestTemplateNetworkPolicy(t *testing.T) {
+	np := func(rules ...any) map[string]any {
+		return map[string]any{
+			"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+			"metadata": map[string]any{"name": "inferencecache-index-query", "namespace": Namespace},
+			"spec": map[string]any{
+				"podSelector": map[string]any{},
+				"ingress":     rules,
+			},
+		}
+	}
+	peer := map[string]any{"podSelector": map[string]any{"matchLabels": map[string]any{"a": "b"}}}
+	g := newGenerator()
+	text, err := g.template(np(map[string]any{"from": []any{peer}, "ports": []any{map[string]any{"port": "http"}}}))
+	assert.NoError(t, err)
+	assert.Contains(t, text, "{{- if $.Values.networkPolicy.enabled }}\n")
+	assert.Contains(t, text, "  - from:\n{{- toYaml $.Values.networkPolicy.indexQuery.from | nindent 6 }}\n    ports:")
+	assert.Equal(t, []any{peer}, g.values.child("networkPolicy").child("indexQuery").child("from").def)
+
+	_, err = newGenerator().template(np(map[string]any{"ports": []any{map[string]any{"port": "http"}}}))
+	assert.ErrorContains(t, err, "no from")
+	_, err = newGenerator().template(np(map[string]any{"from": []any{peer}}, map[string]any{"from": []any{peer}}))
+	assert.ErrorContains(t, err, "2 ingress rules")
+}

@@ -33,6 +33,8 @@ func newGenerator() *generator {
 	root.set([]string{"crds"}, "keep", leaf("boolean", true, "Annotate the CRD helm.sh/resource-policy: keep, so `helm uninstall` leaves it (and every CacheBackend) in place; delete it by hand to remove them."))
 	root.set(nil, "createNamespace", leaf("boolean", false, "Render the release's Namespace as an object of the chart (kustomize's overlays include it). Leave false with `helm install --create-namespace`."))
 	root.set(nil, "commonLabels", leaf("stringMap", map[string]any{}, "Labels added to every object and pod template of the chart."))
+	root.set([]string{"networkPolicy"}, "enabled", leaf("boolean", true, "Install the NetworkPolicies (kustomize/base/network): who may reach the webhooks, the index's ingest and query API, and the metrics. Each policy's from (at least one peer) is a value below; docs/security.md#network-policies says what to set per distribution."))
+	root.child("networkPolicy").doc = "NetworkPolicies of the operator's and the index's pods (ingress only; egress stays open)."
 	root.child("crds").doc = "The CacheBackend CustomResourceDefinition."
 	root.child("certManager").doc = "How the webhooks get their serving certificate."
 	root.child("namespaceOptIn").doc = "Opt-in namespaces for the Pod webhook (docs/security.md)."
@@ -71,6 +73,11 @@ func (g *generator) template(o map[string]any) (string, error) {
 		wrap = "crds.install"
 	case kind == "Namespace" && apiVersion == "v1":
 		wrap = "createNamespace"
+	case kind == "NetworkPolicy" && apiVersion == "networking.k8s.io/v1":
+		if err := g.networkPolicy(o); err != nil {
+			return "", err
+		}
+		wrap = "networkPolicy.enabled"
 	case (kind == "Deployment" || kind == "StatefulSet" || kind == "DaemonSet") && strings.HasPrefix(apiVersion, "apps/"):
 		if err := g.workload(o); err != nil {
 			return "", err
@@ -238,6 +245,36 @@ func (g *generator) workload(o map[string]any) error {
 			})
 		}
 	}
+	return nil
+}
+
+// networkPolicy turns the peers of a NetworkPolicy's one ingress rule into
+// the value networkPolicy.<name>.from: who may connect differs per cluster
+// (the API server's addresses, the monitoring namespace), the ports and the
+// pods it selects are the bundle's own.
+func (g *generator) networkPolicy(o map[string]any) error {
+	name := fmt.Sprint(o["metadata"].(map[string]any)["name"])
+	key := camel(strings.TrimPrefix(name, "inferencecache-"))
+	spec, _ := o["spec"].(map[string]any)
+	rules, _ := spec["ingress"].([]any)
+	if len(rules) != 1 {
+		return fmt.Errorf("networkpolicy %s: %d ingress rules, the chart maps exactly one", name, len(rules))
+	}
+	rule, _ := rules[0].(map[string]any)
+	from, _ := rule["from"].([]any)
+	if len(from) == 0 {
+		// An empty from allows every source: never a default to publish.
+		return fmt.Errorf("networkpolicy %s: its ingress rule has no from", name)
+	}
+	np := g.values.ensure("networkPolicy")
+	if p := np.child(key); p != nil && p.workload != name {
+		return fmt.Errorf("networkpolicy %s: values key networkPolicy.%s is taken", name, key)
+	}
+	p := np.ensure(key)
+	p.workload = name
+	p.doc = fmt.Sprintf("NetworkPolicy %s.", name)
+	p.set(nil, "from", leaf("peers", from, "Who may connect: the ingress rule's from (ipBlock, namespaceSelector and podSelector peers; at least one, since an empty list would allow every source)."))
+	rule["from"] = g.withBlock("$.Values.networkPolicy." + key + ".from")
 	return nil
 }
 

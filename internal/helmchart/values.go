@@ -11,7 +11,7 @@ import (
 // node is one key of values.yaml: an object of further keys, or a leaf of
 // a kind that says its schema.
 type node struct {
-	kind string // object, boolean, integer, string, image, resources, stringMap, stringList, tolerations, affinity
+	kind string // object, boolean, integer, string, image, resources, stringMap, stringList, tolerations, affinity, peers
 	doc  string
 	def  any
 	keys []string
@@ -180,6 +180,27 @@ func (n *node) schema() map[string]any {
 				"value":             str,
 				"effect":            map[string]any{"type": "string", "enum": []string{"", "NoSchedule", "PreferNoSchedule", "NoExecute"}},
 				"tolerationSeconds": map[string]any{"type": "integer"},
+			},
+		}
+	case "peers":
+		// NetworkPolicy peers; Kubernetes checks the selectors. At least
+		// one: an empty from would allow every source.
+		obj := map[string]any{"type": "object"}
+		s["type"] = "array"
+		s["minItems"] = 1
+		s["items"] = map[string]any{
+			"type":                 "object",
+			"additionalProperties": false,
+			"minProperties":        1,
+			"properties": map[string]any{
+				"ipBlock": map[string]any{
+					"type":                 "object",
+					"additionalProperties": false,
+					"required":             []string{"cidr"},
+					"properties":           map[string]any{"cidr": str, "except": map[string]any{"type": "array", "items": str}},
+				},
+				"namespaceSelector": obj,
+				"podSelector":       obj,
 			},
 		}
 	case "affinity":

@@ -25,6 +25,9 @@ func TestSchemaRejects(t *testing.T) {
 		{"wrong type of a switch", `{certManager: {enabled: "yes"}}`, "enabled"},
 		{"wrong type of a label", `{commonLabels: {team: {a: b}}}`, "team"},
 		{"a digest that is not one", `{operator: {manager: {image: {digest: latest}}}}`, "digest"},
+		{"an empty from, which would allow every source", `{networkPolicy: {webhook: {from: []}}}`, "from"},
+		{"an unknown key of a peer", `{networkPolicy: {metrics: {from: [{namespaceSelectr: {}}]}}}`, "namespaceSelectr"},
+		{"an ipBlock without cidr", `{networkPolicy: {webhook: {from: [{ipBlock: {except: [10.0.0.0/8]}}]}}}`, "cidr"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vals := map[string]any{}
