@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/inferencecache/operator/internal/kvindex"
 	"github.com/inferencecache/operator/internal/kvindex/memstore"
@@ -13,6 +14,7 @@ import (
 
 func TestMemStore(t *testing.T) {
 	storetest.Run(t, func(*testing.T) kvindex.Store { return memstore.New() })
+	storetest.RunLimits(t, func(_ *testing.T, l kvindex.Limits) kvindex.Store { return memstore.NewLimited(l) })
 }
 
 // The memory store's bitset walk against a naive model of the same deltas,
@@ -109,5 +111,31 @@ func TestMemStoreScoreMatchesNaiveModel(t *testing.T) {
 			}
 		}
 		check(round)
+	}
+}
+
+// A backend's spaces, slabs, instance table and namespace count go with
+// its last pod's lease (issue 25: index state outlived every lease).
+func TestMemStoreDropsReapedBackends(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 3 {
+		b := kvindex.BackendRef{Namespace: fmt.Sprintf("ns-%d", i), Name: "cache"}
+		if err := s.PutPod(ctx, kvindex.PodRecord{Backend: b, UID: "p", Name: "p", Model: "m"}, now.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.Apply(ctx, kvindex.Source{Backend: b, PodUID: "p"}, kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, 1, 2)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := memstore.Backends(s); n != 6 {
+		t.Fatalf("3 backends in 3 namespaces: %d entries, want 6", n)
+	}
+	if gone, err := s.ExpireLeases(ctx, now.Add(2*time.Minute)); err != nil || len(gone) != 3 {
+		t.Fatalf("expiring: %v, %v", gone, err)
+	}
+	if n := memstore.Backends(s); n != 0 {
+		t.Errorf("after every pod's lease ended: %d backend and namespace entries, want 0", n)
 	}
 }
