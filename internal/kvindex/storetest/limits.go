@@ -162,3 +162,59 @@ func reaping(t *testing.T, s kvindex.Store) {
 		t.Errorf("a second reap: %v, %v", gone, err)
 	}
 }
+
+// LargeHashes is the size of the large delta and snapshot of largeChanges:
+// several of any store's chunks (the Redis store's default is 256).
+const LargeHashes = 3000
+
+// largeChanges: a delta and a snapshot far larger than one chunk apply
+// whole, with reference counts and a clear between stores kept in order.
+func largeChanges(t *testing.T, s kvindex.Store) {
+	ctx := context.Background()
+	src := Src("big", 0)
+	pod := kvindex.PodKey{Backend: BackendA, UID: "big"}
+	hashes := Chain(9, LargeHashes)
+	// Every hash stored twice on GPU (two references), the first half on
+	// CPU, then CPU cleared and stored again for the last 10.
+	ops := []kvindex.Op{Store(kvindex.TierGPU, hashes...), Store(kvindex.TierGPU, hashes...), Store(kvindex.TierCPU, hashes[:LargeHashes/2]...), Clear(kvindex.TierCPU), Store(kvindex.TierCPU, hashes[LargeHashes-10:]...)}
+	applyAll(t, s, src, ops)
+	tiers, _ := s.TierBlocks(ctx, BackendA)
+	if tiers[kvindex.TierGPU] != LargeHashes || tiers[kvindex.TierCPU] != 10 {
+		t.Fatalf("after a large delta: tiers %v, want GPU %d, CPU 10", tiers, LargeHashes)
+	}
+	if n := podBlocks(t, s, BackendA, "big"); n != LargeHashes {
+		t.Fatalf("after a large delta: %d blocks, want %d", n, LargeHashes)
+	}
+	// One removal leaves one reference of each.
+	applyAll(t, s, src, []kvindex.Op{Remove(kvindex.TierGPU, hashes...)})
+	if got := scoreOf(t, s, BackendA, hashes)["big/0"]; got.GPU != LargeHashes {
+		t.Fatalf("after one removal of two references: %+v", got)
+	}
+	entries := make([]kvindex.Entry, 0, 2*LargeHashes)
+	for i, h := range hashes {
+		entries = append(entries, kvindex.Entry{Space: Space, Tier: kvindex.TierDisk, Hash: h + 1<<20, Refs: 1})
+		if i%2 == 0 {
+			entries = append(entries, kvindex.Entry{Space: Space, Tier: kvindex.TierCPU, Hash: h + 1<<20, Refs: 3})
+		}
+	}
+	if err := s.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 100}, entries); err != nil {
+		t.Fatal(err)
+	}
+	tiers, _ = s.TierBlocks(ctx, BackendA)
+	if tiers != [kvindex.NumTiers]uint64{0, 0, LargeHashes / 2, LargeHashes} {
+		t.Fatalf("after a large snapshot: tiers %v", tiers)
+	}
+	if n := podBlocks(t, s, BackendA, "big"); n != LargeHashes {
+		t.Fatalf("after a large snapshot: %d blocks, want %d", n, LargeHashes)
+	}
+	if ps, _ := s.Positions(ctx, pod); ps[0] != (kvindex.Position{Epoch: 1, Sequence: 100}) {
+		t.Fatalf("after a large snapshot: position %+v", ps[0])
+	}
+	// A restart of a large rank drops it whole before its first delta.
+	if o, _, err := s.Apply(ctx, src, kvindex.Delta{Epoch: 2, Sequence: 1, Ops: []kvindex.Op{Store(kvindex.TierGPU, 1)}}); err != nil || o != kvindex.Applied {
+		t.Fatalf("restart: %s, %v", o, err)
+	}
+	if tiers, _ := s.TierBlocks(ctx, BackendA); tiers != [kvindex.NumTiers]uint64{0, 1, 0, 0} {
+		t.Fatalf("after a restart: tiers %v", tiers)
+	}
+}
