@@ -260,8 +260,9 @@ local function finish(done, cursor)
 end
 `
 
-// ARGV: step's, then for step 0 nothing, for a clear step "C", tier, and
-// for an ops step per op: kind (S, R), tier, space id, n, n block hashes.
+// ARGV: step's, then for a clear step "C", tier, and for an ops step per
+// op: kind (S, R), tier, space id, n, n block hashes. Step 0 is never a
+// clear: a delta that fits one chunk is one call.
 var applyScript = redis.NewScript(lib + step + `
 local seq = tonumber(seqs)
 local known, ce, cs = position()
@@ -282,10 +283,11 @@ else
   end
   begin(restart and '1' or '0')
 end
-if k == 0 then
-  if not restart then return finish(true, '0') end
+-- Step 0 drops the rank first for a restart (a clear of as many calls as
+-- it takes), then does its payload like any other step.
+if k == 0 and restart then
   local c = clearSome(0, cursor, count)
-  return finish(c == '0', c)
+  if c ~= '0' then return finish(false, c) end
 end
 local i = 16
 if ARGV[i] == 'C' then
@@ -403,9 +405,10 @@ end
 return 1
 `)
 
-// deltaSteps splits d into the payloads of its steps (see step): step 0
-// has none, each clear is a step, and the hashes of consecutive store and
-// remove ops are cut into steps of at most chunk hashes.
+// deltaSteps splits d into the payloads of its steps (see step): each
+// clear is a step, and the hashes of consecutive store and remove ops are
+// cut into steps of at most chunk hashes; step 0 (the begin) carries the
+// first of these when the delta does not start with a clear.
 func deltaSteps(d kvindex.Delta, chunk int) [][]any {
 	steps := [][]any{nil}
 	var cur []any
@@ -442,6 +445,9 @@ func deltaSteps(d kvindex.Delta, chunk int) [][]any {
 		}
 	}
 	flush()
+	if len(steps) > 1 && steps[1][0] != "C" {
+		steps = steps[1:]
+	}
 	return steps
 }
 
