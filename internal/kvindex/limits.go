@@ -65,8 +65,12 @@ type Held struct {
 
 // Check returns the refusal of a change adding at most adding blocks to
 // scopes holding held, or nil: the pod limit first, then backend, then
-// namespace.
+// namespace. A change that adds nothing passes (a scope held past a
+// limit lowered since may still shrink).
 func (l Limits) Check(held Held, adding uint64) error {
+	if adding == 0 {
+		return nil
+	}
 	for _, c := range [...]struct {
 		scope LimitScope
 		limit uint64
