@@ -48,8 +48,8 @@ func TestDistinctBlocks(t *testing.T) {
 	a, b := kvindex.Space{Model: "a"}, kvindex.Space{Model: "b"}
 	entries := []kvindex.Entry{
 		{Space: a, Tier: kvindex.TierGPU, Hash: 1, Refs: 1},
-		{Space: a, Tier: kvindex.TierCPU, Hash: 1, Refs: 1}, // the same block in another tier
-		{Space: b, Tier: kvindex.TierGPU, Hash: 1, Refs: 1}, // another space
+		{Space: a, Tier: kvindex.TierCPU, Hash: 1, Refs: 1},  // the same block in another tier
+		{Space: b, Tier: kvindex.TierGPU, Hash: 1, Refs: 1},  // another space
 		{Space: a, Tier: kvindex.TierDisk, Hash: 2, Refs: 0}, // no reference: not stored
 		{Space: a, Tier: kvindex.TierUnspecified, Hash: 3, Refs: 1},
 	}
