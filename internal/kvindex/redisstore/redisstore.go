@@ -30,7 +30,7 @@
 // once across crashes and replicas (see step). Every key but the blocks
 // and kvi:backends expires Options.KeyTTLMargin after the last lease
 // PutPod set for it; a block key is emptied, and so removed, by the
-// clears of its holders. Needs Redis 7.0 or Valkey (PEXPIRETIME).
+// clears of its holders.
 package redisstore
 
 import (
@@ -216,7 +216,7 @@ local k, nsteps, count = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]
 local margin = tonumber(ARGV[15])
 local function keepTTL(key)
   local until_ = redis.call('ZSCORE', P .. 'leases', uid)
-  if until_ and redis.call('PEXPIRETIME', key) == -1 then redis.call('PEXPIREAT', key, math.floor(tonumber(until_) + margin)) end
+  if until_ and redis.call('PTTL', key) == -1 then redis.call('PEXPIREAT', key, math.floor(tonumber(until_) + margin)) end
 end
 local function over(ownDropped)
   local adding = tonumber(ARGV[14])
@@ -387,15 +387,16 @@ return {1, left}
 // putPodScript stores a pod's record and lease and moves the expiry of its
 // keys, its backend's and its namespace count's to at least the lease's
 // end plus the margin. ARGV: P, uid, record, lease end (ms), namespace
-// count key, margin (ms).
+// count key, margin (ms), now (ms; PTTL, not Redis 7's PEXPIRETIME, so
+// that Redis 6.2 serves).
 var putPodScript = redis.NewScript(`
-local P, uid, rec, lease, NSK, margin = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local P, uid, rec, lease, NSK, margin, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('HSET', P .. 'pods', uid, rec)
 redis.call('ZADD', P .. 'leases', lease, uid)
 local at = math.floor(lease + margin)
 local function extend(key)
-  local t = redis.call('PEXPIRETIME', key)
-  if t == -1 or (t >= 0 and t < at) then redis.call('PEXPIREAT', key, at) end
+  local t = redis.call('PTTL', key)
+  if t == -1 or (t >= 0 and now + t < at) then redis.call('PEXPIREAT', key, at) end
 end
 for _, k in ipairs({P .. 'pods', P .. 'leases', P .. 'tiers', P .. 'podblocks', P .. 'blocks', NSK, P .. 'pos:' .. uid, P .. 'ranks:' .. uid}) do extend(k) end
 for _, r in ipairs(redis.call('SMEMBERS', P .. 'ranks:' .. uid)) do
@@ -708,7 +709,7 @@ func (s *Store) PutPod(ctx context.Context, rec kvindex.PodRecord, leaseUntil ti
 		return fmt.Errorf("encoding pod record: %w", err)
 	}
 	p := prefix(rec.Backend)
-	if err := putPodScript.Run(ctx, s.rdb, []string{p + "pods"}, p, rec.UID, b, leaseUntil.UnixMilli(), nsKey(rec.Backend.Namespace), s.opt.KeyTTLMargin.Milliseconds()).Err(); err != nil {
+	if err := putPodScript.Run(ctx, s.rdb, []string{p + "pods"}, p, rec.UID, b, leaseUntil.UnixMilli(), nsKey(rec.Backend.Namespace), s.opt.KeyTTLMargin.Milliseconds(), time.Now().UnixMilli()).Err(); err != nil {
 		return fmt.Errorf("storing pod record in redis: %w", err)
 	}
 	if err := s.rdb.SAdd(ctx, backendsKey, rec.Backend.Namespace+"/"+rec.Backend.Name).Err(); err != nil {
