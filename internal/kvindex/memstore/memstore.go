@@ -478,8 +478,10 @@ func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (k
 	default:
 		return kvindex.NeedSnapshot, pos, nil
 	}
-	if err := s.limits.Check(b.held(src.PodUID, id, exists, restart), kvindex.StoredHashes(d)); err != nil {
-		return 0, pos, fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, err)
+	if s.limits != (kvindex.Limits{}) {
+		if err := s.limits.Check(b.held(src.PodUID, id, exists, restart), kvindex.StoredHashes(d)); err != nil {
+			return 0, pos, fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, err)
+		}
 	}
 	if restart && exists {
 		b.clearInstance(id, kvindex.TierUnspecified)

@@ -544,7 +544,11 @@ func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.
 // Options.ChunkHashes hashes (see step).
 func (s *Store) Apply(ctx context.Context, src kvindex.Source, d kvindex.Delta) (kvindex.Outcome, kvindex.Position, error) {
 	steps := deltaSteps(d, s.opt.ChunkHashes)
-	res, err := s.runSteps(ctx, applyScript, src, kvindex.Position{Epoch: d.Epoch, Sequence: d.Sequence}, token(d, steps), kvindex.StoredHashes(d), steps, true)
+	var adding uint64 // 0: the script reads no counts
+	if s.opt.Limits != (kvindex.Limits{}) {
+		adding = kvindex.StoredHashes(d)
+	}
+	res, err := s.runSteps(ctx, applyScript, src, kvindex.Position{Epoch: d.Epoch, Sequence: d.Sequence}, token(d, steps), adding, steps, true)
 	if err != nil {
 		return 0, kvindex.Position{}, fmt.Errorf("applying delta in redis: %w", err)
 	}
