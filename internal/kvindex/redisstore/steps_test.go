@@ -30,7 +30,9 @@ func TestDeltaStepsBoundEveryScript(t *testing.T) {
 		}
 		return out
 	}
-	store := func(n int) kvindex.Op { return kvindex.Op{Kind: kvindex.OpStore, Tier: kvindex.TierGPU, Space: sp, Hashes: hs(n)} }
+	store := func(n int) kvindex.Op {
+		return kvindex.Op{Kind: kvindex.OpStore, Tier: kvindex.TierGPU, Space: sp, Hashes: hs(n)}
+	}
 	clearAll := kvindex.Op{Kind: kvindex.OpClear}
 	tests := []struct {
 		name  string
