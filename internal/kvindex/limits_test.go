@@ -114,3 +114,37 @@ func TestSnapshotPastThePodLimitIsNotStaged(t *testing.T) {
 		t.Errorf("refusals observed: %v, want one of scope pod", obs.scopes)
 	}
 }
+
+// A backend's ingest-rate window goes with its last pod's lease (issue 25:
+// rate windows outlived every lease).
+func TestRateWindowGoesWithTheLastPod(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	ix := kvindex.New(kvindex.Options{Store: memstore.New(), Lease: time.Minute, Now: func() time.Time { return now }})
+	s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: "vllm-0", PodUID: "u0"}, func() {})
+	if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
+		ProtocolVersion: kvindex.ProtocolVersion,
+		Pod:             &pb.PodIdentity{Namespace: "team-a", Name: "vllm-0", Uid: "u0"},
+		CacheBackend:    &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"},
+		Model:           "m", Engine: "vllm", DataParallelSize: 1,
+		HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16},
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Delta{Delta: &pb.Delta{Rank: 0, Epoch: 1, Sequence: 1, Events: []*pb.BlockEvent{
+		{Event: &pb.BlockEvent_Stored{Stored: &pb.BlockStored{Tier: pb.Tier_TIER_GPU, BlockHashes: []uint64{1, 2}}}},
+	}}}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if n := kvindex.RateWindows(ix); n != 1 {
+		t.Fatalf("%d rate windows after a delta, want 1", n)
+	}
+	now = now.Add(2 * time.Minute)
+	if n, err := ix.ExpireLeases(ctx); err != nil || n != 1 {
+		t.Fatalf("expired %d pods, %v", n, err)
+	}
+	if n := kvindex.RateWindows(ix); n != 0 {
+		t.Errorf("%d rate windows after the backend's last pod was reaped, want 0", n)
+	}
+}
