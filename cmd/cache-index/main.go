@@ -52,6 +52,20 @@ func main() {
 	}
 }
 
+// The default block limits. One block of one pod costs the memory store
+// at most 64 heap bytes (memstore's TestPodBlockLimitBoundsTheHeap
+// measures 46), so a namespace at its limit holds at most 512 MiB, half
+// of the index's 1 GiB container limit (kustomize/base/index). A pod's
+// 4,000,000 blocks fit the CPU and disk tiers of an 8-GPU node serving a
+// 70B-class model (about 5 MiB of KV cache a 16-token block: 2 TiB of
+// host memory and 16 TiB of disk); docs/kvindex.md says how to size
+// them for more.
+const (
+	defaultMaxPodBlocks       = 4_000_000
+	defaultMaxBackendBlocks   = 8_000_000
+	defaultMaxNamespaceBlocks = 8_000_000
+)
+
 type stringList []string
 
 func (s *stringList) String() string { return strings.Join(*s, ",") }
@@ -77,6 +91,9 @@ func run(args []string) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for the TokenReview API when running outside a cluster (in-cluster config otherwise)")
 	lease := fs.Duration("lease", time.Minute, "a pod whose subscriber sends nothing for this long loses its blocks")
 	heartbeat := fs.Duration("heartbeat", 10*time.Second, "heartbeat interval asked of idle subscribers; a pod is Stale after 3 missed")
+	maxPodBlocks := fs.Uint64("max-blocks-per-pod", defaultMaxPodBlocks, "blocks one pod may hold in the index, all ranks and tiers (a block in two tiers counts once); a delta or snapshot past it is refused with ResourceExhausted; 0: no limit")
+	maxBackendBlocks := fs.Uint64("max-blocks-per-backend", defaultMaxBackendBlocks, "blocks the pods of one CacheBackend may hold together; 0: no limit")
+	maxNamespaceBlocks := fs.Uint64("max-blocks-per-namespace", defaultMaxNamespaceBlocks, "blocks the CacheBackends of one namespace may hold together; 0: no limit")
 	reviewTTL := fs.Duration("token-review-ttl", time.Minute, "how long a TokenReview verdict is reused for the same token")
 	reviewQPS := fs.Float64("token-review-qps", server.DefaultReviewsPerSecond, "TokenReviews per second (and burst) for tokens whose verdict is not cached; beyond it a new token is refused until the next review is allowed")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
@@ -100,10 +117,11 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	limits := kvindex.Limits{PodBlocks: *maxPodBlocks, BackendBlocks: *maxBackendBlocks, NamespaceBlocks: *maxNamespaceBlocks}
 	var store kvindex.Store
 	switch *storeKind {
 	case "memory":
-		store = memstore.New()
+		store = memstore.NewLimited(limits)
 	case "redis":
 		opt := &redis.Options{Addr: *redisAddr, DB: *redisDB}
 		if *redisPasswordFile != "" {
@@ -113,7 +131,7 @@ func run(args []string) error {
 			}
 			opt.Password = strings.TrimSpace(string(b))
 		}
-		store = redisstore.New(redis.NewClient(opt))
+		store = redisstore.NewWithOptions(redis.NewClient(opt), redisstore.Options{Limits: limits})
 	default:
 		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
 	}
@@ -143,7 +161,7 @@ func run(args []string) error {
 	metrics := indexmetrics.New(reg)
 	ix := kvindex.New(kvindex.Options{
 		Store: metrics.Store(store), Authenticator: authn, Policy: kvindex.Policy{ClusterReaders: readers},
-		Lease: *lease, Heartbeat: *heartbeat, Observer: metrics, Log: log.WithName("index"),
+		Lease: *lease, Heartbeat: *heartbeat, Limits: limits, Observer: metrics, Log: log.WithName("index"),
 	})
 
 	grpcLis, err := net.Listen("tcp", *grpcAddr)

@@ -30,6 +30,11 @@ type Options struct {
 	StaleAfter time.Duration
 	// MaxSnapshotBlocks bounds one rank's snapshot. Default 4,000,000.
 	MaxSnapshotBlocks int
+	// Limits are the block limits the Store was made with. The Store
+	// enforces them; the session uses PodBlocks only to stop staging a
+	// snapshot that cannot fit (more than NumTiers-1 entries per block
+	// the pod may hold) before it takes that memory.
+	Limits Limits
 	// Observer hears ingest and query events. Default NopObserver.
 	Observer Observer
 	Log      logr.Logger
@@ -92,6 +97,7 @@ func (ix *Index) ExpireLeases(ctx context.Context) (int, error) {
 	gone, err := ix.opt.Store.ExpireLeases(ctx, ix.opt.Now())
 	for _, p := range gone {
 		ix.opt.Log.Info("pod lease expired; its blocks were removed", "cacheBackend", p.Backend.String(), "podUID", p.UID)
+		ix.dropRateIfEmpty(ctx, p.Backend)
 	}
 	return len(gone), err
 }
@@ -110,4 +116,16 @@ func (ix *Index) RunLeaseReaper(ctx context.Context, interval time.Duration) {
 			}
 		}
 	}
+}
+
+// dropRateIfEmpty forgets the ingest rate window of a backend whose last
+// pod was reaped, so that windows do not outlive every lease.
+func (ix *Index) dropRateIfEmpty(ctx context.Context, b BackendRef) {
+	pods, err := ix.opt.Store.Pods(ctx, b)
+	if err != nil || len(pods) > 0 {
+		return
+	}
+	ix.mu.Lock()
+	delete(ix.rates, b)
+	ix.mu.Unlock()
 }

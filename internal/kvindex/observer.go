@@ -24,6 +24,9 @@ type Observer interface {
 	StreamClosed()
 	// Scored reports the time one Score query took.
 	Scored(d time.Duration)
+	// OverLimit reports a delta or snapshot refused because it would pass
+	// a block limit, by scope (pod, backend, namespace).
+	OverLimit(scope LimitScope)
 }
 
 // NopObserver is the Observer of an Index given none.
@@ -49,3 +52,6 @@ func (NopObserver) StreamClosed() {}
 
 // Scored implements Observer.
 func (NopObserver) Scored(time.Duration) {}
+
+// OverLimit implements Observer.
+func (NopObserver) OverLimit(LimitScope) {}

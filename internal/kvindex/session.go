@@ -36,6 +36,7 @@ type staging struct {
 	expected uint64
 	entries  []Entry
 	bad      bool
+	over     error // a *LimitError: the entries staged could not fit
 }
 
 // NewSession starts a stream for an authenticated caller. cancel ends the
@@ -265,6 +266,9 @@ func (s *Session) handleDelta(ctx context.Context, d *pb.Delta) ([]*pb.IngestRes
 		}
 	}
 	outcome, pos, err := s.ix.opt.Store.Apply(ctx, s.source(d.GetRank()), delta)
+	if errors.Is(err, ErrOverLimit) {
+		return nil, s.overLimit(d.GetRank(), "delta", err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("applying delta %d of pod %s rank %d: %w", d.GetSequence(), s.rec.Name, d.GetRank(), err)
 	}
@@ -334,8 +338,17 @@ func (s *Session) handleSnapshotChunk(c *pb.SnapshotChunk) ([]*pb.IngestResponse
 		if len(refs) != 0 && len(refs) != len(e.GetBlockHashes()) {
 			st.bad = true
 		}
-		if st.bad || uint64(len(st.entries)+len(e.GetBlockHashes())) > st.expected {
-			st.bad, st.entries = true, nil
+		if st.bad || st.over != nil || uint64(len(st.entries)+len(e.GetBlockHashes())) > st.expected {
+			st.bad = st.bad || st.over == nil
+			st.entries = nil
+			continue
+		}
+		// Each block is at most in NumTiers-1 entries: past that many per
+		// block the pod may hold, the snapshot cannot fit, so stop
+		// staging it now rather than hold it until its end.
+		if l := s.ix.opt.Limits.PodBlocks; l > 0 && uint64(len(st.entries)+len(e.GetBlockHashes())) > (NumTiers-1)*l {
+			st.over = &LimitError{Scope: ScopePod, Limit: l, Adding: uint64(len(st.entries) + len(e.GetBlockHashes()))}
+			st.entries = nil
 			continue
 		}
 		sp := s.space(e.GetLoraName())
@@ -355,11 +368,17 @@ func (s *Session) handleSnapshotEnd(ctx context.Context, e *pb.SnapshotEnd) ([]*
 	st := s.snapshot[rank]
 	delete(s.snapshot, rank)
 	pos := Position{Epoch: e.GetEpoch(), Sequence: e.GetSequence()}
+	if st != nil && st.over != nil {
+		return nil, s.overLimit(rank, "snapshot", st.over)
+	}
 	if st == nil || st.bad || st.pos != pos || uint64(len(st.entries)) != e.GetBlockCount() || e.GetBlockCount() != st.expected {
 		s.ix.opt.Log.Info("snapshot did not add up; asking again", "pod", s.rec.Name, "rank", rank)
 		return []*pb.IngestResponse{s.resync(rank, pb.ResyncReason_RESYNC_REASON_SNAPSHOT_INVALID, Position{}, false)}, nil
 	}
 	if err := s.ix.opt.Store.Replace(ctx, s.source(rank), pos, st.entries); err != nil {
+		if errors.Is(err, ErrOverLimit) {
+			return nil, s.overLimit(rank, "snapshot", err)
+		}
 		if errors.Is(err, ErrStaleEpoch) {
 			return nil, fmt.Errorf("%w: %w", err, ErrInvalid)
 		}
@@ -372,6 +391,21 @@ func (s *Session) handleSnapshotEnd(ctx context.Context, e *pb.SnapshotEnd) ([]*
 	s.ix.opt.Observer.SnapshotApplied()
 	s.ix.opt.Log.Info("snapshot applied", "pod", s.rec.Name, "rank", rank, "epoch", pos.Epoch, "sequence", pos.Sequence, "blocks", len(st.entries))
 	return []*pb.IngestResponse{ack(rank, pos)}, s.put(ctx, true)
+}
+
+// overLimit reports a delta or snapshot refused by a block limit and
+// returns the error that ends the stream (ResourceExhausted, naming the
+// scope and limit). Nothing was applied: the subscriber reconnects after
+// its backoff and resends from the index's position, so exactly-once
+// holds, and the pod keeps what it held (its lease reaps it if it stops).
+func (s *Session) overLimit(rank uint32, what string, err error) error {
+	var le *LimitError
+	if errors.As(err, &le) {
+		s.ix.opt.Observer.OverLimit(le.Scope)
+	}
+	s.ix.opt.Log.Info("refused a "+what+" over a block limit", "pod", s.hello.GetPod().GetNamespace()+"/"+s.rec.Name,
+		"podUID", s.pod.UID, "cacheBackend", s.pod.Backend.String(), "rank", rank, "reason", err.Error())
+	return fmt.Errorf("%s of pod %s rank %d refused: %w", what, s.rec.Name, rank, err)
 }
 
 func (s *Session) handleHeartbeat(h *pb.Heartbeat) {

@@ -193,10 +193,14 @@ type Store interface {
 	// Apply applies d to src exactly once: only if d.Sequence follows the
 	// applied position of d.Epoch, or d is sequence 1 of an epoch newer
 	// than the one held (a publisher restart: the rank's blocks are
-	// dropped first). It returns the position after the call.
+	// dropped first). It returns the position after the call. A delta
+	// that would pass the store's Limits is refused with a *LimitError
+	// (ErrOverLimit) and changes nothing.
 	Apply(ctx context.Context, src Source, d Delta) (Outcome, Position, error)
 	// Replace swaps the rank's blocks for entries and sets its position,
-	// atomically (a snapshot).
+	// atomically (a snapshot). A snapshot that would pass the store's
+	// Limits is refused with a *LimitError (ErrOverLimit) and changes
+	// nothing.
 	Replace(ctx context.Context, src Source, pos Position, entries []Entry) error
 	// Positions returns the applied position of each rank of a pod that
 	// the store knows.
@@ -213,7 +217,9 @@ type Store interface {
 	// Pods lists the records of a backend's pods.
 	Pods(ctx context.Context, backend BackendRef) ([]PodRecord, error)
 	// ExpireLeases removes every pod whose lease ended before now: its
-	// blocks, positions and record. It returns the pods removed.
+	// blocks, positions and record, and a backend's own state (its
+	// spaces, counters, its place in the reaper's list) with its last pod.
+	// It returns the pods removed.
 	ExpireLeases(ctx context.Context, now time.Time) ([]PodKey, error)
 	// Close releases the store's resources.
 	Close() error

@@ -22,6 +22,7 @@ type Metrics struct {
 	snapshots     prometheus.Counter
 	evictions     *prometheus.CounterVec
 	refused       *prometheus.CounterVec
+	overLimit     *prometheus.CounterVec
 	streams       prometheus.Gauge
 	applyDuration prometheus.Histogram
 	scoreDuration prometheus.Histogram
@@ -51,6 +52,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferencecache_index_refused_total", Help: "Calls refused by authentication or authorisation, by API (ingest, query).",
 		}, []string{"api"}),
+		overLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferencecache_index_limit_refusals_total", Help: "Deltas and snapshots refused because they would pass a block limit, by scope (pod, backend, namespace).",
+		}, []string{"scope"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inferencecache_index_streams", Help: "Subscriber streams connected to this replica.",
 		}),
@@ -64,9 +68,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.deltas, m.blockEvents, m.resyncs, m.snapshots, m.evictions, m.refused, m.streams, m.applyDuration, m.scoreDuration)
+		reg.MustRegister(m.deltas, m.blockEvents, m.resyncs, m.snapshots, m.evictions, m.refused, m.overLimit, m.streams, m.applyDuration, m.scoreDuration)
 	}
 	return m
+}
+
+// OverLimit implements kvindex.Observer.
+func (m *Metrics) OverLimit(scope kvindex.LimitScope) {
+	m.overLimit.WithLabelValues(string(scope)).Inc()
 }
 
 // Delta implements kvindex.Observer.

@@ -120,3 +120,20 @@ inferencecache_index_streams 0
 		t.Errorf("score duration: %d observations, help %q", counts["inferencecache_index_score_duration_seconds"], helps["inferencecache_index_score_duration_seconds"])
 	}
 }
+
+func TestLimitRefusalsByScope(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := indexmetrics.New(reg)
+	m.OverLimit(kvindex.ScopePod)
+	m.OverLimit(kvindex.ScopePod)
+	m.OverLimit(kvindex.ScopeNamespace)
+	want := `
+# HELP inferencecache_index_limit_refusals_total Deltas and snapshots refused because they would pass a block limit, by scope (pod, backend, namespace).
+# TYPE inferencecache_index_limit_refusals_total counter
+inferencecache_index_limit_refusals_total{scope="namespace"} 1
+inferencecache_index_limit_refusals_total{scope="pod"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "inferencecache_index_limit_refusals_total"); err != nil {
+		t.Fatal(err)
+	}
+}

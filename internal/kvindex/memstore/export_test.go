@@ -8,3 +8,10 @@ func SetSparseMax(n int) (restore func()) {
 	sparseMax = n
 	return func() { sparseMax = old }
 }
+
+// Backends is how many backends the store keeps state for.
+func Backends(s *Store) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.backends) + len(s.namespaces)
+}

@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/inferencecache/operator/internal/kvindex"
@@ -21,13 +22,27 @@ import (
 // dropping a pod costs its own blocks, never a scan of the index. There is
 // no heap object per block.
 type Store struct {
+	limits kvindex.Limits
+
 	mu       sync.RWMutex
 	backends map[kvindex.BackendRef]*memBackend
+	// namespaces counts each namespace's blocks (the backends' sums); an
+	// entry lives while a backend of the namespace does.
+	namespaces map[string]*nsCount
 }
 
-// New returns an empty in-memory store.
-func New() *Store {
-	return &Store{backends: map[kvindex.BackendRef]*memBackend{}}
+type nsCount struct {
+	blocks   atomic.Int64
+	backends int // under Store.mu
+}
+
+// New returns an empty in-memory store without limits.
+func New() *Store { return NewLimited(kvindex.Limits{}) }
+
+// NewLimited returns an empty in-memory store that refuses changes past
+// limits (see kvindex.Limits).
+func NewLimited(limits kvindex.Limits) *Store {
+	return &Store{limits: limits, backends: map[kvindex.BackendRef]*memBackend{}, namespaces: map[string]*nsCount{}}
 }
 
 var _ kvindex.Store = (*Store)(nil)
@@ -54,7 +69,12 @@ type memPod struct {
 }
 
 type memBackend struct {
-	mu     sync.RWMutex
+	mu sync.RWMutex
+	// dead: ExpireLeases removed this backend with its last pod; a caller
+	// that looked it up before takes a new one (lockBackend).
+	dead   bool
+	ns     *nsCount
+	blocks uint64 // the pods' blocks summed (PodBlocks of each)
 	insts  []memInstance
 	byKey  map[instKey]uint32
 	free   []uint32
@@ -118,10 +138,55 @@ func (s *Store) backend(b kvindex.BackendRef, create bool) *memBackend {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if mb = s.backends[b]; mb == nil {
-		mb = &memBackend{byKey: map[instKey]uint32{}, spaces: map[kvindex.Space]*memSpace{}, pods: map[string]*memPod{}}
+		ns := s.namespaces[b.Namespace]
+		if ns == nil {
+			ns = &nsCount{}
+			s.namespaces[b.Namespace] = ns
+		}
+		ns.backends++
+		mb = &memBackend{ns: ns, byKey: map[instKey]uint32{}, spaces: map[kvindex.Space]*memSpace{}, pods: map[string]*memPod{}}
 		s.backends[b] = mb
 	}
 	return mb
+}
+
+// lockBackend returns backend b, created if need be, locked for writing.
+func (s *Store) lockBackend(b kvindex.BackendRef) *memBackend {
+	for {
+		mb := s.backend(b, true)
+		mb.mu.Lock()
+		if !mb.dead {
+			return mb
+		}
+		mb.mu.Unlock()
+	}
+}
+
+// counted keeps the backend's and namespace's block counts with an
+// instance's: n blocks gained (or lost, negative).
+func (b *memBackend) counted(n int64) {
+	b.blocks = uint64(int64(b.blocks) + n)
+	b.ns.blocks.Add(n)
+}
+
+// held is what each limit scope holds for a change of instance id (if
+// exists) of pod uid that drops the instance's blocks first when fresh.
+func (b *memBackend) held(uid string, id uint32, exists, fresh bool) kvindex.Held {
+	var h kvindex.Held
+	if p := b.pods[uid]; p != nil {
+		for _, i := range p.ranks {
+			h.Pod += b.insts[i].blocks
+		}
+	}
+	h.Backend = b.blocks
+	h.Namespace = uint64(max(b.ns.blocks.Load(), 0))
+	if exists && fresh {
+		own := b.insts[id].blocks
+		h.Pod -= own
+		h.Backend -= own
+		h.Namespace -= min(own, h.Namespace)
+	}
+	return h
 }
 
 func (b *memBackend) space(sp kvindex.Space, create bool) *memSpace {
@@ -310,6 +375,7 @@ func (b *memBackend) add(s *memSpace, id uint32, h uint64, t kvindex.Tier, n uin
 	}
 	s.set(h, id, slot, resSetRefs(uint64(id)<<32, t, min(n, refMax)))
 	in.blocks++
+	b.counted(1)
 	in.logs[s] = append(in.logs[s], h)
 	if l := uint64(len(in.logs[s])); l > 64 && l > 2*in.blocks {
 		b.compactLog(id, s)
@@ -333,6 +399,7 @@ func (b *memBackend) remove(s *memSpace, id uint32, h uint64, t kvindex.Tier) {
 	w = resSetRefs(w, t, old-1)
 	if resMask(w) == 0 {
 		b.insts[id].blocks--
+		b.counted(-1)
 	}
 	s.set(h, id, slot, w)
 }
@@ -355,6 +422,7 @@ func (b *memBackend) clearInstance(id uint32, only kvindex.Tier) {
 			}
 			if resMask(w) == 0 {
 				in.blocks--
+				b.counted(-1)
 			} else {
 				kept = append(kept, h)
 			}
@@ -392,8 +460,7 @@ func (b *memBackend) dropInstance(id uint32) {
 
 // Apply implements kvindex.Store.
 func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (kvindex.Outcome, kvindex.Position, error) {
-	b := s.backend(src.Backend, true)
-	b.mu.Lock()
+	b := s.lockBackend(src.Backend)
 	defer b.mu.Unlock()
 	id, exists := b.instance(src.PodUID, src.Rank, false)
 	var pos kvindex.Position
@@ -401,16 +468,23 @@ func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (k
 	if known {
 		pos = b.insts[id].pos
 	}
+	restart := false
 	switch {
 	case known && d.Epoch == pos.Epoch && d.Sequence <= pos.Sequence:
 		return kvindex.Duplicate, pos, nil
 	case known && d.Epoch == pos.Epoch && d.Sequence == pos.Sequence+1:
 	case d.Sequence == 1 && (!known || d.Epoch > pos.Epoch):
-		if exists {
-			b.clearInstance(id, kvindex.TierUnspecified)
-		}
+		restart = true
 	default:
 		return kvindex.NeedSnapshot, pos, nil
+	}
+	if s.limits != (kvindex.Limits{}) {
+		if err := s.limits.Check(b.held(src.PodUID, id, exists, restart), kvindex.StoredHashes(d)); err != nil {
+			return 0, pos, fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, err)
+		}
+	}
+	if restart && exists {
+		b.clearInstance(id, kvindex.TierUnspecified)
 	}
 	id, _ = b.instance(src.PodUID, src.Rank, true)
 	for _, op := range d.Ops {
@@ -448,12 +522,16 @@ func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (k
 
 // Replace implements kvindex.Store.
 func (s *Store) Replace(_ context.Context, src kvindex.Source, pos kvindex.Position, entries []kvindex.Entry) error {
-	b := s.backend(src.Backend, true)
-	b.mu.Lock()
+	b := s.lockBackend(src.Backend)
 	defer b.mu.Unlock()
 	id, exists := b.instance(src.PodUID, src.Rank, false)
 	if exists && b.insts[id].known && b.insts[id].pos.Epoch > pos.Epoch {
 		return fmt.Errorf("replace %s rank %d with epoch %d (holding %d): %w", src.PodUID, src.Rank, pos.Epoch, b.insts[id].pos.Epoch, kvindex.ErrStaleEpoch)
+	}
+	if s.limits != (kvindex.Limits{}) {
+		if err := s.limits.Check(b.held(src.PodUID, id, exists, true), kvindex.DistinctBlocks(entries)); err != nil {
+			return fmt.Errorf("replacing %s rank %d: %w", src.PodUID, src.Rank, err)
+		}
 	}
 	id, _ = b.instance(src.PodUID, src.Rank, true)
 	b.clearInstance(id, kvindex.TierUnspecified)
@@ -814,8 +892,7 @@ func (s *Store) PodBlocks(_ context.Context, pod kvindex.PodKey) (uint64, error)
 
 // PutPod implements kvindex.Store.
 func (s *Store) PutPod(_ context.Context, rec kvindex.PodRecord, leaseUntil time.Time) error {
-	b := s.backend(rec.Backend, true)
-	b.mu.Lock()
+	b := s.lockBackend(rec.Backend)
 	defer b.mu.Unlock()
 	p := b.pods[rec.UID]
 	if p == nil {
@@ -864,9 +941,29 @@ func (s *Store) ExpireLeases(_ context.Context, now time.Time) ([]kvindex.PodKey
 			delete(b.pods, uid)
 			gone = append(gone, kvindex.PodKey{Backend: ref, UID: uid})
 		}
+		if len(b.pods) == 0 {
+			// The backend's last pod is gone: so are its spaces, slabs and
+			// instance table, and its place in the namespace's count.
+			s.drop(ref, b)
+		}
 		b.mu.Unlock()
 	}
 	return gone, nil
+}
+
+// drop removes backend b (locked, without pods) from the store.
+func (s *Store) drop(ref kvindex.BackendRef, b *memBackend) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.backends[ref] != b {
+		return
+	}
+	b.dead = true
+	delete(s.backends, ref)
+	b.ns.blocks.Add(-int64(b.blocks))
+	if b.ns.backends--; b.ns.backends == 0 {
+		delete(s.namespaces, ref.Namespace)
+	}
 }
 
 // Close implements kvindex.Store.

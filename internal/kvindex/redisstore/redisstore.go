@@ -1,34 +1,46 @@
 // Package redisstore is the Redis/Valkey kvindex.Store, for index replicas
 // that share one state.
 //
-// Key schema (P is "kvi:{namespace/name}:", the CacheBackend as a hash tag,
-// so one backend's keys share a cluster slot; S a space id, the FNV-64a of
-// model, LoRA and hash scheme; H a block hash in 16 hex digits; I an
-// instance "podUID|rank"):
+// Key schema (P is "kvi:{namespace}:name:", the CacheBackend with its
+// namespace as the hash tag, so a namespace's keys share a cluster slot
+// and a script keeps the namespace's count with the backend's; S a space
+// id, the FNV-64a of model, LoRA and hash scheme; H a block hash in 16 hex
+// digits; I an instance "podUID|rank"):
 //
 //	P blk:S:H        HASH  "I|tier" -> reference count
 //	P rev:I          SET   "S:H" the instance holds (reverse index: clears
 //	                       and lease expiry cost the pod's blocks, no SCAN)
+//	P prog:I         HASH  the change in progress: token, step, cursor
+//	P ranks:podUID   SET   ranks a change began for (the reaper's list)
 //	P pos:podUID     HASH  rank -> "epoch:sequence" applied
 //	P tiers          HASH  tier -> residencies in the backend
 //	P podblocks      HASH  podUID -> blocks held (any tier)
+//	P blocks         STRING the backend's blocks (podblocks summed)
 //	P pods           HASH  podUID -> pod record (JSON)
 //	P leases         ZSET  podUID scored by lease end (unix ms)
-//	kvi:backends     SET   "namespace/name" of every backend (the reaper's
-//	                       list; one small set, never a keyspace scan)
+//	kvi:{ns}:_blocks STRING the namespace's blocks
+//	kvi:backends     SET   "namespace/name" of every backend with a lease
+//	                       (the reaper's list; shrinks with a backend's
+//	                       last pod)
 //
-// Every delta is one Lua script: the epoch and sequence check, the block
-// changes and the new position happen atomically, so replicas that receive
-// the same delta (a subscriber reconnecting to another replica) apply it
-// once. Snapshots and lease expiry are one script each too.
+// A change (a delta, a snapshot, a lease expiry) runs as Lua scripts of
+// at most Options.ChunkHashes hashes each, so that no script holds Redis
+// for more than a few milliseconds; a per-rank record of the change in
+// progress, checked and advanced by each script, keeps deltas exactly
+// once across crashes and replicas (see step). Every key but the blocks
+// and kvi:backends expires Options.KeyTTLMargin after the last lease
+// PutPod set for it; a block key is emptied, and so removed, by the
+// clears of its holders.
 package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,19 +53,63 @@ import (
 // Store is the Redis store.
 type Store struct {
 	rdb redis.UniversalClient
+	opt Options
+	// onCall, when set (tests), hears each change script call with its
+	// step; an error stops the change there, as a crash would.
+	onCall func(step int) error
 }
+
+// Options configure a Store.
+type Options struct {
+	// Limits the store enforces (kvindex.Limits).
+	Limits kvindex.Limits
+	// ChunkHashes bounds the hashes (or snapshot entries, or members of a
+	// clear) one Lua script handles, so that no script holds Redis for
+	// more than a few milliseconds. Default DefaultChunkHashes.
+	ChunkHashes int
+	// KeyTTLMargin: a pod's keys, and its backend's and namespace's, expire
+	// this long after the last lease that PutPod set for them, so that the
+	// state goes even when no index replica is left to reap it. Default
+	// DefaultKeyTTLMargin.
+	KeyTTLMargin time.Duration
+}
+
+// DefaultChunkHashes is Options.ChunkHashes' default: about 1 ms of script
+// work on a 2-core machine (docs/performance.md).
+const DefaultChunkHashes = 256
+
+// DefaultKeyTTLMargin is Options.KeyTTLMargin's default.
+const DefaultKeyTTLMargin = 10 * time.Minute
 
 var _ kvindex.Store = (*Store)(nil)
 
-// New returns a store on rdb.
-func New(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
+// New returns a store on rdb without limits.
+func New(rdb redis.UniversalClient) *Store { return NewWithOptions(rdb, Options{}) }
+
+// NewWithOptions returns a store on rdb.
+func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
+	if opt.ChunkHashes <= 0 {
+		opt.ChunkHashes = DefaultChunkHashes
+	}
+	if opt.KeyTTLMargin <= 0 {
+		opt.KeyTTLMargin = DefaultKeyTTLMargin
+	}
+	return &Store{rdb: rdb, opt: opt}
+}
 
 // Close implements kvindex.Store.
 func (s *Store) Close() error { return s.rdb.Close() }
 
 const backendsKey = "kvi:backends"
 
-func prefix(b kvindex.BackendRef) string { return "kvi:{" + b.Namespace + "/" + b.Name + "}:" }
+// prefix is a backend's key prefix. The namespace is the hash tag: a
+// namespace's backends share a cluster slot, so a script can keep the
+// namespace's block count with the backend's.
+func prefix(b kvindex.BackendRef) string { return "kvi:{" + b.Namespace + "}:" + b.Name + ":" }
+
+// nsKey counts a namespace's blocks. '_' is in no Kubernetes name, so no
+// backend's prefix meets it.
+func nsKey(namespace string) string { return "kvi:{" + namespace + "}:_blocks" }
 
 func spaceID(sp kvindex.Space) string {
 	h := fnv.New64a()
@@ -63,26 +119,42 @@ func spaceID(sp kvindex.Space) string {
 
 func hashHex(h uint64) string { return fmt.Sprintf("%016x", h) }
 
-// The functions every script shares: add and remove one tier reference of
-// one block for instance I, and clear the instance (one tier or all).
+// The functions every script shares. ARGV: P, uid, rank, the namespace's
+// count key, then the script's own. add and remove one tier reference of
+// one block for instance I, clearSome clears up to count of its blocks
+// (one tier or all) from an SSCAN cursor and returns the next cursor
+// ('0': done); each keeps the pod's, backend's and namespace's counts.
 const lib = `
-local P, uid, rank = ARGV[1], ARGV[2], ARGV[3]
+local P, uid, rank, NSK = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local inst = uid .. '|' .. rank
 local revKey = P .. 'rev:' .. inst
+local progKey = P .. 'prog:' .. inst
+local ranksKey = P .. 'ranks:' .. uid
 local tiersKey = P .. 'tiers'
 local pbKey = P .. 'podblocks'
+local beKey = P .. 'blocks'
+local posKey = P .. 'pos:' .. uid
+local gained = 0
+local function counted(n) gained = gained + n end
+-- flushCounts writes the blocks gained (or lost) to the three counts, once
+-- a script: every script that changes blocks calls it before it returns.
+local function flushCounts()
+  if gained == 0 then return end
+  redis.call('HINCRBY', pbKey, uid, gained)
+  redis.call('INCRBY', beKey, gained)
+  redis.call('INCRBY', NSK, gained)
+  gained = 0
+end
 local function anyTier(bk)
-  return redis.call('HEXISTS', bk, inst .. '|1') == 1 or redis.call('HEXISTS', bk, inst .. '|2') == 1 or redis.call('HEXISTS', bk, inst .. '|3') == 1
+  local v = redis.call('HMGET', bk, inst .. '|1', inst .. '|2', inst .. '|3')
+  return v[1] or v[2] or v[3]
 end
 local function add(member, tier, n)
   local bk = P .. 'blk:' .. member
   local had = anyTier(bk)
   local v = redis.call('HINCRBY', bk, inst .. '|' .. tier, n)
   if v == n then redis.call('HINCRBY', tiersKey, tier, 1) end
-  if not had then
-    redis.call('SADD', revKey, member)
-    redis.call('HINCRBY', pbKey, uid, 1)
-  end
+  if not had and redis.call('SADD', revKey, member) == 1 then counted(1) end
 end
 local function remove(member, tier)
   local bk = P .. 'blk:' .. member
@@ -96,30 +168,25 @@ local function remove(member, tier)
   end
   redis.call('HDEL', bk, f)
   redis.call('HINCRBY', tiersKey, tier, -1)
-  if not anyTier(bk) then
-    redis.call('SREM', revKey, member)
-    redis.call('HINCRBY', pbKey, uid, -1)
-  end
+  if not anyTier(bk) and redis.call('SREM', revKey, member) == 1 then counted(-1) end
 end
-local function clear(only)
-  for _, m in ipairs(redis.call('SMEMBERS', revKey)) do
+local function clearSome(only, cursor, count)
+  local r = redis.call('SSCAN', revKey, cursor, 'COUNT', count)
+  for _, m in ipairs(r[2]) do
     local bk = P .. 'blk:' .. m
     for t = 1, 3 do
       if only == 0 or only == t then
         if redis.call('HDEL', bk, inst .. '|' .. t) == 1 then redis.call('HINCRBY', tiersKey, t, -1) end
       end
     end
-    if not anyTier(bk) then
-      redis.call('SREM', revKey, m)
-      redis.call('HINCRBY', pbKey, uid, -1)
-    end
+    if not anyTier(bk) and redis.call('SREM', revKey, m) == 1 then counted(-1) end
   end
+  return r[1]
 end
 local function newer(a, b)
   if #a ~= #b then return #a > #b end
   return a > b
 end
-local posKey = P .. 'pos:' .. uid
 local function position()
   local cur = redis.call('HGET', posKey, rank)
   if not cur then return nil, '0', '0' end
@@ -128,113 +195,296 @@ local function position()
 end
 `
 
-// ARGV: P, uid, rank, epoch, sequence, then per op: kind (S, R, C), tier,
-// space id, n, n block hashes.
-var applyScript = redis.NewScript(lib + `
-local epoch, seqs = ARGV[4], ARGV[5]
+// step is the part of the change scripts: ARGV after lib's four: epoch,
+// sequence, token, step k, steps, count, the pod, backend and namespace
+// limits, adding, the key TTL margin (ms), then step k's payload.
+//
+// A change (a delta or a snapshot) runs as steps, one script call each
+// (a clear step as many calls as its SSCAN takes). Step 0 checks the
+// position and the limits and writes the in-progress record prog:I
+// (token, step, cursor); each call does its step's bounded work and
+// advances the record atomically with it; the last one sets the position
+// and deletes the record. A call whose step the record has passed does
+// nothing and says where the record stands ('at'), so a delta resent
+// after a crash, or the same delta applied by a second replica, resumes
+// and each step is done once. While a record of another change is left
+// (a crash mid-change), the rank's state is partial: only a change that
+// drops it first (a snapshot, or sequence 1 of a newer epoch) applies.
+const step = `
+local epoch, seqs, token = ARGV[5], ARGV[6], ARGV[7]
+local k, nsteps, count = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+local margin = tonumber(ARGV[15])
+local function keepTTL(key)
+  local until_ = redis.call('ZSCORE', P .. 'leases', uid)
+  if until_ and redis.call('PTTL', key) == -1 then redis.call('PEXPIREAT', key, math.floor(tonumber(until_) + margin)) end
+end
+local function over(ownDropped)
+  local adding = tonumber(ARGV[14])
+  if adding == 0 then return nil end
+  local own = 0
+  if ownDropped then own = redis.call('SCARD', revKey) end
+  local held = {tonumber(redis.call('HGET', pbKey, uid) or '0'), tonumber(redis.call('GET', beKey) or '0'), tonumber(redis.call('GET', NSK) or '0')}
+  local names = {'pod', 'backend', 'namespace'}
+  for i = 1, 3 do
+    local lim = tonumber(ARGV[10 + i])
+    local h = math.max(held[i] - own, 0)
+    if lim > 0 and h + adding > lim then
+      return {'over', names[i], string.format('%d', lim), string.format('%d', h), string.format('%d', adding)}
+    end
+  end
+  return nil
+end
+local function begin(extra)
+  redis.call('HSET', progKey, 'token', token, 'step', '0', 'cursor', '0', 'restart', extra)
+  redis.call('SADD', ranksKey, rank)
+  keepTTL(progKey)
+  keepTTL(ranksKey)
+end
+-- finish ends step k: done or not (a clear's cursor), the last step sets
+-- the position.
+local function finish(done, cursor)
+  flushCounts()
+  if not done then
+    redis.call('HSET', progKey, 'cursor', cursor)
+    return {'more'}
+  end
+  if k + 1 < nsteps then
+    redis.call('HSET', progKey, 'step', tostring(k + 1), 'cursor', '0')
+    return {'next'}
+  end
+  redis.call('HSET', posKey, rank, epoch .. ':' .. seqs)
+  redis.call('DEL', progKey)
+  keepTTL(posKey)
+  keepTTL(revKey)
+  return {'ok', epoch, seqs}
+end
+`
+
+// ARGV: step's, then for a clear step "C", tier, and for an ops step per
+// op: kind (S, R), tier, space id, n, n block hashes. Step 0 is never a
+// clear: a delta that fits one chunk is one call.
+var applyScript = redis.NewScript(lib + step + `
 local seq = tonumber(seqs)
 local known, ce, cs = position()
 if known and ce == epoch and seq <= tonumber(cs) then return {'dup', ce, cs} end
-if known and ce == epoch and seq == tonumber(cs) + 1 then
-elseif seq == 1 and ((not known) or newer(epoch, ce)) then
-  clear(0)
+local prog = redis.call('HMGET', progKey, 'token', 'step', 'cursor', 'restart')
+local cursor, restart = '0', prog[4] == '1'
+if prog[1] == token then
+  if k ~= tonumber(prog[2]) then return {'at', ce, cs, prog[2]} end
+  cursor = prog[3]
 else
-  return {'snap', ce, cs}
+  if k ~= 0 then return {'lost', ce, cs} end
+  restart = seq == 1 and ((not known) or newer(epoch, ce))
+  if not restart and (prog[1] or not (known and ce == epoch and seq == tonumber(cs) + 1)) then return {'snap', ce, cs} end
+  local o = over(restart)
+  if o then
+    o[6], o[7] = ce, cs
+    return o
+  end
+  begin(restart and '1' or '0')
 end
-local i = 6
+-- Step 0 drops the rank first for a restart (a clear of as many calls as
+-- it takes), then does its payload like any other step.
+if k == 0 and restart then
+  local c = clearSome(0, cursor, count)
+  if c ~= '0' then return finish(false, c) end
+end
+local i = 16
+if ARGV[i] == 'C' then
+  local c = clearSome(tonumber(ARGV[i + 1]), cursor, count)
+  return finish(c == '0', c)
+end
 while i <= #ARGV do
   local kind, tier, space, n = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
   i = i + 4
-  if kind == 'C' then
-    clear(tier)
-  else
-    for j = i, i + n - 1 do
-      local m = space .. ':' .. ARGV[j]
-      if kind == 'S' then
-        if tier >= 1 and tier <= 3 then add(m, tier, 1) end
-      elseif tier == 0 then
-        for t = 1, 3 do remove(m, t) end
-      elseif tier <= 3 then
-        remove(m, tier)
-      end
+  for j = i, i + n - 1 do
+    local m = space .. ':' .. ARGV[j]
+    if kind == 'S' then
+      if tier >= 1 and tier <= 3 then add(m, tier, 1) end
+    elseif tier == 0 then
+      for t = 1, 3 do remove(m, t) end
+    elseif tier <= 3 then
+      remove(m, tier)
     end
   end
   i = i + n
 end
-redis.call('HSET', posKey, rank, epoch .. ':' .. seqs)
-return {'ok', epoch, seqs}
+return finish(true, '0')
 `)
 
-// ARGV: P, uid, rank, epoch, sequence, then per entry: tier, space id,
-// hash, refs.
-var replaceScript = redis.NewScript(lib + `
-local epoch, seqs = ARGV[4], ARGV[5]
+// ARGV: step's, then for step 0 nothing (it clears the rank), for the
+// others per entry: tier, space id, hash, refs.
+var replaceScript = redis.NewScript(lib + step + `
 local known, ce, cs = position()
-if known and newer(ce, epoch) then return {'stale', ce, cs} end
-clear(0)
-for i = 6, #ARGV, 4 do
+local prog = redis.call('HMGET', progKey, 'token', 'step', 'cursor')
+local cursor = '0'
+if prog[1] == token then
+  if k ~= tonumber(prog[2]) then return {'at', ce, cs, prog[2]} end
+  cursor = prog[3]
+else
+  if k ~= 0 then return {'lost', ce, cs} end
+  if known and newer(ce, epoch) then return {'stale', ce, cs} end
+  local o = over(true)
+  if o then return o end
+  begin('1')
+end
+if k == 0 then
+  local c = clearSome(0, cursor, count)
+  return finish(c == '0', c)
+end
+for i = 16, #ARGV, 4 do
   local tier, n = tonumber(ARGV[i]), tonumber(ARGV[i + 3])
   if tier >= 1 and tier <= 3 and n > 0 then add(ARGV[i + 1] .. ':' .. ARGV[i + 2], tier, n) end
 end
-redis.call('HSET', posKey, rank, epoch .. ':' .. seqs)
-return {'ok', epoch, seqs}
+return finish(true, '0')
 `)
 
-// leaseEnded is true when the pod's lease (ARGV[2] in backend ARGV[1])
-// ended before ARGV[4] (unix ms).
+// leaseEnded is true when pod uid's lease ended before now (unix ms).
 const leaseEnded = `
-local function leaseEnded()
-  local until_ = redis.call('ZSCORE', ARGV[1] .. 'leases', ARGV[2])
-  return until_ and tonumber(until_) < tonumber(ARGV[4])
+local function leaseEnded(P, uid, now)
+  local until_ = redis.call('ZSCORE', P .. 'leases', uid)
+  return until_ and tonumber(until_) < tonumber(now)
 end
 `
 
 // ARGV: P, uid, "", now (unix ms): 1 if the pod's lease ended.
 var expireScript = redis.NewScript(leaseEnded + `
-if leaseEnded() then return 1 end
+if leaseEnded(ARGV[1], ARGV[2], ARGV[4]) then return 1 end
 return 0
 `)
 
-// ARGV: P, uid, rank, now: clears one rank of a pod whose lease ended.
+// ARGV: P, uid, rank, namespace count key, now, cursor, count: clears up
+// to count blocks of one rank of a pod whose lease ended, from cursor;
+// returns the next cursor ('0': the rank is gone) or 'alive'.
 var expireRankScript = redis.NewScript(lib + leaseEnded + `
-if not leaseEnded() then return 0 end
-clear(0)
-redis.call('DEL', revKey)
+if not leaseEnded(P, uid, ARGV[5]) then return 'alive' end
+local c = clearSome(0, ARGV[6], tonumber(ARGV[7]))
+flushCounts()
+if c ~= '0' then return c end
+redis.call('DEL', revKey, progKey)
 redis.call('HDEL', posKey, rank)
-return 1
+return '0'
 `)
 
 // finishExpireScript removes what is left of an expired pod, if its lease
-// still ended (a subscriber may have come back meanwhile).
+// still ended (a subscriber may have come back meanwhile), and the
+// backend's own keys with its last pod. It returns {removed, pods left}.
 var finishExpireScript = redis.NewScript(`
 local P, uid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local until_ = redis.call('ZSCORE', P .. 'leases', uid)
-if not until_ or tonumber(until_) >= now then return 0 end
+if not until_ or tonumber(until_) >= now then return {0, redis.call('HLEN', P .. 'pods')} end
 redis.call('ZREM', P .. 'leases', uid)
 redis.call('HDEL', P .. 'pods', uid)
 redis.call('HDEL', P .. 'podblocks', uid)
-redis.call('DEL', P .. 'pos:' .. uid)
+redis.call('DEL', P .. 'pos:' .. uid, P .. 'ranks:' .. uid)
+local left = redis.call('HLEN', P .. 'pods')
+if left == 0 and redis.call('ZCARD', P .. 'leases') == 0 then
+  redis.call('DEL', P .. 'tiers', P .. 'podblocks', P .. 'blocks')
+end
+return {1, left}
+`)
+
+// putPodScript stores a pod's record and lease and moves the expiry of its
+// keys, its backend's and its namespace count's to at least the lease's
+// end plus the margin. ARGV: P, uid, record, lease end (ms), namespace
+// count key, margin (ms), now (ms; PTTL, not Redis 7's PEXPIRETIME, so
+// that Redis 6.2 serves).
+var putPodScript = redis.NewScript(`
+local P, uid, rec, lease, NSK, margin, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+redis.call('HSET', P .. 'pods', uid, rec)
+redis.call('ZADD', P .. 'leases', lease, uid)
+local at = math.floor(lease + margin)
+local function extend(key)
+  local t = redis.call('PTTL', key)
+  if t == -1 or (t >= 0 and now + t < at) then redis.call('PEXPIREAT', key, at) end
+end
+for _, k in ipairs({P .. 'pods', P .. 'leases', P .. 'tiers', P .. 'podblocks', P .. 'blocks', NSK, P .. 'pos:' .. uid, P .. 'ranks:' .. uid}) do extend(k) end
+for _, r in ipairs(redis.call('SMEMBERS', P .. 'ranks:' .. uid)) do
+  extend(P .. 'rev:' .. uid .. '|' .. r)
+  extend(P .. 'prog:' .. uid .. '|' .. r)
+end
 return 1
 `)
 
-func opArgs(d kvindex.Delta) []any {
-	args := make([]any, 0, 8)
+// deltaSteps splits d into the payloads of its steps (see step): each
+// clear is a step, and the hashes of consecutive store and remove ops are
+// cut into steps of at most chunk hashes; step 0 (the begin) carries the
+// first of these when the delta does not start with a clear.
+func deltaSteps(d kvindex.Delta, chunk int) [][]any {
+	steps := [][]any{nil}
+	var cur []any
+	n := 0
+	flush := func() {
+		if cur != nil {
+			steps = append(steps, cur)
+			cur, n = nil, 0
+		}
+	}
 	for _, op := range d.Ops {
 		switch op.Kind {
 		case kvindex.OpClear:
-			args = append(args, "C", int(op.Tier), "", 0)
+			flush()
+			steps = append(steps, []any{"C", int(op.Tier)})
 		case kvindex.OpStore, kvindex.OpRemove:
 			kind := "S"
 			if op.Kind == kvindex.OpRemove {
 				kind = "R"
 			}
-			args = append(args, kind, int(op.Tier), spaceID(op.Space), len(op.Hashes))
-			for _, h := range op.Hashes {
-				args = append(args, hashHex(h))
+			id := spaceID(op.Space)
+			for hs := op.Hashes; len(hs) > 0; {
+				if n == chunk {
+					flush()
+				}
+				take := min(len(hs), chunk-n)
+				cur = append(cur, kind, int(op.Tier), id, take)
+				for _, h := range hs[:take] {
+					cur = append(cur, hashHex(h))
+				}
+				n += take
+				hs = hs[take:]
 			}
 		}
 	}
-	return args
+	flush()
+	if len(steps) > 1 && steps[1][0] != "C" {
+		steps = steps[1:]
+	}
+	return steps
+}
+
+// entrySteps splits a snapshot's entries into steps of at most chunk
+// entries after step 0 (the clear).
+func entrySteps(entries []kvindex.Entry, chunk int) [][]any {
+	steps := [][]any{nil}
+	ids := map[kvindex.Space]string{}
+	for start := 0; start < len(entries); start += chunk {
+		part := entries[start:min(start+chunk, len(entries))]
+		args := make([]any, 0, 4*len(part))
+		for _, e := range part {
+			id, ok := ids[e.Space]
+			if !ok {
+				id = spaceID(e.Space)
+				ids[e.Space] = id
+			}
+			args = append(args, int(e.Tier), id, hashHex(e.Hash), e.Refs)
+		}
+		steps = append(steps, args)
+	}
+	return steps
+}
+
+// token names a delta's run of steps: its position and a digest of its
+// steps, so that a resend of the same delta resumes the run and anything
+// else under the same position does not.
+func token(d kvindex.Delta, steps [][]any) string {
+	h := fnv.New64a()
+	for _, st := range steps {
+		for _, a := range st {
+			_, _ = fmt.Fprint(h, a, "\x00")
+		}
+		_, _ = h.Write([]byte{1})
+	}
+	return fmt.Sprintf("D:%d:%d:%016x", d.Epoch, d.Sequence, h.Sum64())
 }
 
 func parsePos(epoch, seq string) kvindex.Position {
@@ -243,13 +493,70 @@ func parsePos(epoch, seq string) kvindex.Position {
 	return kvindex.Position{Epoch: e, Sequence: s}
 }
 
-// Apply implements kvindex.Store.
-func (s *Store) Apply(ctx context.Context, src kvindex.Source, d kvindex.Delta) (kvindex.Outcome, kvindex.Position, error) {
+func parseLimit(res []string) error {
+	n := func(s string) uint64 { v, _ := strconv.ParseUint(s, 10, 64); return v }
+	return &kvindex.LimitError{Scope: kvindex.LimitScope(res[1]), Limit: n(res[2]), Held: n(res[3]), Adding: n(res[4])}
+}
+
+// maxLost bounds how often a change starts over because another took the
+// rank meanwhile (each start re-checks the position).
+const maxLost = 3
+
+// runSteps runs a change's steps with script until one ends it and
+// returns the last reply: 'ok', 'dup', 'snap', 'stale', 'over' or 'lost'.
+func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.Source, pos kvindex.Position, tok string, adding uint64, steps [][]any, restartOnLost bool) ([]string, error) {
 	p := prefix(src.Backend)
-	args := append([]any{p, src.PodUID, strconv.FormatUint(uint64(src.Rank), 10), strconv.FormatUint(d.Epoch, 10), strconv.FormatUint(d.Sequence, 10)}, opArgs(d)...)
-	res, err := applyScript.Run(ctx, s.rdb, []string{p + "pos:" + src.PodUID}, args...).StringSlice()
+	keys := []string{p + "pos:" + src.PodUID}
+	base := []any{p, src.PodUID, strconv.FormatUint(uint64(src.Rank), 10), nsKey(src.Backend.Namespace),
+		strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10), tok, 0, len(steps), s.opt.ChunkHashes,
+		s.opt.Limits.PodBlocks, s.opt.Limits.BackendBlocks, s.opt.Limits.NamespaceBlocks, adding, s.opt.KeyTTLMargin.Milliseconds()}
+	args := make([]any, 0, len(base)+4*s.opt.ChunkHashes+8)
+	for k, lost := 0, 0; ; {
+		base[7] = k
+		args = append(append(args[:0], base...), steps[k]...)
+		res, err := script.Run(ctx, s.rdb, keys, args...).StringSlice()
+		if err != nil {
+			return nil, err
+		}
+		if s.onCall != nil {
+			if err := s.onCall(k); err != nil {
+				return nil, err
+			}
+		}
+		switch res[0] {
+		case "next":
+			k++
+		case "more":
+		case "at":
+			k, _ = strconv.Atoi(res[3])
+		case "lost":
+			if lost++; !restartOnLost || lost > maxLost {
+				return res, nil
+			}
+			k = 0
+		default:
+			return res, nil
+		}
+	}
+}
+
+// Apply implements kvindex.Store. A delta runs as steps of at most
+// Options.ChunkHashes hashes (see step).
+func (s *Store) Apply(ctx context.Context, src kvindex.Source, d kvindex.Delta) (kvindex.Outcome, kvindex.Position, error) {
+	steps := deltaSteps(d, s.opt.ChunkHashes)
+	var adding uint64 // 0: the script reads no counts
+	if s.opt.Limits != (kvindex.Limits{}) {
+		adding = kvindex.StoredHashes(d)
+	}
+	res, err := s.runSteps(ctx, applyScript, src, kvindex.Position{Epoch: d.Epoch, Sequence: d.Sequence}, token(d, steps), adding, steps, true)
 	if err != nil {
 		return 0, kvindex.Position{}, fmt.Errorf("applying delta in redis: %w", err)
+	}
+	if res[0] == "over" {
+		return 0, parsePos(res[5], res[6]), fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, parseLimit(res))
+	}
+	if res[0] == "lost" {
+		return 0, kvindex.Position{}, fmt.Errorf("applying delta %d of %s rank %d in redis: another change took the rank %d times", d.Sequence, src.PodUID, src.Rank, maxLost)
 	}
 	pos := parsePos(res[1], res[2])
 	switch res[0] {
@@ -261,26 +568,28 @@ func (s *Store) Apply(ctx context.Context, src kvindex.Source, d kvindex.Delta) 
 	return kvindex.NeedSnapshot, pos, nil
 }
 
-// Replace implements kvindex.Store.
+// Replace implements kvindex.Store. The rank is cleared, then the entries
+// added, in steps of at most Options.ChunkHashes (see step), under a token
+// of this call: a snapshot is never resumed, a resend starts over.
 func (s *Store) Replace(ctx context.Context, src kvindex.Source, pos kvindex.Position, entries []kvindex.Entry) error {
-	p := prefix(src.Backend)
-	args := make([]any, 0, 5+4*len(entries))
-	args = append(args, p, src.PodUID, strconv.FormatUint(uint64(src.Rank), 10), strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10))
-	ids := map[kvindex.Space]string{}
-	for _, e := range entries {
-		id, ok := ids[e.Space]
-		if !ok {
-			id = spaceID(e.Space)
-			ids[e.Space] = id
-		}
-		args = append(args, int(e.Tier), id, hashHex(e.Hash), e.Refs)
+	var adding uint64
+	if s.opt.Limits != (kvindex.Limits{}) {
+		adding = kvindex.DistinctBlocks(entries)
 	}
-	res, err := replaceScript.Run(ctx, s.rdb, []string{p + "pos:" + src.PodUID}, args...).StringSlice()
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	tok := fmt.Sprintf("R:%d:%d:%x", pos.Epoch, pos.Sequence, nonce)
+	res, err := s.runSteps(ctx, replaceScript, src, pos, tok, adding, entrySteps(entries, s.opt.ChunkHashes), false)
 	if err != nil {
 		return fmt.Errorf("replacing rank %d of pod %s in redis: %w", src.Rank, src.PodUID, err)
 	}
-	if res[0] == "stale" {
+	switch res[0] {
+	case "stale":
 		return fmt.Errorf("replace %s rank %d with epoch %d (holding %s): %w", src.PodUID, src.Rank, pos.Epoch, res[1], kvindex.ErrStaleEpoch)
+	case "over":
+		return fmt.Errorf("replacing %s rank %d: %w", src.PodUID, src.Rank, parseLimit(res))
+	case "lost":
+		return fmt.Errorf("replacing rank %d of pod %s in redis: another change took the rank meanwhile", src.Rank, src.PodUID)
 	}
 	return nil
 }
@@ -404,10 +713,7 @@ func (s *Store) PutPod(ctx context.Context, rec kvindex.PodRecord, leaseUntil ti
 		return fmt.Errorf("encoding pod record: %w", err)
 	}
 	p := prefix(rec.Backend)
-	pipe := s.rdb.TxPipeline()
-	pipe.HSet(ctx, p+"pods", rec.UID, b)
-	pipe.ZAdd(ctx, p+"leases", redis.Z{Score: float64(leaseUntil.UnixMilli()), Member: rec.UID})
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := putPodScript.Run(ctx, s.rdb, []string{p + "pods"}, p, rec.UID, b, leaseUntil.UnixMilli(), nsKey(rec.Backend.Namespace), s.opt.KeyTTLMargin.Milliseconds(), time.Now().UnixMilli()).Err(); err != nil {
 		return fmt.Errorf("storing pod record in redis: %w", err)
 	}
 	if err := s.rdb.SAdd(ctx, backendsKey, rec.Backend.Namespace+"/"+rec.Backend.Name).Err(); err != nil {
@@ -434,7 +740,9 @@ func (s *Store) Pods(ctx context.Context, backend kvindex.BackendRef) ([]kvindex
 	return out, nil
 }
 
-// ExpireLeases implements kvindex.Store.
+// ExpireLeases implements kvindex.Store. A backend leaves the reaper's
+// list with its last pod (a PutPod racing that puts it back: each PutPod
+// adds it again).
 func (s *Store) ExpireLeases(ctx context.Context, now time.Time) ([]kvindex.PodKey, error) {
 	backends, err := s.rdb.SMembers(ctx, backendsKey).Result()
 	if err != nil {
@@ -454,7 +762,7 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) ([]kvindex.PodK
 			return gone, fmt.Errorf("listing expired leases in redis: %w", err)
 		}
 		for _, uid := range uids {
-			ok, err := s.expire(ctx, p, uid, ms)
+			ok, err := s.expire(ctx, ref, uid, ms)
 			if err != nil {
 				return gone, err
 			}
@@ -462,14 +770,21 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) ([]kvindex.PodK
 				gone = append(gone, kvindex.PodKey{Backend: ref, UID: uid})
 			}
 		}
+		// The backend's last pod is gone, or its keys expired.
+		if n, err := s.rdb.ZCard(ctx, p+"leases").Result(); err == nil && n == 0 {
+			if err := s.rdb.SRem(ctx, backendsKey, b).Err(); err != nil {
+				return gone, fmt.Errorf("unregistering backend in redis: %w", err)
+			}
+		}
 	}
 	return gone, nil
 }
 
-// expire removes one pod whose lease ended: each rank in its own script (a
-// pod's ranks can be large), then the pod itself; each step re-checks the
+// expire removes one pod whose lease ended: each rank in scripts of at
+// most ChunkHashes blocks, then the pod itself; each step re-checks the
 // lease, so a pod that came back keeps what it has.
-func (s *Store) expire(ctx context.Context, p, uid, ms string) (bool, error) {
+func (s *Store) expire(ctx context.Context, ref kvindex.BackendRef, uid, ms string) (bool, error) {
+	p := prefix(ref)
 	key := []string{p + "pos:" + uid}
 	due, err := expireScript.Run(ctx, s.rdb, key, p, uid, "", ms).Int()
 	if err != nil || due == 0 {
@@ -482,14 +797,28 @@ func (s *Store) expire(ctx context.Context, p, uid, ms string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("listing ranks of pod %s in redis: %w", uid, err)
 	}
-	for _, r := range ranks {
-		if err := expireRankScript.Run(ctx, s.rdb, key, p, uid, r, ms).Err(); err != nil {
-			return false, fmt.Errorf("clearing rank %s of pod %s in redis: %w", r, uid, err)
+	begun, err := s.rdb.SMembers(ctx, p+"ranks:"+uid).Result()
+	if err != nil {
+		return false, fmt.Errorf("listing ranks of pod %s in redis: %w", uid, err)
+	}
+	for _, r := range slices.Compact(slices.Sorted(slices.Values(append(ranks, begun...)))) {
+		for cursor := "0"; ; {
+			next, err := expireRankScript.Run(ctx, s.rdb, key, p, uid, r, nsKey(ref.Namespace), ms, cursor, s.opt.ChunkHashes).Text()
+			if err != nil {
+				return false, fmt.Errorf("clearing rank %s of pod %s in redis: %w", r, uid, err)
+			}
+			if next == "alive" {
+				return false, nil
+			}
+			if next == "0" {
+				break
+			}
+			cursor = next
 		}
 	}
-	done, err := finishExpireScript.Run(ctx, s.rdb, key, p, uid, ms).Int()
+	res, err := finishExpireScript.Run(ctx, s.rdb, key, p, uid, ms).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("removing pod %s in redis: %w", uid, err)
 	}
-	return done == 1, nil
+	return res[0] == 1, nil
 }

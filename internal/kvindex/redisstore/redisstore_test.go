@@ -84,6 +84,21 @@ func TestRedisStore(t *testing.T) {
 		_ = c.Close()
 		return newStore(t, addr)
 	})
+	storetest.RunLimits(t, func(t *testing.T, l kvindex.Limits) kvindex.Store {
+		flush(t, addr)
+		s := redisstore.NewWithOptions(redis.NewClient(&redis.Options{Addr: addr}), redisstore.Options{Limits: l})
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	})
+}
+
+func flush(t testing.TB, addr string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	if err := c.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // A delta delivered to two replicas at once (a subscriber that reconnected

@@ -49,6 +49,8 @@ func grpcError(err error) error {
 		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, kvindex.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, kvindex.ErrOverLimit):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, kvindex.ErrTokensUnsupported):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled):
@@ -108,7 +110,7 @@ func (g *grpcServer) Stream(stream pb.Ingest_StreamServer) error {
 				}
 			}
 			if err != nil {
-				if !errors.Is(err, kvindex.ErrForbidden) && !errors.Is(err, kvindex.ErrInvalid) {
+				if !errors.Is(err, kvindex.ErrForbidden) && !errors.Is(err, kvindex.ErrInvalid) && !errors.Is(err, kvindex.ErrOverLimit) {
 					g.ix.Log().Error(err, "ingest stream failed", "caller", caller.Username)
 				} else {
 					g.ix.Log().Info("ingest stream refused", "caller", caller.Username, "reason", err.Error())

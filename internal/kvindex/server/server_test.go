@@ -532,3 +532,32 @@ func TestNewerStreamReplacesOlder(t *testing.T) {
 		t.Fatalf("older stream ended with %v, want Aborted", err)
 	}
 }
+
+// A delta past the pod's block limit ends the stream with
+// ResourceExhausted naming the scope and the limit; nothing was applied,
+// so the subscriber's resend on a new stream continues from the same
+// position.
+func TestOverLimitDeltaEndsTheStreamResourceExhausted(t *testing.T) {
+	h := newHarness(t, memstore.NewLimited(kvindex.Limits{PodBlocks: 3}))
+	s := h.open(t, "sub-a")
+	s.send(hello("team-a", "vllm-0", "uid-0", 1))
+	s.recv()
+	s.send(delta(0, 1, 1, stored(pb.Tier_TIER_GPU, 1, 2)))
+	if a := s.recv().GetAck(); a.GetApplied().GetSequence() != 1 {
+		t.Fatalf("first delta: ack %v", a)
+	}
+	s.send(delta(0, 1, 2, stored(pb.Tier_TIER_GPU, 3, 4)))
+	_, err := s.s.Recv()
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "pod block limit 3") {
+		t.Fatalf("over the limit: %v, want ResourceExhausted naming the pod block limit 3", err)
+	}
+	s = h.open(t, "sub-a")
+	s.send(hello("team-a", "vllm-0", "uid-0", 1, &pb.RankPosition{Rank: 0, Epoch: 1, Sequence: 2}))
+	if w := s.recv().GetWelcome(); len(w.GetApplied()) != 1 || w.GetApplied()[0].GetSequence() != 1 {
+		t.Fatalf("welcome after the refusal: %v, want rank 0 at sequence 1", w)
+	}
+	s.send(delta(0, 1, 2, stored(pb.Tier_TIER_GPU, 3)))
+	if a := s.recv().GetAck(); a.GetApplied().GetSequence() != 2 {
+		t.Fatalf("resend within the limit: ack %v", a)
+	}
+}

@@ -57,6 +57,8 @@ func Run(t *testing.T, newStore func(t *testing.T) kvindex.Store) {
 	t.Run("snapshot replace", func(t *testing.T) { snapshot(t, newStore(t)) })
 	t.Run("lease expiry removes exactly that pod", func(t *testing.T) { leases(t, newStore(t)) })
 	t.Run("backends are isolated", func(t *testing.T) { isolation(t, newStore(t)) })
+	t.Run("a backend's state goes with its last pod", func(t *testing.T) { reaping(t, newStore(t)) })
+	t.Run("large deltas and snapshots", func(t *testing.T) { largeChanges(t, newStore(t)) })
 }
 
 type step struct {

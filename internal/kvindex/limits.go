@@ -1,0 +1,115 @@
+package kvindex
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Limits bound the blocks a Store holds, counted as PodBlocks counts them:
+// distinct (rank, space, hash) a pod holds in any tier. Zero is unlimited.
+// A Store is given its Limits when it is made and enforces them in Apply
+// and Replace, atomically with the change: a change that would pass one is
+// refused whole with a *LimitError and the rank's state and position stay
+// as they were.
+//
+// What a change may add is bounded before it is applied, not measured
+// after: for a delta it is the hashes its store ops name (each could be a
+// new block), for a snapshot the distinct (space, hash) of its entries.
+// The rank's own blocks do not count as held when the change drops them
+// first (a snapshot, or sequence 1 of a newer epoch). Backend and
+// namespace counts are checked against the counts when the change begins,
+// so concurrent changes of other pods may pass those two limits by at most
+// what they add between them (the store holds no lock across backends).
+type Limits struct {
+	PodBlocks       uint64
+	BackendBlocks   uint64
+	NamespaceBlocks uint64
+}
+
+// LimitScope names the count a limit bounds; metrics and messages use it.
+type LimitScope string
+
+// Limit scopes.
+const (
+	ScopePod       LimitScope = "pod"
+	ScopeBackend   LimitScope = "backend"
+	ScopeNamespace LimitScope = "namespace"
+)
+
+// ErrOverLimit marks a change refused because it would pass a Limit
+// (ResourceExhausted on the ingest stream).
+var ErrOverLimit = errors.New("over the index's block limit")
+
+// LimitError is the refusal of a change that would pass a Limit. It
+// matches ErrOverLimit with errors.Is.
+type LimitError struct {
+	Scope LimitScope
+	Limit uint64
+	// Held is what the scope holds without the rank's blocks the change
+	// drops first; Adding is the most the change could add.
+	Held, Adding uint64
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s block limit %d: %d held, the change could add %d", e.Scope, e.Limit, e.Held, e.Adding)
+}
+
+// Is makes errors.Is(err, ErrOverLimit) hold.
+func (e *LimitError) Is(target error) bool { return target == ErrOverLimit }
+
+// Held is what each scope of a change holds (see LimitError.Held).
+type Held struct {
+	Pod, Backend, Namespace uint64
+}
+
+// Check returns the refusal of a change adding at most adding blocks to
+// scopes holding held, or nil: the pod limit first, then backend, then
+// namespace. A change that adds nothing passes (a scope held past a
+// limit lowered since may still shrink).
+func (l Limits) Check(held Held, adding uint64) error {
+	if adding == 0 {
+		return nil
+	}
+	for _, c := range [...]struct {
+		scope LimitScope
+		limit uint64
+		held  uint64
+	}{{ScopePod, l.PodBlocks, held.Pod}, {ScopeBackend, l.BackendBlocks, held.Backend}, {ScopeNamespace, l.NamespaceBlocks, held.Namespace}} {
+		if c.limit > 0 && c.held+adding > c.limit {
+			return &LimitError{Scope: c.scope, Limit: c.limit, Held: c.held, Adding: adding}
+		}
+	}
+	return nil
+}
+
+// StoredHashes is the most blocks d could add: the hashes of its store
+// ops of a real tier.
+func StoredHashes(d Delta) uint64 {
+	var n uint64
+	for _, op := range d.Ops {
+		if op.Kind == OpStore && op.Tier != TierUnspecified && op.Tier < NumTiers {
+			n += uint64(len(op.Hashes))
+		}
+	}
+	return n
+}
+
+// DistinctBlocks counts the distinct (space, hash) of the entries a
+// Replace stores (a real tier and at least one reference): the blocks the
+// rank holds after the snapshot.
+func DistinctBlocks(entries []Entry) uint64 {
+	bySpace := map[Space][]uint64{}
+	for _, e := range entries {
+		if e.Tier == TierUnspecified || e.Tier >= NumTiers || e.Refs == 0 {
+			continue
+		}
+		bySpace[e.Space] = append(bySpace[e.Space], e.Hash)
+	}
+	var n uint64
+	for _, hs := range bySpace {
+		slices.Sort(hs)
+		n += uint64(len(slices.Compact(hs)))
+	}
+	return n
+}
