@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -96,6 +97,8 @@ func run(args []string) error {
 	maxNamespaceBlocks := fs.Uint64("max-blocks-per-namespace", defaultMaxNamespaceBlocks, "blocks the CacheBackends of one namespace may hold together; 0: no limit")
 	reviewTTL := fs.Duration("token-review-ttl", time.Minute, "how long a TokenReview verdict is reused for the same token")
 	reviewQPS := fs.Float64("token-review-qps", server.DefaultReviewsPerSecond, "TokenReviews per second (and burst) for tokens whose verdict is not cached; beyond it a new token is refused until the next review is allowed")
+	maxRanks := fs.Uint("max-ranks", kvindex.DefaultMaxRanks, "data-parallel ranks one subscriber's Hello may announce; a Hello with more is refused (each rank may stage a snapshot)")
+	requireBackend := fs.Bool("require-backend", true, "refuse a Hello whose CacheBackend does not exist (watches CacheBackends' metadata; default true with --auth=tokenreview, false with --auth=none)")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -107,6 +110,15 @@ func run(args []string) error {
 	}
 	if len(audiences) == 0 {
 		audiences = stringList{v1alpha1.IndexTokenAudience}
+	}
+	requireSet := false
+	fs.Visit(func(f *flag.Flag) { requireSet = requireSet || f.Name == "require-backend" })
+	if !requireSet && *authMode == "none" {
+		// Local development without an API server.
+		*requireBackend = false
+	}
+	if *maxRanks < 1 || *maxRanks > 1<<16 {
+		return fmt.Errorf("--max-ranks %d: want 1 to 65536", *maxRanks)
 	}
 	zl, err := logging.New(*development)
 	if err != nil {
@@ -156,12 +168,30 @@ func run(args []string) error {
 		return fmt.Errorf("--auth=%q: want tokenreview or none", *authMode)
 	}
 
+	var backends kvindex.Backends
+	if *requireBackend {
+		cfg, err := restConfig(*kubeconfig)
+		if err != nil {
+			return err
+		}
+		md, err := metadata.NewForConfig(cfg)
+		if err != nil {
+			return fmt.Errorf("creating the metadata client: %w", err)
+		}
+		inf := server.NewBackendInformer(md)
+		if err := inf.Start(ctx, time.Minute); err != nil {
+			return fmt.Errorf("--require-backend: %w", err)
+		}
+		backends = inf
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := indexmetrics.New(reg)
 	ix := kvindex.New(kvindex.Options{
 		Store: metrics.Store(store), Authenticator: authn, Policy: kvindex.Policy{ClusterReaders: readers},
 		Lease: *lease, Heartbeat: *heartbeat, Limits: limits, Observer: metrics, Log: log.WithName("index"),
+		MaxRanks: uint32(*maxRanks), Backends: backends,
 	})
 
 	grpcLis, err := net.Listen("tcp", *grpcAddr)
@@ -200,7 +230,8 @@ func run(args []string) error {
 	go ix.RunLeaseReaper(ctx, max(*lease/6, time.Second))
 	ready.Store(true)
 	log.Info("cache-index serving", "version", version.Version, "grpc", grpcLis.Addr().String(), "http", *httpAddr,
-		"probes", *probeAddr, "store", *storeKind, "auth", *authMode, "audiences", []string(audiences))
+		"probes", *probeAddr, "store", *storeKind, "auth", *authMode, "audiences", []string(audiences),
+		"maxRanks", *maxRanks, "requireBackend", *requireBackend)
 
 	var runErr error
 	select {

@@ -28,17 +28,42 @@ type Options struct {
 	// StaleAfter: a pod silent for this long is reported Stale. Default 3 ×
 	// Heartbeat.
 	StaleAfter time.Duration
-	// MaxSnapshotBlocks bounds one rank's snapshot. Default 4,000,000.
+	// MaxSnapshotBlocks bounds one rank's snapshot, and the snapshots one
+	// stream stages at once, all ranks together. Default
+	// DefaultMaxSnapshotBlocks.
 	MaxSnapshotBlocks int
 	// Limits are the block limits the Store was made with. The Store
 	// enforces them; the session uses PodBlocks only to stop staging a
 	// snapshot that cannot fit (more than NumTiers-1 entries per block
 	// the pod may hold) before it takes that memory.
 	Limits Limits
+	// MaxRanks bounds a Hello's data_parallel_size. Default
+	// DefaultMaxRanks.
+	MaxRanks uint32
+	// Backends, when set, is asked on every Hello whether its CacheBackend
+	// exists; a Hello for one that does not is refused. Nil accepts any
+	// name (--require-backend=false).
+	Backends Backends
 	// Observer hears ingest and query events. Default NopObserver.
 	Observer Observer
 	Log      logr.Logger
 	Now      func() time.Time
+}
+
+// DefaultMaxSnapshotBlocks is Options.MaxSnapshotBlocks when unset.
+const DefaultMaxSnapshotBlocks = 4_000_000
+
+// DefaultMaxRanks is Options.MaxRanks when unset (cache-index
+// --max-ranks): a pod's data-parallel ranks are its engine's local ones,
+// one per GPU (8 on the nodes vLLM and SGLang document, 16 on the largest),
+// so 64 leaves room fourfold while bounding what one Hello may stage.
+const DefaultMaxRanks = 64
+
+// Backends tells whether a CacheBackend exists. Implementations answer from
+// a cache (server.BackendInformer), so that a flood of Hellos for junk
+// names costs the API server nothing.
+type Backends interface {
+	Exists(ctx context.Context, b BackendRef) (bool, error)
 }
 
 // Index is the index service: ingest sessions, lease expiry, Score and
@@ -63,7 +88,10 @@ func New(opt Options) *Index {
 		opt.StaleAfter = 3 * opt.Heartbeat
 	}
 	if opt.MaxSnapshotBlocks <= 0 {
-		opt.MaxSnapshotBlocks = 4_000_000
+		opt.MaxSnapshotBlocks = DefaultMaxSnapshotBlocks
+	}
+	if opt.MaxRanks == 0 {
+		opt.MaxRanks = DefaultMaxRanks
 	}
 	if opt.Now == nil {
 		opt.Now = time.Now

@@ -18,6 +18,9 @@ type Observer interface {
 	// Refused reports a call refused by authentication or authorisation,
 	// by API (ingest, query).
 	Refused(api string)
+	// HelloRefused reports a Hello refused by a cap or a check of the
+	// index, by reason (ranks, unknown_backend).
+	HelloRefused(reason string)
 	// StreamOpened and StreamClosed report a subscriber stream registered
 	// with and unregistered from this replica.
 	StreamOpened()
@@ -43,6 +46,9 @@ func (NopObserver) SnapshotApplied() {}
 
 // Refused implements Observer.
 func (NopObserver) Refused(string) {}
+
+// HelloRefused implements Observer.
+func (NopObserver) HelloRefused(string) {}
 
 // StreamOpened implements Observer.
 func (NopObserver) StreamOpened() {}

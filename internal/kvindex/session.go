@@ -124,13 +124,32 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 		return nil, fmt.Errorf("hello for CacheBackend %q/%q of pod namespace %q: %w", be.GetNamespace(), be.GetName(), pod.GetNamespace(), ErrInvalid)
 	case h.GetModel() == "":
 		return nil, fmt.Errorf("hello without a model: %w", ErrInvalid)
-	case h.GetDataParallelSize() > 1024:
-		return nil, fmt.Errorf("data_parallel_size %d: %w", h.GetDataParallelSize(), ErrInvalid)
 	}
 	backend := BackendRef{Namespace: be.GetNamespace(), Name: be.GetName()}
+	podKey := pod.GetNamespace() + "/" + pod.GetName()
+	if dp := h.GetDataParallelSize(); dp > s.ix.opt.MaxRanks {
+		// Each rank may stage a snapshot: the ranks a Hello announces are
+		// what one stream may make the index hold.
+		s.ix.opt.Observer.HelloRefused("ranks")
+		s.ix.opt.Log.Info("refused a hello over the rank cap", "pod", podKey, "podUID", pod.GetUid(), "cacheBackend", backend.String(), "ranks", dp, "maxRanks", s.ix.opt.MaxRanks)
+		return nil, fmt.Errorf("data_parallel_size %d is over this index's --max-ranks %d: %w", dp, s.ix.opt.MaxRanks, ErrInvalid)
+	}
 	if err := s.ix.opt.Policy.AuthorizePublish(s.caller, backend, pod.GetNamespace(), pod.GetName(), pod.GetUid()); err != nil {
 		s.ix.opt.Observer.Refused("ingest")
 		return nil, err
+	}
+	if s.ix.opt.Backends != nil {
+		// Checked after the caller is authorised, so that only a pod's own
+		// token can make the index look a name up.
+		ok, err := s.ix.opt.Backends.Exists(ctx, backend)
+		if err != nil {
+			return nil, fmt.Errorf("looking up CacheBackend %s: %w", backend, err)
+		}
+		if !ok {
+			s.ix.opt.Observer.HelloRefused("unknown_backend")
+			s.ix.opt.Log.Info("refused a hello for a CacheBackend that does not exist", "pod", podKey, "podUID", pod.GetUid(), "cacheBackend", backend.String())
+			return nil, fmt.Errorf("CacheBackend %s does not exist (--require-backend): %w", backend, ErrForbidden)
+		}
 	}
 	s.hello = h
 	s.pod = PodKey{Backend: backend, UID: pod.GetUid()}
@@ -188,7 +207,7 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	if err := s.put(ctx, true); err != nil {
 		return nil, err
 	}
-	s.ix.opt.Log.Info("subscriber connected", "pod", pod.GetNamespace()+"/"+pod.GetName(), "cacheBackend", backend.String(),
+	s.ix.opt.Log.Info("subscriber connected", "pod", podKey, "cacheBackend", backend.String(),
 		"model", h.GetModel(), "scheme", s.scheme, "ranks", dp, "resyncs", len(resyncs))
 	return append([]*pb.IngestResponse{{Message: &pb.IngestResponse_Welcome{Welcome: welcome}}}, resyncs...), nil
 }
@@ -316,7 +335,12 @@ func (s *Session) handleSnapshotBegin(b *pb.SnapshotBegin) ([]*pb.IngestResponse
 		return nil, err
 	}
 	st := &staging{pos: Position{Epoch: b.GetEpoch(), Sequence: b.GetSequence()}, expected: b.GetBlockCount()}
-	if b.GetBlockCount() > uint64(s.ix.opt.MaxSnapshotBlocks) {
+	delete(s.snapshot, b.GetRank()) // a new begin drops the rank's staging
+	if b.GetBlockCount() > uint64(s.ix.opt.MaxSnapshotBlocks)-min(s.staged(), uint64(s.ix.opt.MaxSnapshotBlocks)) {
+		// Over the bound for one rank, or for the ranks the stream stages
+		// at once: the subscriber sends one rank's snapshot at a time, so
+		// only a stream that interleaves them, to make the index hold
+		// ranks × the bound, is refused.
 		st.bad = true
 	} else {
 		// Room for the first entries only: the count is a claim, and the
@@ -326,6 +350,18 @@ func (s *Session) handleSnapshotBegin(b *pb.SnapshotBegin) ([]*pb.IngestResponse
 	}
 	s.snapshot[b.GetRank()] = st
 	return nil, nil
+}
+
+// staged is the entries the stream's snapshots in progress may still
+// stage: the counts their begins announced.
+func (s *Session) staged() uint64 {
+	var n uint64
+	for _, st := range s.snapshot {
+		if !st.bad {
+			n += st.expected
+		}
+	}
+	return n
 }
 
 func (s *Session) handleSnapshotChunk(c *pb.SnapshotChunk) ([]*pb.IngestResponse, error) {

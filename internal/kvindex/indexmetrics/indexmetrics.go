@@ -23,6 +23,7 @@ type Metrics struct {
 	evictions     *prometheus.CounterVec
 	refused       *prometheus.CounterVec
 	overLimit     *prometheus.CounterVec
+	helloRefused  *prometheus.CounterVec
 	streams       prometheus.Gauge
 	applyDuration prometheus.Histogram
 	scoreDuration prometheus.Histogram
@@ -55,6 +56,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		overLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferencecache_index_limit_refusals_total", Help: "Deltas and snapshots refused because they would pass a block limit, by scope (pod, backend, namespace).",
 		}, []string{"scope"}),
+		helloRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferencecache_index_hello_refusals_total", Help: "Subscriber Hellos refused by a cap or check of the index, by reason (ranks: over --max-ranks; unknown_backend: no such CacheBackend, with --require-backend).",
+		}, []string{"reason"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inferencecache_index_streams", Help: "Subscriber streams connected to this replica.",
 		}),
@@ -68,7 +72,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.deltas, m.blockEvents, m.resyncs, m.snapshots, m.evictions, m.refused, m.overLimit, m.streams, m.applyDuration, m.scoreDuration)
+		reg.MustRegister(m.deltas, m.blockEvents, m.resyncs, m.snapshots, m.evictions, m.refused, m.overLimit, m.helloRefused, m.streams, m.applyDuration, m.scoreDuration)
 	}
 	return m
 }
@@ -94,6 +98,9 @@ func (m *Metrics) SnapshotApplied() { m.snapshots.Inc() }
 
 // Refused implements kvindex.Observer.
 func (m *Metrics) Refused(api string) { m.refused.WithLabelValues(api).Inc() }
+
+// HelloRefused implements kvindex.Observer.
+func (m *Metrics) HelloRefused(reason string) { m.helloRefused.WithLabelValues(reason).Inc() }
 
 // StreamOpened implements kvindex.Observer.
 func (m *Metrics) StreamOpened() { m.streams.Inc() }
