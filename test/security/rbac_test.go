@@ -121,6 +121,8 @@ func TestOperatorRBACThroughTheAPIServer(t *testing.T) {
 		ResourceAttributes: &authzv1.ResourceAttributes{Verb: "get", Resource: "pods"}}}), "asks the API server about its callers")
 	assert.True(t, apierrors.IsForbidden(ix.List(ctx, &corev1.PodList{})), "no pods")
 	assert.True(t, apierrors.IsForbidden(ix.List(ctx, &corev1.SecretList{}, client.InNamespace(operatorNamespace))), "no Secrets")
-	assert.True(t, apierrors.IsForbidden(ix.List(ctx, &v1alpha1.CacheBackendList{})), "no CacheBackends")
+	assert.NoError(t, ix.List(ctx, &v1alpha1.CacheBackendList{}), "reads CacheBackends, to refuse ingest for one that does not exist")
+	assert.True(t, apierrors.IsForbidden(ix.Create(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "x"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache}})), "writes no CacheBackend")
 	assert.True(t, apierrors.IsForbidden(ix.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: operatorNamespace, Name: "x"}})), "writes nothing")
 }
