@@ -97,6 +97,7 @@ func run(args []string) error {
 	maxNamespaceBlocks := fs.Uint64("max-blocks-per-namespace", defaultMaxNamespaceBlocks, "blocks the CacheBackends of one namespace may hold together; 0: no limit")
 	reviewTTL := fs.Duration("token-review-ttl", time.Minute, "how long a TokenReview verdict is reused for the same token")
 	reviewQPS := fs.Float64("token-review-qps", server.DefaultReviewsPerSecond, "TokenReviews per second (and burst) for tokens whose verdict is not cached; beyond it a new token is refused until the next review is allowed")
+	maxStaged := fs.Int("max-staged-blocks", kvindex.DefaultMaxStagedBlocks, "snapshot entries every stream together may stage before their ends (16 bytes each); a chunk past it drops its snapshot, whose end is refused with ResourceExhausted")
 	maxRanks := fs.Uint("max-ranks", kvindex.DefaultMaxRanks, "data-parallel ranks one subscriber's Hello may announce; a Hello with more is refused (each rank may stage a snapshot)")
 	requireBackend := fs.Bool("require-backend", true, "refuse a Hello whose CacheBackend does not exist (watches CacheBackends' metadata; default true with --auth=tokenreview, false with --auth=none)")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
@@ -116,6 +117,9 @@ func run(args []string) error {
 	if !requireSet && *authMode == "none" {
 		// Local development without an API server.
 		*requireBackend = false
+	}
+	if *maxStaged < 1 {
+		return fmt.Errorf("--max-staged-blocks %d: want at least 1", *maxStaged)
 	}
 	if *maxRanks < 1 || *maxRanks > 1<<16 {
 		return fmt.Errorf("--max-ranks %d: want 1 to 65536", *maxRanks)
@@ -191,7 +195,7 @@ func run(args []string) error {
 	ix := kvindex.New(kvindex.Options{
 		Store: metrics.Store(store), Authenticator: authn, Policy: kvindex.Policy{ClusterReaders: readers},
 		Lease: *lease, Heartbeat: *heartbeat, Limits: limits, Observer: metrics, Log: log.WithName("index"),
-		MaxRanks: uint32(*maxRanks), Backends: backends,
+		MaxRanks: uint32(*maxRanks), MaxStagedBlocks: *maxStaged, Backends: backends,
 	})
 
 	grpcLis, err := net.Listen("tcp", *grpcAddr)

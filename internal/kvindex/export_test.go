@@ -7,3 +7,6 @@ func RateWindows(ix *Index) int {
 	defer ix.mu.Unlock()
 	return len(ix.rates)
 }
+
+// StagedBlocks is what the index's staging budget counts now.
+func StagedBlocks(ix *Index) int64 { return ix.staged.Load() }

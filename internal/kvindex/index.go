@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -32,6 +33,12 @@ type Options struct {
 	// stream stages at once, all ranks together. Default
 	// DefaultMaxSnapshotBlocks.
 	MaxSnapshotBlocks int
+	// MaxStagedBlocks bounds the snapshot entries every stream together
+	// stages before their ends (16 bytes each): a chunk past it ends its
+	// snapshot with a ScopeStaging *LimitError (ResourceExhausted at the
+	// end; the subscriber reconnects after its backoff). Default
+	// DefaultMaxStagedBlocks.
+	MaxStagedBlocks int
 	// Limits are the block limits the Store was made with. The Store
 	// enforces them; the session uses PodBlocks only to stop staging a
 	// snapshot that cannot fit (more than NumTiers-1 entries per block
@@ -53,6 +60,11 @@ type Options struct {
 // DefaultMaxSnapshotBlocks is Options.MaxSnapshotBlocks when unset.
 const DefaultMaxSnapshotBlocks = 4_000_000
 
+// DefaultMaxStagedBlocks is Options.MaxStagedBlocks when unset
+// (cache-index --max-staged-blocks): two whole snapshots of the largest
+// size, 128 MB of entries.
+const DefaultMaxStagedBlocks = 2 * DefaultMaxSnapshotBlocks
+
 // DefaultMaxRanks is Options.MaxRanks when unset (cache-index
 // --max-ranks): a pod's data-parallel ranks are its engine's local ones,
 // one per GPU (8 on the nodes vLLM and SGLang document, 16 on the largest),
@@ -70,6 +82,8 @@ type Backends interface {
 // Participation, over a Store.
 type Index struct {
 	opt Options
+
+	staged atomic.Int64 // snapshot entries staged by every session
 
 	mu       sync.Mutex
 	sessions map[PodKey]*Session
@@ -89,6 +103,9 @@ func New(opt Options) *Index {
 	}
 	if opt.MaxSnapshotBlocks <= 0 {
 		opt.MaxSnapshotBlocks = DefaultMaxSnapshotBlocks
+	}
+	if opt.MaxStagedBlocks <= 0 {
+		opt.MaxStagedBlocks = DefaultMaxStagedBlocks
 	}
 	if opt.MaxRanks == 0 {
 		opt.MaxRanks = DefaultMaxRanks

@@ -3,7 +3,6 @@ package kvindex
 import (
 	"errors"
 	"fmt"
-	"slices"
 )
 
 // Limits bound the blocks a Store holds, counted as PodBlocks counts them:
@@ -35,6 +34,10 @@ const (
 	ScopePod       LimitScope = "pod"
 	ScopeBackend   LimitScope = "backend"
 	ScopeNamespace LimitScope = "namespace"
+	// ScopeStaging is the index's budget for snapshot entries staged
+	// before their ends, all streams together (Options.MaxStagedBlocks):
+	// not a Store limit.
+	ScopeStaging LimitScope = "staging"
 )
 
 // ErrOverLimit marks a change refused because it would pass a Limit
@@ -91,25 +94,6 @@ func StoredHashes(d Delta) uint64 {
 		if op.Kind == OpStore && op.Tier != TierUnspecified && op.Tier < NumTiers {
 			n += uint64(len(op.Hashes))
 		}
-	}
-	return n
-}
-
-// DistinctBlocks counts the distinct (space, hash) of the entries a
-// Replace stores (a real tier and at least one reference): the blocks the
-// rank holds after the snapshot.
-func DistinctBlocks(entries []Entry) uint64 {
-	bySpace := map[Space][]uint64{}
-	for _, e := range entries {
-		if e.Tier == TierUnspecified || e.Tier >= NumTiers || e.Refs == 0 {
-			continue
-		}
-		bySpace[e.Space] = append(bySpace[e.Space], e.Hash)
-	}
-	var n uint64
-	for _, hs := range bySpace {
-		slices.Sort(hs)
-		n += uint64(len(slices.Compact(hs)))
 	}
 	return n
 }

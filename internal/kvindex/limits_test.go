@@ -53,7 +53,7 @@ func TestDistinctBlocks(t *testing.T) {
 		{Space: a, Tier: kvindex.TierDisk, Hash: 2, Refs: 0}, // no reference: not stored
 		{Space: a, Tier: kvindex.TierUnspecified, Hash: 3, Refs: 1},
 	}
-	if n := kvindex.DistinctBlocks(entries); n != 2 {
+	if n := kvindex.SnapshotOf(entries).DistinctBlocks(); n != 2 {
 		t.Errorf("DistinctBlocks = %d, want 2", n)
 	}
 }

@@ -27,16 +27,21 @@ type Session struct {
 	asked    map[uint32]bool
 }
 
-// snapshotReserve is how many entries a SnapshotBegin reserves room for
-// before any arrives.
-const snapshotReserve = 1024
-
 type staging struct {
 	pos      Position
 	expected uint64
-	entries  []Entry
+	snap     *Snapshot
+	reserved int64 // entries counted in the index's staging budget
 	bad      bool
 	over     error // a *LimitError: the entries staged could not fit
+}
+
+// discard drops what st staged and gives its share of the index's
+// staging budget back.
+func (st *staging) discard(ix *Index) {
+	st.snap = nil
+	ix.staged.Add(-st.reserved)
+	st.reserved = 0
 }
 
 // NewSession starts a stream for an authenticated caller. cancel ends the
@@ -48,6 +53,10 @@ func (ix *Index) NewSession(caller Caller, cancel context.CancelFunc) *Session {
 
 // Close unregisters the session; the pod's lease keeps running.
 func (s *Session) Close() {
+	for rank, st := range s.snapshot {
+		st.discard(s.ix)
+		delete(s.snapshot, rank)
+	}
 	if s.hello == nil {
 		return
 	}
@@ -334,19 +343,20 @@ func (s *Session) handleSnapshotBegin(b *pb.SnapshotBegin) ([]*pb.IngestResponse
 	if err := s.checkRank(b.GetRank()); err != nil {
 		return nil, err
 	}
-	st := &staging{pos: Position{Epoch: b.GetEpoch(), Sequence: b.GetSequence()}, expected: b.GetBlockCount()}
-	delete(s.snapshot, b.GetRank()) // a new begin drops the rank's staging
+	if old := s.snapshot[b.GetRank()]; old != nil {
+		old.discard(s.ix) // a new begin drops the rank's staging
+		delete(s.snapshot, b.GetRank())
+	}
+	// The count is a claim: nothing is reserved for it, the entries take
+	// memory as their chunks arrive (Snapshot), so that a begin costs its
+	// sender as much as the index.
+	st := &staging{pos: Position{Epoch: b.GetEpoch(), Sequence: b.GetSequence()}, expected: b.GetBlockCount(), snap: &Snapshot{}}
 	if b.GetBlockCount() > uint64(s.ix.opt.MaxSnapshotBlocks)-min(s.staged(), uint64(s.ix.opt.MaxSnapshotBlocks)) {
 		// Over the bound for one rank, or for the ranks the stream stages
 		// at once: the subscriber sends one rank's snapshot at a time, so
 		// only a stream that interleaves them, to make the index hold
 		// ranks × the bound, is refused.
-		st.bad = true
-	} else {
-		// Room for the first entries only: the count is a claim, and the
-		// entries take memory as they arrive (append grows the slice),
-		// so that a begin costs its sender as much as the index.
-		st.entries = make([]Entry, 0, min(b.GetBlockCount(), snapshotReserve))
+		st.bad, st.snap = true, nil
 	}
 	s.snapshot[b.GetRank()] = st
 	return nil, nil
@@ -370,31 +380,36 @@ func (s *Session) handleSnapshotChunk(c *pb.SnapshotChunk) ([]*pb.IngestResponse
 		return nil, fmt.Errorf("snapshot chunk for rank %d epoch %d without its begin: %w", c.GetRank(), c.GetEpoch(), ErrInvalid)
 	}
 	for _, e := range c.GetEntries() {
-		refs := e.GetRefCounts()
-		if len(refs) != 0 && len(refs) != len(e.GetBlockHashes()) {
+		if st.bad || st.over != nil {
+			break
+		}
+		refs, hashes := e.GetRefCounts(), e.GetBlockHashes()
+		adding := uint64(len(hashes))
+		staged := uint64(st.snap.Len()) + adding
+		switch {
+		case len(refs) != 0 && len(refs) != len(hashes), staged > st.expected:
 			st.bad = true
-		}
-		if st.bad || st.over != nil || uint64(len(st.entries)+len(e.GetBlockHashes())) > st.expected {
-			st.bad = st.bad || st.over == nil
-			st.entries = nil
-			continue
-		}
-		// Each block is at most in NumTiers-1 entries: past that many per
-		// block the pod may hold, the snapshot cannot fit, so stop
-		// staging it now rather than hold it until its end.
-		if l := s.ix.opt.Limits.PodBlocks; l > 0 && uint64(len(st.entries)+len(e.GetBlockHashes())) > (NumTiers-1)*l {
-			st.over = &LimitError{Scope: ScopePod, Limit: l, Adding: uint64(len(st.entries) + len(e.GetBlockHashes()))}
-			st.entries = nil
-			continue
-		}
-		sp := s.space(e.GetLoraName())
-		for i, h := range e.GetBlockHashes() {
-			n := uint32(1)
-			if len(refs) != 0 {
-				n = refs[i]
+		case s.ix.opt.Limits.PodBlocks > 0 && staged > (NumTiers-1)*s.ix.opt.Limits.PodBlocks:
+			// Each block is at most in NumTiers-1 entries: past that many
+			// per block the pod may hold, the snapshot cannot fit, so stop
+			// staging it now rather than hold it until its end.
+			st.over = &LimitError{Scope: ScopePod, Limit: s.ix.opt.Limits.PodBlocks, Adding: staged}
+		default:
+			// The index's staging budget, all streams together: what many
+			// streams may make the index hold before their ends.
+			if held := s.ix.staged.Add(int64(adding)); held > int64(s.ix.opt.MaxStagedBlocks) {
+				s.ix.staged.Add(-int64(adding))
+				st.over = &LimitError{Scope: ScopeStaging, Limit: uint64(s.ix.opt.MaxStagedBlocks), Held: uint64(held) - adding, Adding: adding}
+				break
 			}
-			st.entries = append(st.entries, Entry{Space: sp, Tier: Tier(e.GetTier()), Hash: h, Refs: n})
+			st.reserved += int64(adding)
+			if err := st.snap.Add(s.space(e.GetLoraName()), Tier(e.GetTier()), hashes, refs); err != nil {
+				st.bad = true
+			}
 		}
+	}
+	if st.bad || st.over != nil {
+		st.discard(s.ix)
 	}
 	return nil, nil
 }
@@ -403,15 +418,18 @@ func (s *Session) handleSnapshotEnd(ctx context.Context, e *pb.SnapshotEnd) ([]*
 	rank := e.GetRank()
 	st := s.snapshot[rank]
 	delete(s.snapshot, rank)
+	if st != nil {
+		defer st.discard(s.ix) // the entries are the store's once Replace returns
+	}
 	pos := Position{Epoch: e.GetEpoch(), Sequence: e.GetSequence()}
 	if st != nil && st.over != nil {
 		return nil, s.overLimit(rank, "snapshot", st.over)
 	}
-	if st == nil || st.bad || st.pos != pos || uint64(len(st.entries)) != e.GetBlockCount() || e.GetBlockCount() != st.expected {
+	if st == nil || st.bad || st.pos != pos || uint64(st.snap.Len()) != e.GetBlockCount() || e.GetBlockCount() != st.expected {
 		s.ix.opt.Log.Info("snapshot did not add up; asking again", "pod", s.rec.Name, "rank", rank)
 		return []*pb.IngestResponse{s.resync(rank, pb.ResyncReason_RESYNC_REASON_SNAPSHOT_INVALID, Position{}, false)}, nil
 	}
-	if err := s.ix.opt.Store.Replace(ctx, s.source(rank), pos, st.entries); err != nil {
+	if err := s.ix.opt.Store.Replace(ctx, s.source(rank), pos, st.snap); err != nil {
 		if errors.Is(err, ErrOverLimit) {
 			return nil, s.overLimit(rank, "snapshot", err)
 		}
@@ -425,7 +443,7 @@ func (s *Session) handleSnapshotEnd(ctx context.Context, e *pb.SnapshotEnd) ([]*
 	s.rec.Resyncs++
 	s.rec.LastEvent = s.ix.opt.Now()
 	s.ix.opt.Observer.SnapshotApplied()
-	s.ix.opt.Log.Info("snapshot applied", "pod", s.rec.Name, "rank", rank, "epoch", pos.Epoch, "sequence", pos.Sequence, "blocks", len(st.entries))
+	s.ix.opt.Log.Info("snapshot applied", "pod", s.rec.Name, "rank", rank, "epoch", pos.Epoch, "sequence", pos.Sequence, "blocks", st.snap.Len())
 	return []*pb.IngestResponse{ack(rank, pos)}, s.put(ctx, true)
 }
 

@@ -2,6 +2,9 @@ package kvindex_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"reflect"
 	"runtime"
 	"testing"
 
@@ -67,5 +70,169 @@ func TestSnapshotBeginReservesNothing(t *testing.T) {
 	}
 	if len(out) != 1 || out[0].GetAck().GetApplied().GetSequence() != 1 {
 		t.Fatalf("snapshot end answered %v, want an ack of sequence 1", out)
+	}
+}
+
+// TestSnapshotRange: a Snapshot built chunk by chunk yields, for every
+// range, the entries a flat slice of them holds.
+func TestSnapshotRange(t *testing.T) {
+	a, b := kvindex.Space{Model: "m", Lora: "a"}, kvindex.Space{Model: "m", Lora: "b"}
+	var flat []kvindex.Entry
+	snap := &kvindex.Snapshot{}
+	for i, c := range []struct {
+		space  kvindex.Space
+		tier   kvindex.Tier
+		hashes []uint64
+		refs   []uint32
+	}{
+		{a, kvindex.TierGPU, []uint64{1, 2, 3}, nil},
+		{b, kvindex.TierCPU, []uint64{4}, []uint32{7}},
+		{a, kvindex.TierDisk, nil, nil}, // an empty run adds nothing
+		{a, kvindex.TierCPU, []uint64{5, 6}, []uint32{2, 3}},
+	} {
+		if err := snap.Add(c.space, c.tier, c.hashes, c.refs); err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		for j, h := range c.hashes {
+			n := uint32(1)
+			if c.refs != nil {
+				n = c.refs[j]
+			}
+			flat = append(flat, kvindex.Entry{Space: c.space, Tier: c.tier, Hash: h, Refs: n})
+		}
+	}
+	if snap.Len() != len(flat) {
+		t.Fatalf("Len = %d, want %d", snap.Len(), len(flat))
+	}
+	for start := 0; start <= len(flat)+1; start++ {
+		for end := start; end <= len(flat)+2; end++ {
+			var got []kvindex.Entry
+			for e := range snap.Range(start, end) {
+				got = append(got, e)
+			}
+			want := flat[min(start, len(flat)):min(end, len(flat))]
+			if len(want) == 0 {
+				want = nil
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("Range(%d, %d) = %v, want %v", start, end, got, want)
+			}
+		}
+	}
+	if n := snap.DistinctBlocks(); n != 6 {
+		t.Errorf("DistinctBlocks = %d, want 6", n)
+	}
+}
+
+// TestStagedEntriesTakeSixteenBytes: a staged snapshot entry holds its
+// hash, references, tier and an index of its space, not a copy of the
+// space's three strings (issue 25: 72 bytes an entry, so that 4,000,000
+// staged grew the real binary past its limit). 1,000,000 entries staged
+// in chunks of 10,000 grow the heap by less than 17 MB.
+func TestStagedEntriesTakeSixteenBytes(t *testing.T) {
+	const n, chunk = 1_000_000, 10_000
+	ctx := context.Background()
+	ix := kvindex.New(kvindex.Options{Store: memstore.New()})
+	s := ix.NewSession(podCaller, func() {})
+	defer s.Close()
+	if _, err := s.Handle(ctx, helloOf(1, "cache")); err != nil {
+		t.Fatal(err)
+	}
+	before := heap()
+	sendSnapshot(t, s, 0, n, chunk)
+	grew := int64(heap()) - int64(before)
+	runtime.KeepAlive(s)
+	t.Logf("%d entries staged: heap grew by %d bytes (%.1f a entry)", n, grew, float64(grew)/n)
+	if grew > 17*n {
+		t.Fatalf("%d staged entries grew the heap by %d bytes; want < %d", n, grew, 17*n)
+	}
+	if got := kvindex.StagedBlocks(ix); got != n {
+		t.Errorf("the staging budget counts %d, want %d", got, n)
+	}
+	out, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_SnapshotEnd{SnapshotEnd: &pb.SnapshotEnd{Rank: 0, Epoch: 1, Sequence: 1, BlockCount: n}}})
+	if err != nil || len(out) != 1 || out[0].GetAck() == nil {
+		t.Fatalf("end: %v, %v; want an ack", out, err)
+	}
+	if got := kvindex.StagedBlocks(ix); got != 0 {
+		t.Errorf("the staging budget counts %d after the end, want 0", got)
+	}
+}
+
+// sendSnapshot begins rank's snapshot of n entries on s and sends them in
+// chunks, without its end.
+func sendSnapshot(t *testing.T, s *kvindex.Session, rank uint32, n, chunk int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_SnapshotBegin{SnapshotBegin: &pb.SnapshotBegin{Rank: rank, Epoch: 1, Sequence: 1, BlockCount: uint64(n)}}}); err != nil {
+		t.Fatal(err)
+	}
+	hashes := make([]uint64, chunk)
+	for sent := 0; sent < n; sent += chunk {
+		for i := range hashes {
+			hashes[i] = uint64(sent + i + 1)
+		}
+		if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_SnapshotChunk{SnapshotChunk: &pb.SnapshotChunk{
+			Rank: rank, Epoch: 1, Entries: []*pb.SnapshotEntries{{Tier: pb.Tier_TIER_CPU, BlockHashes: hashes[:min(chunk, n-sent)]}},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestStagingBudgetSpansStreams: every stream bounds what it stages, but
+// many streams (one per pod) could still make the index hold their
+// number × MaxSnapshotBlocks. The index's staging budget is shared: with
+// room for 30,000 entries, a first pod stages 20,000; a second pod's
+// snapshot of 20,000 passes the budget midway, is dropped and refused at
+// its end (ResourceExhausted, scope staging) while the first still
+// applies; closing a stream gives its share back.
+func TestStagingBudgetSpansStreams(t *testing.T) {
+	const budget, n, chunk = 30_000, 20_000, 5_000
+	ctx := context.Background()
+	obs := &limitObserver{}
+	ix := kvindex.New(kvindex.Options{Store: memstore.New(), MaxStagedBlocks: budget, Observer: obs})
+	pod := func(i int) *kvindex.Session {
+		name, uid := fmt.Sprintf("vllm-%d", i), fmt.Sprintf("u%d", i)
+		s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: name, PodUID: uid}, func() {})
+		if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
+			ProtocolVersion: kvindex.ProtocolVersion,
+			Pod:             &pb.PodIdentity{Namespace: "team-a", Name: name, Uid: uid},
+			CacheBackend:    &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"},
+			Model:           "m", Engine: "vllm", DataParallelSize: 1,
+			HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16},
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	first, second := pod(0), pod(1)
+	defer first.Close()
+	sendSnapshot(t, first, 0, n, chunk)
+	sendSnapshot(t, second, 0, n, chunk)
+	if got := kvindex.StagedBlocks(ix); got != n {
+		t.Fatalf("staged %d entries, want %d: the second snapshot is dropped once it passes the budget", got, n)
+	}
+	_, err := second.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_SnapshotEnd{SnapshotEnd: &pb.SnapshotEnd{Rank: 0, Epoch: 1, Sequence: 1, BlockCount: n}}})
+	var le *kvindex.LimitError
+	if !errors.As(err, &le) || le.Scope != kvindex.ScopeStaging || le.Limit != budget {
+		t.Fatalf("the second snapshot's end: %v, want a staging LimitError of %d", err, budget)
+	}
+	if len(obs.scopes) != 1 || obs.scopes[0] != kvindex.ScopeStaging {
+		t.Errorf("refusals observed: %v, want one of scope staging", obs.scopes)
+	}
+	out, err := first.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_SnapshotEnd{SnapshotEnd: &pb.SnapshotEnd{Rank: 0, Epoch: 1, Sequence: 1, BlockCount: n}}})
+	if err != nil || len(out) != 1 || out[0].GetAck() == nil {
+		t.Fatalf("the first snapshot's end: %v, %v; want an ack", out, err)
+	}
+	// A stream that stops midway gives its share back when it closes.
+	third := pod(2)
+	sendSnapshot(t, third, 0, n, chunk)
+	if got := kvindex.StagedBlocks(ix); got != n {
+		t.Fatalf("staged %d entries, want %d", got, n)
+	}
+	third.Close()
+	second.Close()
+	if got := kvindex.StagedBlocks(ix); got != 0 {
+		t.Errorf("staged %d entries after the streams closed, want 0", got)
 	}
 }

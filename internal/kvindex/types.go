@@ -197,11 +197,11 @@ type Store interface {
 	// that would pass the store's Limits is refused with a *LimitError
 	// (ErrOverLimit) and changes nothing.
 	Apply(ctx context.Context, src Source, d Delta) (Outcome, Position, error)
-	// Replace swaps the rank's blocks for entries and sets its position,
-	// atomically (a snapshot). A snapshot that would pass the store's
+	// Replace swaps the rank's blocks for the snapshot's entries and sets
+	// its position, atomically. A snapshot that would pass the store's
 	// Limits is refused with a *LimitError (ErrOverLimit) and changes
 	// nothing.
-	Replace(ctx context.Context, src Source, pos Position, entries []Entry) error
+	Replace(ctx context.Context, src Source, pos Position, snap *Snapshot) error
 	// Positions returns the applied position of each rank of a pod that
 	// the store knows.
 	Positions(ctx context.Context, pod PodKey) (map[uint32]Position, error)

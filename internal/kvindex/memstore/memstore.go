@@ -521,7 +521,7 @@ func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (k
 }
 
 // Replace implements kvindex.Store.
-func (s *Store) Replace(_ context.Context, src kvindex.Source, pos kvindex.Position, entries []kvindex.Entry) error {
+func (s *Store) Replace(_ context.Context, src kvindex.Source, pos kvindex.Position, snap *kvindex.Snapshot) error {
 	b := s.lockBackend(src.Backend)
 	defer b.mu.Unlock()
 	id, exists := b.instance(src.PodUID, src.Rank, false)
@@ -529,13 +529,13 @@ func (s *Store) Replace(_ context.Context, src kvindex.Source, pos kvindex.Posit
 		return fmt.Errorf("replace %s rank %d with epoch %d (holding %d): %w", src.PodUID, src.Rank, pos.Epoch, b.insts[id].pos.Epoch, kvindex.ErrStaleEpoch)
 	}
 	if s.limits != (kvindex.Limits{}) {
-		if err := s.limits.Check(b.held(src.PodUID, id, exists, true), kvindex.DistinctBlocks(entries)); err != nil {
+		if err := s.limits.Check(b.held(src.PodUID, id, exists, true), snap.DistinctBlocks()); err != nil {
 			return fmt.Errorf("replacing %s rank %d: %w", src.PodUID, src.Rank, err)
 		}
 	}
 	id, _ = b.instance(src.PodUID, src.Rank, true)
 	b.clearInstance(id, kvindex.TierUnspecified)
-	for _, e := range entries {
+	for e := range snap.All() {
 		if e.Tier == kvindex.TierUnspecified || e.Tier >= kvindex.NumTiers || e.Refs == 0 {
 			continue
 		}

@@ -103,7 +103,7 @@ func TestLargeChangesRunInBoundedScripts(t *testing.T) {
 			for i, h := range storetest.Chain(2, hashes) {
 				entries[i] = kvindex.Entry{Space: storetest.Space, Tier: kvindex.TierCPU, Hash: h, Refs: 1}
 			}
-			return s.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 5}, entries)
+			return s.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 5}, kvindex.SnapshotOf(entries))
 		}},
 	} {
 		calls0, usec0 := scriptStats(t, c)
@@ -220,7 +220,7 @@ func TestSnapshotCutShortIsReplacedWhole(t *testing.T) {
 		entries = append(entries, kvindex.Entry{Space: storetest.Space, Tier: kvindex.TierGPU, Hash: h, Refs: 1})
 	}
 	crashAfter(dying, 4)
-	if err := dying.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, entries); !errors.Is(err, errCrash) {
+	if err := dying.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, kvindex.SnapshotOf(entries)); !errors.Is(err, errCrash) {
 		t.Fatalf("crash: %v", err)
 	}
 	if ps, _ := other.Positions(ctx, pod); ps[0] != (kvindex.Position{Epoch: 1, Sequence: 1}) {
@@ -229,7 +229,7 @@ func TestSnapshotCutShortIsReplacedWhole(t *testing.T) {
 	if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 2}); err != nil || o != kvindex.NeedSnapshot {
 		t.Fatalf("the next delta over a partial snapshot: %s, %v", o, err)
 	}
-	if err := other.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, entries); err != nil {
+	if err := other.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, kvindex.SnapshotOf(entries)); err != nil {
 		t.Fatal(err)
 	}
 	if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers != [kvindex.NumTiers]uint64{0, 3000, 0, 0} {

@@ -452,25 +452,47 @@ func deltaSteps(d kvindex.Delta, chunk int) [][]any {
 	return steps
 }
 
-// entrySteps splits a snapshot's entries into steps of at most chunk
-// entries after step 0 (the clear).
-func entrySteps(entries []kvindex.Entry, chunk int) [][]any {
-	steps := [][]any{nil}
-	ids := map[kvindex.Space]string{}
-	for start := 0; start < len(entries); start += chunk {
-		part := entries[start:min(start+chunk, len(entries))]
-		args := make([]any, 0, 4*len(part))
-		for _, e := range part {
-			id, ok := ids[e.Space]
-			if !ok {
-				id = spaceID(e.Space)
-				ids[e.Space] = id
-			}
-			args = append(args, int(e.Tier), id, hashHex(e.Hash), e.Refs)
-		}
-		steps = append(steps, args)
+// steps are a change's arguments after the common ones, step by step:
+// runSteps asks for step k when it runs it, so that a snapshot's are
+// built one at a time, not held all at once.
+type steps interface {
+	count() int
+	appendStep(dst []any, k int) []any
+}
+
+// fixedSteps are steps built beforehand (a delta's: at most one message).
+type fixedSteps [][]any
+
+func (f fixedSteps) count() int                        { return len(f) }
+func (f fixedSteps) appendStep(dst []any, k int) []any { return append(dst, f[k]...) }
+
+// entrySteps are a snapshot's steps: step 0 clears the rank, then each
+// adds at most chunk entries.
+type entrySteps struct {
+	snap  *kvindex.Snapshot
+	chunk int
+	ids   map[kvindex.Space]string
+}
+
+func newEntrySteps(snap *kvindex.Snapshot, chunk int) *entrySteps {
+	return &entrySteps{snap: snap, chunk: chunk, ids: map[kvindex.Space]string{}}
+}
+
+func (s *entrySteps) count() int { return 1 + (s.snap.Len()+s.chunk-1)/s.chunk }
+
+func (s *entrySteps) appendStep(dst []any, k int) []any {
+	if k == 0 {
+		return dst
 	}
-	return steps
+	for e := range s.snap.Range((k-1)*s.chunk, k*s.chunk) {
+		id, ok := s.ids[e.Space]
+		if !ok {
+			id = spaceID(e.Space)
+			s.ids[e.Space] = id
+		}
+		dst = append(dst, int(e.Tier), id, hashHex(e.Hash), e.Refs)
+	}
+	return dst
 }
 
 // token names a delta's run of steps: its position and a digest of its
@@ -504,16 +526,16 @@ const maxLost = 3
 
 // runSteps runs a change's steps with script until one ends it and
 // returns the last reply: 'ok', 'dup', 'snap', 'stale', 'over' or 'lost'.
-func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.Source, pos kvindex.Position, tok string, adding uint64, steps [][]any, restartOnLost bool) ([]string, error) {
+func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.Source, pos kvindex.Position, tok string, adding uint64, steps steps, restartOnLost bool) ([]string, error) {
 	p := prefix(src.Backend)
 	keys := []string{p + "pos:" + src.PodUID}
 	base := []any{p, src.PodUID, strconv.FormatUint(uint64(src.Rank), 10), nsKey(src.Backend.Namespace),
-		strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10), tok, 0, len(steps), s.opt.ChunkHashes,
+		strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10), tok, 0, steps.count(), s.opt.ChunkHashes,
 		s.opt.Limits.PodBlocks, s.opt.Limits.BackendBlocks, s.opt.Limits.NamespaceBlocks, adding, s.opt.KeyTTLMargin.Milliseconds()}
 	args := make([]any, 0, len(base)+4*s.opt.ChunkHashes+8)
 	for k, lost := 0, 0; ; {
 		base[7] = k
-		args = append(append(args[:0], base...), steps[k]...)
+		args = steps.appendStep(append(args[:0], base...), k)
 		res, err := script.Run(ctx, s.rdb, keys, args...).StringSlice()
 		if err != nil {
 			return nil, err
@@ -548,7 +570,7 @@ func (s *Store) Apply(ctx context.Context, src kvindex.Source, d kvindex.Delta) 
 	if s.opt.Limits != (kvindex.Limits{}) {
 		adding = kvindex.StoredHashes(d)
 	}
-	res, err := s.runSteps(ctx, applyScript, src, kvindex.Position{Epoch: d.Epoch, Sequence: d.Sequence}, token(d, steps), adding, steps, true)
+	res, err := s.runSteps(ctx, applyScript, src, kvindex.Position{Epoch: d.Epoch, Sequence: d.Sequence}, token(d, steps), adding, fixedSteps(steps), true)
 	if err != nil {
 		return 0, kvindex.Position{}, fmt.Errorf("applying delta in redis: %w", err)
 	}
@@ -571,15 +593,15 @@ func (s *Store) Apply(ctx context.Context, src kvindex.Source, d kvindex.Delta) 
 // Replace implements kvindex.Store. The rank is cleared, then the entries
 // added, in steps of at most Options.ChunkHashes (see step), under a token
 // of this call: a snapshot is never resumed, a resend starts over.
-func (s *Store) Replace(ctx context.Context, src kvindex.Source, pos kvindex.Position, entries []kvindex.Entry) error {
+func (s *Store) Replace(ctx context.Context, src kvindex.Source, pos kvindex.Position, snap *kvindex.Snapshot) error {
 	var adding uint64
 	if s.opt.Limits != (kvindex.Limits{}) {
-		adding = kvindex.DistinctBlocks(entries)
+		adding = snap.DistinctBlocks()
 	}
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
 	tok := fmt.Sprintf("R:%d:%d:%x", pos.Epoch, pos.Sequence, nonce)
-	res, err := s.runSteps(ctx, replaceScript, src, pos, tok, adding, entrySteps(entries, s.opt.ChunkHashes), false)
+	res, err := s.runSteps(ctx, replaceScript, src, pos, tok, adding, newEntrySteps(snap, s.opt.ChunkHashes), false)
 	if err != nil {
 		return fmt.Errorf("replacing rank %d of pod %s in redis: %w", src.Rank, src.PodUID, err)
 	}

@@ -80,7 +80,7 @@ func podLimit(t *testing.T, s kvindex.Store) {
 			eight = append(eight, kvindex.Entry{Space: Space, Tier: tier, Hash: 30 + h, Refs: 1})
 		}
 	}
-	err = s.Replace(ctx, src, kvindex.Position{Epoch: 2, Sequence: 9}, five)
+	err = s.Replace(ctx, src, kvindex.Position{Epoch: 2, Sequence: 9}, kvindex.SnapshotOf(five))
 	wantOver(t, "snapshot past the pod limit", err, kvindex.LimitError{Scope: kvindex.ScopePod, Limit: 4, Held: 0, Adding: 5})
 	if ps, _ := s.Positions(ctx, kvindex.PodKey{Backend: BackendA, UID: "p1"}); ps[0] != (kvindex.Position{Epoch: 2, Sequence: 1}) {
 		t.Errorf("refused snapshot moved the position to %+v", ps[0])
@@ -88,7 +88,7 @@ func podLimit(t *testing.T, s kvindex.Store) {
 	if got := scoreOf(t, s, BackendA, []uint64{11})["p1/0"]; got.GPU != 1 {
 		t.Errorf("refused snapshot dropped the rank's blocks: %+v", got)
 	}
-	if err := s.Replace(ctx, src, kvindex.Position{Epoch: 2, Sequence: 9}, eight); err != nil {
+	if err := s.Replace(ctx, src, kvindex.Position{Epoch: 2, Sequence: 9}, kvindex.SnapshotOf(eight)); err != nil {
 		t.Fatalf("snapshot of 4 blocks in 8 entries: %v", err)
 	}
 	if n := podBlocks(t, s, BackendA, "p1"); n != 4 {
@@ -197,7 +197,7 @@ func largeChanges(t *testing.T, s kvindex.Store) {
 			entries = append(entries, kvindex.Entry{Space: Space, Tier: kvindex.TierCPU, Hash: h + 1<<20, Refs: 3})
 		}
 	}
-	if err := s.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 100}, entries); err != nil {
+	if err := s.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 100}, kvindex.SnapshotOf(entries)); err != nil {
 		t.Fatal(err)
 	}
 	tiers, _ = s.TierBlocks(ctx, BackendA)

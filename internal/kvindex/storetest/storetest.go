@@ -239,7 +239,7 @@ func snapshot(t *testing.T, s kvindex.Store) {
 		{Space: Space, Tier: kvindex.TierGPU, Hash: 10, Refs: 2},
 		{Space: Space, Tier: kvindex.TierCPU, Hash: 11, Refs: 1},
 	}
-	if err := s.Replace(ctx, Src("p1", 0), kvindex.Position{Epoch: 3, Sequence: 40}, entries); err != nil {
+	if err := s.Replace(ctx, Src("p1", 0), kvindex.Position{Epoch: 3, Sequence: 40}, kvindex.SnapshotOf(entries)); err != nil {
 		t.Fatal(err)
 	}
 	if m := scoreOf(t, s, BackendA, []uint64{1}); len(m) != 0 {
