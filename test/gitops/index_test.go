@@ -124,11 +124,22 @@ func TestIndexInEveryOverlay(t *testing.T) {
 					}
 				}
 			}
-			require.Len(t, indexBindings, 1, "least privilege: one binding for the index")
-			b := convert[rbacv1.ClusterRoleBinding](t, indexBindings[0])
-			assert.Equal(t, "ClusterRoleBinding", indexBindings[0].GetKind())
-			assert.Equal(t, rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:auth-delegator"}, b.RoleRef)
-			assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: indexName, Namespace: operatorNamespace}}, b.Subjects)
+			// Least privilege: TokenReview/SubjectAccessReview through the
+			// built-in auth-delegator, and reading CacheBackends
+			// (--require-backend), nothing else.
+			require.Len(t, indexBindings, 2, "least privilege: two bindings for the index")
+			refs := map[string]bool{}
+			for _, o := range indexBindings {
+				b := convert[rbacv1.ClusterRoleBinding](t, o)
+				assert.Equal(t, "ClusterRoleBinding", o.GetKind())
+				assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: indexName, Namespace: operatorNamespace}}, b.Subjects)
+				assert.Equal(t, "ClusterRole", b.RoleRef.Kind)
+				refs[b.RoleRef.Name] = true
+			}
+			assert.Equal(t, map[string]bool{"system:auth-delegator": true, indexName + "-cachebackends": true}, refs)
+			reader := convert[rbacv1.ClusterRole](t, find("ClusterRole", indexName+"-cachebackends"))
+			assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{"inferencecache.io"}, Resources: []string{"cachebackends"}, Verbs: []string{"get", "list", "watch"}}}, reader.Rules,
+				"the index reads CacheBackends and writes nothing")
 			for _, o := range objs {
 				assert.False(t, (o.GetKind() == "ClusterRole" || o.GetKind() == "Role") && o.GetName() == indexName, "no role of its own")
 			}

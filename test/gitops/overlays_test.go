@@ -106,8 +106,8 @@ func TestOverlays(t *testing.T) {
 			assert.True(t, kinds["PodDisruptionBudget"])
 			assert.Equal(t, 1, mwcs)
 			assert.Equal(t, 1, vwcs)
-			assert.Equal(t, 6, roles, "the operator's ClusterRole and Role, three aggregated roles, the metrics reader")
-			assert.Equal(t, 3, bindings, "the operator's two, the index's auth-delegator")
+			assert.Equal(t, 7, roles, "the operator's ClusterRole and Role, three aggregated roles, the metrics reader, the index's CacheBackend reader")
+			assert.Equal(t, 4, bindings, "the operator's two, the index's auth-delegator and CacheBackend reader")
 		})
 	}
 }
