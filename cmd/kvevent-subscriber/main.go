@@ -30,6 +30,7 @@ import (
 	"github.com/inferencecache/operator/internal/kvevent/forward"
 	"github.com/inferencecache/operator/internal/kvevent/hashcheck"
 	"github.com/inferencecache/operator/internal/kvevent/subscriber"
+	"github.com/inferencecache/operator/internal/kvevent/zmtpguard"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/version"
@@ -80,7 +81,7 @@ func run(ctx context.Context, args []string) error {
 	sendTokens := fs.Bool("send-tokens", false, "forward token IDs while hashes are not Verified (they leave the pod)")
 	httpAddr := fs.String("http-bind-address", ":8090", "address of /healthz, /readyz and /metrics")
 	queue := fs.Int("queue-size", 4096, "live messages buffered for processing; more are dropped (counted) and replayed")
-	queueBytes := fs.Int64("queue-bytes", defaultQueueBytes, "payload bytes buffered for processing; more are dropped (counted) and replayed")
+	queueBytes := fs.Int64("queue-bytes", defaultQueueBytes, "payload bytes buffered for processing; more are dropped (counted) and replayed; a ZeroMQ frame announced larger is refused before it is read")
 	forwardQueue := fs.Int("forward-queue-size", 4096, "deltas buffered for the forwarders, and for each index replica; more are dropped (counted) and resent as a snapshot")
 	journal := fs.Int("journal-limit", 50000, "unacknowledged deltas kept for reconnects; past it the rank is resent as a snapshot")
 	replayIdle := fs.Duration("replay-idle-timeout", 2*time.Second, "a replay that stays silent this long is resumed")
@@ -102,6 +103,11 @@ func run(ctx context.Context, args []string) error {
 		}
 	default:
 		return fmt.Errorf("--engine %q: want vllm or sglang", *engine)
+	}
+	if *queueBytes > 0 {
+		// A frame larger than the queue could never be queued: refuse it
+		// before the ZeroMQ library allocates it.
+		zmtpguard.SetMaxFrame(uint64(*queueBytes))
 	}
 	if *dpSize < 1 || *dpSize > 1024 {
 		return fmt.Errorf("--data-parallel-size %d: want 1 to 1024", *dpSize)

@@ -11,7 +11,7 @@ type Metrics struct {
 	Replays       *prometheus.CounterVec   // rank, result=ok|partial|expired|timeout|error
 	Epochs        *prometheus.CounterVec   // rank
 	DecodeErrors  *prometheus.CounterVec   // rank, reason
-	Dropped       *prometheus.CounterVec   // stage=receive|forward|frame
+	Dropped       *prometheus.CounterVec   // stage=receive|forward|replica|frame|stale
 	LastSequence  *prometheus.GaugeVec     // rank
 	Lag           *prometheus.HistogramVec // rank
 	MirrorBlocks  *prometheus.GaugeVec     // rank
@@ -40,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DecodeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "decode_errors_total",
 			Help: "Batches dropped because they did not decode, by reason."}, []string{"rank", "reason"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "dropped_total",
-			Help: "Messages dropped: receive (processing queue full), forward (forwarder queue full), replica (one index replica's queue full), frame (malformed ZMQ message)."}, []string{"stage"}),
+			Help: "Messages dropped: receive (processing queue full), forward (forwarder queue full), replica (one index replica's queue full), frame (malformed ZMQ message), stale (a replayed batch already applied)."}, []string{"stage"}),
 		LastSequence: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "last_sequence",
 			Help: "The last engine batch sequence applied."}, []string{"rank"}),
 		Lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "event_lag_seconds",

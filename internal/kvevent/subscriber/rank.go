@@ -26,6 +26,7 @@ import (
 	"github.com/inferencecache/operator/internal/kvevent/mirror"
 	"github.com/inferencecache/operator/internal/kvevent/track"
 	"github.com/inferencecache/operator/internal/kvevent/wire"
+	"github.com/inferencecache/operator/internal/kvevent/zmtpguard"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -218,7 +219,7 @@ func (r *Rank) Run(ctx context.Context) error {
 func (r *Rank) receive(ctx context.Context, live chan<- message) {
 	for ctx.Err() == nil {
 		sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250*time.Millisecond))
-		err := sub.Dial(r.cfg.Endpoint)
+		err := sub.Dial(zmtpguard.Endpoint(r.cfg.Endpoint))
 		if err == nil {
 			err = sub.SetOption(zmq4.OptionSubscribe, r.cfg.Topic)
 		}
@@ -456,7 +457,7 @@ func (r *Rank) replayOnce(ctx context.Context, start uint64) (done, progressed, 
 	defer cancel()
 	dealer := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(4), zmq4.WithDialerRetry(100*time.Millisecond))
 	defer func() { _ = dealer.Close() }()
-	if err = dealer.Dial(r.cfg.ReplayEndpoint); err != nil {
+	if err = dealer.Dial(zmtpguard.Endpoint(r.cfg.ReplayEndpoint)); err != nil {
 		return false, false, false, fmt.Errorf("dial replay endpoint: %w", err)
 	}
 	var seq8 [8]byte
@@ -474,18 +475,20 @@ func (r *Rank) replayOnce(ctx context.Context, start uint64) (done, progressed, 
 		ch <- recv{m, err}
 	}
 	go read()
+	// The idle deadline is pushed back only by a batch that applies: a
+	// peer that keeps sending stale batches or bad frames does not hold
+	// the rank in its replay (issue 25: such a replay never ended).
+	idle := time.NewTimer(r.cfg.ReplayIdle)
+	defer idle.Stop()
 	for {
-		timer := time.NewTimer(r.cfg.ReplayIdle)
 		var got recv
 		select {
 		case got = <-ch:
-			timer.Stop()
-		case <-timer.C:
+		case <-idle.C:
 			cancel()
 			<-ch
 			return false, progressed, false, nil
 		case <-ctx.Done():
-			timer.Stop()
 			cancel()
 			<-ch
 			return false, progressed, false, ctx.Err()
@@ -510,11 +513,15 @@ func (r *Rank) replayOnce(ctx context.Context, start uint64) (done, progressed, 
 		case track.Apply:
 			r.apply(seq, payload, "replay")
 			progressed = true
+			idle.Reset(r.cfg.ReplayIdle)
 		case track.Gap:
 			expired = true
 			r.lost(from, to)
 			r.apply(seq, payload, "replay")
 			progressed = true
+			idle.Reset(r.cfg.ReplayIdle)
+		default:
+			r.m.Dropped.WithLabelValues("stale").Inc()
 		}
 		go read()
 		if expired {
