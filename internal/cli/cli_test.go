@@ -114,7 +114,9 @@ func TestExplainOutcomes(t *testing.T) {
 	}{
 		"injected":  {injected, cb, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent, "receipt verifies"},
 		"stale":     {injected, *newer, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationStale, "generation 1 of the CacheBackend (now 2)"},
-		"unchecked": {injected, cb, nil, ExplainInjected, ReceiptUnchecked, GenerationCurrent, "signature not checked"},
+		"unchecked": {injected, cb, nil, ExplainUnverified, ReceiptUnchecked, GenerationCurrent, "signature not checked"},
+		// issue 25: a hand-written receipt was called injected without the key.
+		"hand-written unchecked": {pod(map[string]string{"app": "qwen"}, map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: string(cb.UID), v1alpha1.AnnotationInjectedGeneration: "1"}), cb, nil, ExplainUnverified, ReceiptUnchecked, GenerationCurrent, "could have written it"},
 		"host-network": {hostNet, *observedCB, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent,
 			"no KV-event sidecar (inferencecache.io/kv-events-skipped=host-network): the pod uses the node's network"},
 		"skipped":    {pod(map[string]string{"app": "qwen"}, map[string]string{v1alpha1.AnnotationSkipInject: "true", v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedByAnnotation}), cb, []receipt.Key{key}, ExplainSkipped, ReceiptNone, "", "opts out"},

@@ -25,6 +25,10 @@ const (
 	ExplainFailOpen = "fail-open"
 	ExplainNoMatch  = "no-match"
 	ExplainForged   = "forged-receipt"
+	// ExplainUnverified: the receipt names the live CacheBackend, but
+	// without the key its signature was not checked, so it may have been
+	// written by hand: not called injected.
+	ExplainUnverified = "unverified-receipt"
 )
 
 // States of an Explanation's receipt.
@@ -127,8 +131,9 @@ func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.K
 			e.Outcome, e.Receipt = ExplainInjected, ReceiptVerified
 			e.Lines = append(e.Lines, fmt.Sprintf("receipt verifies: wired by the webhook with generation %s of the CacheBackend (now %d)", c.Generation, cb.Generation))
 		case receipt.Unverified:
-			e.Outcome, e.Receipt = ExplainInjected, ReceiptUnchecked
-			e.Lines = append(e.Lines, fmt.Sprintf("%s: %v", j.Message, keysErr))
+			e.Outcome, e.Receipt = ExplainUnverified, ReceiptUnchecked
+			e.Lines = append(e.Lines, fmt.Sprintf("%s: %v", j.Message, keysErr),
+				"the receipt names this CacheBackend, but anyone who can create the pod could have written it: run with access to the receipt key Secret to tell")
 		default:
 			e.Outcome = ExplainForged
 			e.Lines = append(e.Lines, j.Message)

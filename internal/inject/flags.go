@@ -94,14 +94,55 @@ func Abbreviates(rt v1alpha1.Runtime) bool {
 // the shell check looks through them.
 var wrappers = map[string]bool{"tini": true, "tini-static": true, "dumb-init": true, "env": true, "catatonit": true}
 
-var shells = map[string]bool{"sh": true, "bash": true, "dash": true, "ash": true, "zsh": true, "ksh": true, "mksh": true, "busybox": false}
+// shells run the command text of their -c option; su and runuser hand it
+// to the user's shell.
+var shells = map[string]bool{
+	"sh": true, "bash": true, "dash": true, "ash": true, "zsh": true, "ksh": true, "mksh": true, "busybox": false,
+	"fish": true, "csh": true, "tcsh": true, "su": true, "runuser": true,
+}
+
+// isPython reports whether prog names a Python interpreter (python,
+// python3, python3.12, ...).
+func isPython(prog string) bool {
+	return prog == "python" || strings.HasPrefix(prog, "python2") || strings.HasPrefix(prog, "python3")
+}
+
+// pythonRunsC reports whether a Python interpreter's arguments run a
+// program text (-c, alone or ending a cluster of short options) rather
+// than a module (-m) or a script: flags appended after the text reach
+// its sys.argv, whatever it does with them.
+func pythonRunsC(args []string) bool {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case !strings.HasPrefix(a, "-") || a == "-" || a == "--":
+			return false // a script, stdin, or the end of the options
+		case strings.HasPrefix(a, "--"):
+			continue // --version, --help-env: no program either way
+		case a == "-W" || a == "-X":
+			i++ // the option's argument
+			continue
+		}
+		for _, o := range a[1:] {
+			switch o {
+			case 'c':
+				return true
+			case 'm', 'W', 'X':
+				return false // -m module (or -Wx, -Xy: an argument follows in the word)
+			}
+		}
+	}
+	return false
+}
 
 // shellCommand returns the shell and whether the command line runs `<shell>
 // -c ...`, looking through init wrappers (tini --, dumb-init, env with
 // NAME=value assignments and options, env -S "..."), and behind any other
 // program: a word naming a shell followed by a -c option anywhere on the
 // command line counts (nohup sh -c, setsid bash -c, timeout 1h sh -c,
-// stdbuf -oL sh -c, gosu user sh -c, ...). Flags appended after such a
+// stdbuf -oL sh -c, gosu user sh -c, numactl -N0 sh -c, su-exec u fish -c,
+// su user -c, ...), and so does a Python interpreter given a program
+// text (python3 -c "...", not python3 -m vllm...). Flags appended after such a
 // command line reach the shell's positional parameters, never the engine;
 // counting one shell too many only leaves a pod unwired, with the reason.
 func shellCommand(cmdline []string) (string, bool) {
@@ -110,6 +151,9 @@ func shellCommand(cmdline []string) (string, bool) {
 	}
 	for i, a := range cmdline {
 		if shells[path.Base(a)] && slices.ContainsFunc(cmdline[i+1:], isCOption) {
+			return a, true
+		}
+		if isPython(path.Base(a)) && pythonRunsC(cmdline[i+1:]) {
 			return a, true
 		}
 	}
@@ -132,6 +176,9 @@ func wrappedShell(cmdline []string) (string, bool) {
 		}
 		if shells[prog] {
 			return cmdline[0], slices.ContainsFunc(cmdline[1:], isCOption)
+		}
+		if isPython(prog) {
+			return cmdline[0], pythonRunsC(cmdline[1:])
 		}
 		if !wrappers[prog] {
 			return "", false

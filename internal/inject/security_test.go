@@ -136,6 +136,22 @@ func TestShellDetectionThroughWrappers(t *testing.T) {
 		{[]string{"stdbuf", "-oL", "setsid", "dash", "-ec", "vllm serve m"}, nil, true},
 		{[]string{"nohup", "vllm", "serve", "m"}, nil, false},
 		{[]string{"taskset", "-c", "0-3", "vllm", "serve", "m"}, nil, false},
+		// issue 25: wrappers and interpreters the check missed.
+		{[]string{"numactl", "--cpunodebind=0", "--membind=0", "sh", "-c", "vllm serve m"}, nil, true},
+		{[]string{"taskset", "-c", "0-3", "bash", "-c", "vllm serve m"}, nil, true},
+		{[]string{"su-exec", "vllm", "sh", "-c", "vllm serve m"}, nil, true},
+		{[]string{"nice", "-n", "5", "timeout", "1h", "zsh", "-c", "vllm serve m"}, nil, true},
+		{[]string{"fish", "-c", "vllm serve m"}, nil, true},
+		{[]string{"su", "vllm", "-c", "vllm serve m"}, nil, true},
+		{[]string{"runuser", "-u", "vllm", "--", "sh", "-c", "vllm serve m"}, nil, true},
+		{[]string{"python3", "-c", "import runpy; runpy.run_module('vllm.entrypoints.openai.api_server')"}, nil, true},
+		{[]string{"/usr/bin/python3.12", "-u", "-c", "import vllm"}, nil, true},
+		{[]string{"python3", "-uc", "import vllm"}, nil, true},
+		{[]string{"numactl", "-N0", "python3", "-c", "import vllm"}, nil, true},
+		{[]string{"python3", "-m", "vllm.entrypoints.openai.api_server"}, []string{"-cc", "{}"}, false},
+		{[]string{"python3", "-u", "-W", "ignore", "-m", "vllm.entrypoints.openai.api_server"}, nil, false},
+		{[]string{"numactl", "-N0", "python3", "-m", "vllm.entrypoints.openai.api_server"}, nil, false},
+		{[]string{"python3", "/app/serve.py"}, []string{"-c", "x"}, false},
 	} {
 		pod := enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = tc.cmd, tc.args })
 		d := Decide(pod, []v1alpha1.CacheBackend{backend("cache")}, Options{})

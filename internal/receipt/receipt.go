@@ -85,7 +85,11 @@ func Sign(k Key, c Claim) string {
 // init container does not verify. Of the pod's volumes it covers those the
 // webhook adds (v1alpha1.VolumeIndexToken), so that a receipt copied onto a
 // pod whose token volume has another audience or source does not verify;
-// a pod without them digests as before they existed.
+// a pod without them digests as before they existed. Of the pod-level
+// fields it covers those that decide where the engine's names resolve
+// (hostAliases, dnsConfig), so that a receipt copied onto a pod that
+// points the cache's host name elsewhere does not verify; a pod without
+// them digests as before too.
 func Digest(pod *corev1.Pod) string {
 	strip := func(cs []corev1.Container) []corev1.Container {
 		out := make([]corev1.Container, len(cs))
@@ -102,10 +106,12 @@ func Digest(pod *corev1.Pod) string {
 		}
 	}
 	raw, _ := json.Marshal(struct {
-		Init       []corev1.Container `json:"i"`
-		Containers []corev1.Container `json:"c"`
-		Volumes    []corev1.Volume    `json:"v,omitempty"`
-	}{strip(pod.Spec.InitContainers), strip(pod.Spec.Containers), volumes})
+		Init        []corev1.Container   `json:"i"`
+		Containers  []corev1.Container   `json:"c"`
+		Volumes     []corev1.Volume      `json:"v,omitempty"`
+		HostAliases []corev1.HostAlias   `json:"h,omitempty"`
+		DNSConfig   *corev1.PodDNSConfig `json:"d,omitempty"`
+	}{strip(pod.Spec.InitContainers), strip(pod.Spec.Containers), volumes, pod.Spec.HostAliases, pod.Spec.DNSConfig})
 	sum := sha256.Sum256(raw)
 	return "sha256:" + hex.EncodeToString(sum[:])
 }

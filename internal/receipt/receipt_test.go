@@ -106,6 +106,13 @@ func TestDigestCoversTheWholeSpec(t *testing.T) {
 		"working dir":      func(p *corev1.Pod) { p.Spec.Containers[0].WorkingDir = "/tmp" },
 		"security context": func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{} },
 		"image":            func(p *corev1.Pod) { p.Spec.Containers[0].Image = "other" },
+		// issue 25: hostAliases could point the cache's host name elsewhere.
+		"host aliases": func(p *corev1.Pod) {
+			p.Spec.HostAliases = []corev1.HostAlias{{IP: "10.0.0.66", Hostnames: []string{"cache.llm.svc.cluster.local"}}}
+		},
+		"dns config": func(p *corev1.Pod) {
+			p.Spec.DNSConfig = &corev1.PodDNSConfig{Nameservers: []string{"10.0.0.53"}}
+		},
 	}
 	for name, change := range changes {
 		p := base.DeepCopy()
@@ -115,6 +122,12 @@ func TestDigestCoversTheWholeSpec(t *testing.T) {
 	resized := base.DeepCopy()
 	resized.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}
 	assert.Equal(t, d, Digest(resized), "an in-place resize keeps the receipt valid")
+	noAliases := base.DeepCopy()
+	noAliases.Spec.HostAliases = []corev1.HostAlias{}
+	assert.Equal(t, d, Digest(noAliases), "a pod without host aliases digests as before they counted")
+	// The digest of base before hostAliases and dnsConfig counted: a pod
+	// wired by an older operator keeps its receipt.
+	assert.Equal(t, "sha256:f6fc58a530666d47f7db07875f7fbd46003cee7025741bb28de2f88382ab0cbe", d)
 }
 
 // TestDigestCoversTheWebhooksVolumes: the index-token volume the webhook
