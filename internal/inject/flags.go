@@ -123,12 +123,15 @@ func pythonRunsC(args []string) bool {
 			i++ // the option's argument
 			continue
 		}
+	word:
 		for _, o := range a[1:] {
 			switch o {
 			case 'c':
 				return true
-			case 'm', 'W', 'X':
-				return false // -m module (or -Wx, -Xy: an argument follows in the word)
+			case 'm':
+				return false // -m module
+			case 'W', 'X':
+				break word // the rest of the word is the option's argument
 			}
 		}
 	}
