@@ -287,7 +287,7 @@ var optionalFlags = map[string][]string{
 
 var flagDocs = map[string]string{
 	"cluster-domain":           "The cluster's DNS domain (--cluster-domain; empty: cluster.local).",
-	"kvevent-subscriber-image": "The kvevent-subscriber sidecar's image (--kvevent-subscriber-image; an empty repository never adds the sidecar).",
+	"kvevent-subscriber-image": "The kvevent-subscriber sidecar's image (--kvevent-subscriber-image), of the manager's release; an empty repository never adds the sidecar (the KV-event pipeline off).",
 }
 
 // args turns a container's arguments into template lines (@PAD@ is the
@@ -384,6 +384,9 @@ func escapeActions(text string) string {
 
 func flagLeaf(name string, value *string) *node {
 	doc := "--" + name
+	if d, ok := flagDocs[name]; ok {
+		doc = d
+	}
 	switch {
 	case value == nil:
 		return leaf("boolean", true, doc)

@@ -10,18 +10,26 @@ import (
 	"strings"
 
 	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/resmap"
+	kyaml "sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/inferencecache/operator/internal/kustomization"
 	"github.com/inferencecache/operator/internal/ociimage"
 )
 
 // ManagerImage is the manager's image name in the kustomize base
-// (kustomize/base/manager/deployment.yaml), which the bundle pins.
-const ManagerImage = "inferencecache/operator"
+// (kustomize/base/manager/deployment.yaml), which the bundle pins: the
+// name `make push` publishes under the default registry.
+const ManagerImage = "ghcr.io/inferencecache/inferencecache-operator"
 
 // IndexImage is the KV-block index's image name in the kustomize base
 // (kustomize/base/index/deployment.yaml), which the bundle pins too.
-const IndexImage = "inferencecache/cache-index"
+const IndexImage = "ghcr.io/inferencecache/inferencecache-cache-index"
+
+// SubscriberFlag is the manager's argument naming the kvevent-subscriber
+// image (kustomize/base/manager/deployment.yaml), which the bundle pins
+// like the images; an overlay that sets it empty keeps it empty.
+const SubscriberFlag = "--kvevent-subscriber-image="
 
 // pinned maps the images of the kustomize base to the commands whose
 // image layouts (ociimage.Images) pin them.
@@ -45,21 +53,16 @@ type Options struct {
 func Build(o Options) ([]byte, error) {
 	var images []map[string]string
 	for _, p := range pinned {
-		name := ""
-		for _, i := range ociimage.Images {
-			if i.Cmd == p.cmd {
-				name = i.Name
-			}
-		}
-		digest, err := ociimage.IndexDigest(filepath.Join(o.ImagesDir, name))
+		ref, err := pinnedRef(o, p.cmd)
 		if err != nil {
-			return nil, fmt.Errorf("the %s image layout (run make image first): %w", p.cmd, err)
+			return nil, err
 		}
-		images = append(images, map[string]string{
-			"name":    p.base,
-			"newName": strings.TrimSuffix(o.Registry, "/") + "/" + name,
-			"digest":  digest.String(),
-		})
+		name, digest, _ := strings.Cut(ref, "@")
+		images = append(images, map[string]string{"name": p.base, "newName": name, "digest": digest})
+	}
+	subscriber, err := pinnedRef(o, "kvevent-subscriber")
+	if err != nil {
+		return nil, err
 	}
 	// A kustomization of our own on top of the overlay: kustomize's image
 	// and label transformers do the pinning and labelling. kubectl apply
@@ -81,10 +84,59 @@ func Build(o Options) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building %s: %w", o.Overlay, err)
 	}
+	if err := pinSubscriber(rm, subscriber); err != nil {
+		return nil, err
+	}
 	body, err := rm.AsYaml()
 	if err != nil {
 		return nil, err
 	}
 	header := fmt.Sprintf("# inferencecache operator %s, built from %s by `make build-installer`.\n# Install or upgrade: kubectl apply --server-side -f <this file>\n", o.Version, filepath.ToSlash(o.Overlay))
 	return append([]byte(header), body...), nil
+}
+
+// pinnedRef is <Registry>/<image name>@<digest of its layout's index> of
+// the image that ships cmd.
+func pinnedRef(o Options, cmd string) (string, error) {
+	name := ""
+	for _, i := range ociimage.Images {
+		if i.Cmd == cmd {
+			name = i.Name
+		}
+	}
+	digest, err := ociimage.IndexDigest(filepath.Join(o.ImagesDir, name))
+	if err != nil {
+		return "", fmt.Errorf("the %s image layout (run make image first): %w", cmd, err)
+	}
+	return strings.TrimSuffix(o.Registry, "/") + "/" + name + "@" + digest.String(), nil
+}
+
+// pinSubscriber sets the manager's SubscriberFlag to ref, unless the
+// overlay left it empty (the KV-event pipeline off).
+func pinSubscriber(rm resmap.ResMap, ref string) error {
+	for _, r := range rm.Resources() {
+		if r.GetKind() != "Deployment" || r.GetName() != "inferencecache-operator" {
+			continue
+		}
+		args, err := r.Pipe(kyaml.Lookup("spec", "template", "spec", "containers", "[name=manager]", "args"))
+		if err != nil {
+			return fmt.Errorf("reading the manager's arguments: %w", err)
+		}
+		found := false
+		if args != nil {
+			for _, n := range args.YNode().Content {
+				if v, ok := strings.CutPrefix(n.Value, SubscriberFlag); ok {
+					found = true
+					if v != "" {
+						n.Value = SubscriberFlag + ref
+					}
+				}
+			}
+		}
+		if !found {
+			return fmt.Errorf("the manager's Deployment has no %s argument to pin", strings.TrimSuffix(SubscriberFlag, "="))
+		}
+		return nil
+	}
+	return fmt.Errorf("no Deployment inferencecache-operator in the overlay")
 }

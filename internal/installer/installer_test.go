@@ -16,13 +16,14 @@ import (
 	"github.com/inferencecache/operator/internal/installer"
 )
 
-// fakeLayout writes OCI layouts of the manager and the index, each holding
-// one (random) multi-platform index, as make image does without building
-// binaries, and returns the manager's and the index's digests.
-func fakeLayout(t *testing.T, dir string) (string, string) {
+// fakeLayout writes OCI layouts of the manager, the index and the
+// kvevent-subscriber, each holding one (random) multi-platform index, as
+// make image does without building binaries, and returns the manager's,
+// the index's and the subscriber's digests.
+func fakeLayout(t *testing.T, dir string) (string, string, string) {
 	t.Helper()
 	var digests []string
-	for _, name := range []string{"inferencecache-operator", "inferencecache-cache-index"} {
+	for _, name := range []string{"inferencecache-operator", "inferencecache-cache-index", "inferencecache-kvevent-subscriber"} {
 		idx, err := random.Index(64, 1, 2)
 		require.NoError(t, err)
 		lp, err := layout.Write(filepath.Join(dir, name), empty.Index)
@@ -32,15 +33,17 @@ func fakeLayout(t *testing.T, dir string) (string, string) {
 		require.NoError(t, err)
 		digests = append(digests, d.String())
 	}
-	return digests[0], digests[1]
+	return digests[0], digests[1], digests[2]
 }
 
-// TestBuild: both bundles pin the manager and the index by their layouts'
-// digests under the registry, label every object with the version, and keep the overlay's
-// difference (cert-manager objects only in production).
+// TestBuild: both bundles pin the manager, the index and the manager's
+// kvevent-subscriber argument (issue 24: no bundle set it, so the webhook
+// added no sidecar) by their layouts' digests under the registry, label
+// every object with the version, and keep the overlay's difference
+// (cert-manager objects only in production).
 func TestBuild(t *testing.T) {
 	images := t.TempDir()
-	digest, indexDigest := fakeLayout(t, images)
+	digest, indexDigest, subscriberDigest := fakeLayout(t, images)
 	for _, tc := range []struct {
 		overlay     string
 		certManager bool
@@ -74,6 +77,8 @@ func TestBuild(t *testing.T) {
 					case "inferencecache-operator":
 						managers++
 						assert.Equal(t, "registry.example/ic/inferencecache-operator@"+digest, image)
+						args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+						assert.Contains(t, args, installer.SubscriberFlag+"registry.example/ic/inferencecache-kvevent-subscriber@"+subscriberDigest)
 					case "inferencecache-index":
 						indexes++
 						assert.Equal(t, "registry.example/ic/inferencecache-cache-index@"+indexDigest, image)
@@ -109,4 +114,28 @@ func TestBuildOrder(t *testing.T) {
 	require.GreaterOrEqual(t, len(objs), 2)
 	kinds := []string{objs[0].GetKind(), objs[1].GetKind()}
 	assert.ElementsMatch(t, []string{"Namespace", "CustomResourceDefinition"}, kinds)
+}
+
+// TestBuildKeepsTheSubscriberOff: an overlay that sets the subscriber
+// argument empty (the KV-event pipeline off) keeps it empty in the bundle.
+func TestBuildKeepsTheSubscriberOff(t *testing.T) {
+	images := t.TempDir()
+	fakeLayout(t, images)
+	overlay := t.TempDir()
+	base, err := filepath.Abs("../../kustomize/overlays/production")
+	require.NoError(t, err)
+	rel, err := filepath.Rel(overlay, base)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(`resources: [`+rel+`]
+patches:
+  - target: {kind: Deployment, name: inferencecache-operator}
+    patch: |-
+      - op: replace
+        path: /spec/template/spec/containers/0/args/5
+        value: --kvevent-subscriber-image=
+`), 0o600))
+	b, err := installer.Build(installer.Options{Overlay: overlay, ImagesDir: images, Registry: "r", Version: "v"})
+	require.NoError(t, err)
+	assert.Contains(t, string(b), "- --kvevent-subscriber-image=\n")
+	assert.NotContains(t, string(b), "inferencecache-kvevent-subscriber@")
 }

@@ -56,7 +56,7 @@ func TestIndexInEveryOverlay(t *testing.T) {
 			assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, ps.SeccompProfile.Type)
 			require.Len(t, d.Spec.Template.Spec.Containers, 1)
 			c := d.Spec.Template.Spec.Containers[0]
-			assert.Equal(t, "inferencecache/cache-index", imageName(c.Image), "the image make image builds and build-installer pins")
+			assert.Equal(t, "ghcr.io/inferencecache/inferencecache-cache-index", imageName(c.Image), "the image make image builds, make push publishes and build-installer pins")
 			sc := c.SecurityContext
 			require.NotNil(t, sc)
 			assert.Equal(t, false, *sc.AllowPrivilegeEscalation)

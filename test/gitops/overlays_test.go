@@ -3,6 +3,7 @@ package gitops
 import (
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/inferencecache/operator/internal/cli"
+	"github.com/inferencecache/operator/internal/ociimage"
 )
 
 const operatorNamespace = "inferencecache-system"
@@ -81,6 +83,7 @@ func TestOverlays(t *testing.T) {
 			}
 			kinds := map[string]bool{}
 			var managerArgs []any
+			var managerImage string
 			annotated := 0
 			for _, o := range objs {
 				kinds[o.GetKind()] = true
@@ -88,6 +91,7 @@ func TestOverlays(t *testing.T) {
 					containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 					require.NotEmpty(t, containers)
 					managerArgs, _, _ = unstructured.NestedSlice(containers[0].(map[string]any), "args")
+					managerImage, _ = containers[0].(map[string]any)["image"].(string)
 				}
 				if o.GetAnnotations()["cert-manager.io/inject-ca-from"] != "" {
 					annotated++
@@ -103,6 +107,17 @@ func TestOverlays(t *testing.T) {
 				assert.Equal(t, 2, annotated, "cert-manager injects the CA into both webhook configurations")
 				assert.NotContains(t, managerArgs, "--self-signed-webhook-cert")
 			}
+			// One naming scheme (issue 24): what make image builds and make
+			// push publishes, under the default registry, and the KV-event
+			// sidecar of the same release on in every bundle.
+			names := map[string]string{}
+			for _, i := range ociimage.Images {
+				names[i.Cmd] = "ghcr.io/inferencecache/" + i.Name
+			}
+			name, tag, _ := strings.Cut(managerImage, ":")
+			assert.Equal(t, names["manager"], name)
+			assert.Contains(t, managerArgs, "--kvevent-subscriber-image="+names["kvevent-subscriber"]+":"+tag,
+				"the subscriber's image, tagged as the manager's")
 			assert.True(t, kinds["PodDisruptionBudget"])
 			assert.Equal(t, 1, mwcs)
 			assert.Equal(t, 1, vwcs)

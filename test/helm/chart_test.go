@@ -187,9 +187,9 @@ func TestChartEqualsKustomize(t *testing.T) {
 	}{
 		{"defaults are the production overlay", `{createNamespace: true}`, "overlays/production", nil},
 		// The dev overlay does not pin the images (the base's :latest).
-		{"certManager off is the dev overlay", `{createNamespace: true, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev", nil},
+		{"certManager off is the dev overlay", `{createNamespace: true, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}, flags: {kveventSubscriberImage: {tag: latest}}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev", nil},
 		{"monitoring adds the monitoring component", `{createNamespace: true, monitoring: {enabled: true}}`, "overlays/production", []string{"components/monitoring"}},
-		{"namespaceOptIn adds the namespace-opt-in component", `{createNamespace: true, namespaceOptIn: {enabled: true}, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev", []string{"components/namespace-opt-in"}},
+		{"namespaceOptIn adds the namespace-opt-in component", `{createNamespace: true, namespaceOptIn: {enabled: true}, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}, flags: {kveventSubscriberImage: {tag: latest}}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev", []string{"components/namespace-opt-in"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sameObjects(t, chartDir, "../../kustomize", tc.vals, tc.overlay, tc.components...)

@@ -61,7 +61,7 @@ func TestGeneratorFollowsTheOverlays(t *testing.T) {
 	chart := filepath.Join(work, "chart")
 	require.NoError(t, helmchart.Generate(root, chart))
 	sameObjects(t, chart, root, `{createNamespace: true}`, "overlays/production")
-	sameObjects(t, chart, root, `{createNamespace: true, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev")
+	sameObjects(t, chart, root, `{createNamespace: true, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}, flags: {kveventSubscriberImage: {tag: latest}}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev")
 
 	objs := renderChartObjects(t, chart, map[string]any{"cacheIndex": map[string]any{
 		"replicas":   3,

@@ -59,8 +59,18 @@ func TestValuesReachTheObjects(t *testing.T) {
 		{"image by digest", `{operator: {manager: {image: {repository: registry.example/op, digest: ` + digest + `}}}}`, func(t *testing.T, objs map[string]object) {
 			assert.Equal(t, "registry.example/op@"+digest, manager(objs)["image"])
 		}},
+		// issue 24: the KV-event sidecar is on by default, of the chart's
+		// release, and one value turns it off.
+		{"subscriber image by default", `{}`, func(t *testing.T, objs map[string]object) {
+			assert.Contains(t, manager(objs)["args"], "--kvevent-subscriber-image=ghcr.io/inferencecache/inferencecache-kvevent-subscriber:v0.1.0")
+		}},
+		{"subscriber off", `{operator: {manager: {flags: {kveventSubscriberImage: {repository: ""}}}}}`, func(t *testing.T, objs map[string]object) {
+			for _, a := range manager(objs)["args"].([]any) {
+				assert.NotContains(t, a, "--kvevent-subscriber-image")
+			}
+		}},
 		{"image tag", `{operator: {manager: {image: {tag: v9.9.9}}}}`, func(t *testing.T, objs map[string]object) {
-			assert.Equal(t, "inferencecache/operator:v9.9.9", manager(objs)["image"])
+			assert.Equal(t, "ghcr.io/inferencecache/inferencecache-operator:v9.9.9", manager(objs)["image"])
 		}},
 		{"replicas", `{operator: {replicas: 3}}`, func(t *testing.T, objs map[string]object) {
 			assert.EqualValues(t, 3, objs[deployment]["spec"].(map[string]any)["replicas"])
@@ -70,7 +80,7 @@ func TestValuesReachTheObjects(t *testing.T) {
 		}},
 		{"cluster domain, subscriber image, a flag off, extra args", `{operator: {manager: {flags: {clusterDomain: corp.example, leaderElect: false, webhookPort: 9444, kveventSubscriberImage: {repository: r.example/sub, tag: v1}}, extraArgs: [--zap-devel]}}}`, func(t *testing.T, objs map[string]object) {
 			assert.Equal(t, []any{"--leader-elect=false", "--metrics-bind-address=:8443", "--health-probe-bind-address=:8081", "--webhook-port=9444",
-				"--webhook-cert-dir=/tmp/k8s-webhook-server/serving-certs", "--cluster-domain=corp.example", "--kvevent-subscriber-image=r.example/sub:v1", "--zap-devel"}, manager(objs)["args"])
+				"--webhook-cert-dir=/tmp/k8s-webhook-server/serving-certs", "--kvevent-subscriber-image=r.example/sub:v1", "--cluster-domain=corp.example", "--zap-devel"}, manager(objs)["args"])
 		}},
 		{"scheduling", `{operator: {nodeSelector: {pool: system}, tolerations: [{key: dedicated, operator: Exists, effect: NoSchedule}], affinity: {podAntiAffinity: {preferredDuringSchedulingIgnoredDuringExecution: []}}}}`, func(t *testing.T, objs map[string]object) {
 			assert.Equal(t, map[string]any{"pool": "system"}, podSpec(objs)["nodeSelector"])

@@ -86,8 +86,10 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 // with its own webhook certificate, waits for its webhook server and
 // points the bundle's webhook configurations at it (the API server cannot
 // reach a Service here). A version, when set, is linked in as make build
-// does. It returns a client of the test and the manager's metrics URL.
-func runManager(ctx context.Context, t *testing.T, work string, cluster *localcluster.Cluster, version string) (client.Client, string) {
+// does; extraArgs are passed on (the installed Deployment's, where a test
+// checks what they do). It returns a client of the test and the manager's
+// metrics URL.
+func runManager(ctx context.Context, t *testing.T, work string, cluster *localcluster.Cluster, version string, extraArgs ...string) (client.Client, string) {
 	t.Helper()
 	s := runtime.NewScheme()
 	utilruntime.Must(clientgoscheme.AddToScheme(s))
@@ -118,13 +120,13 @@ func runManager(ctx context.Context, t *testing.T, work string, cluster *localcl
 	logf, err := os.Create(filepath.Join(work, "manager.log"))
 	require.NoError(t, err)
 	t.Cleanup(func() { logf.Close() })
-	mgr := exec.CommandContext(ctx, managerBin,
+	mgr := exec.CommandContext(ctx, managerBin, append([]string{
 		"--namespace=inferencecache-system", "--leader-elect", "--leader-election-namespace=inferencecache-system",
 		"--self-signed-webhook-cert", "--webhook-cert-hosts=127.0.0.1",
-		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir="+filepath.Join(work, "certs"),
+		"--webhook-host=127.0.0.1", fmt.Sprintf("--webhook-port=%d", port), "--webhook-cert-dir=" + filepath.Join(work, "certs"),
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metricsPort), fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
 		"--functional-probe=false",
-	)
+	}, extraArgs...)...)
 	mgr.Env = append(os.Environ(), "KUBECONFIG="+saKubeconfig)
 	mgr.Stdout, mgr.Stderr = logf, logf
 	require.NoError(t, mgr.Start())

@@ -15,7 +15,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/installer"
 	"github.com/inferencecache/operator/internal/ociimage"
 )
@@ -38,9 +41,10 @@ func TestInstallYAML(t *testing.T) {
 	built, err := ociimage.Build(ctx, ociimage.Options{RepoRoot: "../..", OutDir: images, Version: installVersion, Revision: "test", Only: []string{"manager"}})
 	require.NoError(t, err)
 	require.Len(t, built, 1)
-	// kwok runs no containers: the index's layout needs a digest to pin,
-	// not binaries (make image builds the real one).
-	indexDigest := fakeIndexLayout(t, images)
+	// The index's and the subscriber's layouts (make image builds the
+	// real ones).
+	indexDigest := fakeLayoutOf(t, images, "inferencecache-cache-index")
+	subscriberDigest := fakeLayoutOf(t, images, "inferencecache-kvevent-subscriber")
 	bundle, err := installer.Build(installer.Options{Overlay: "../../kustomize/overlays/production", ImagesDir: images, Registry: "registry.example/inferencecache", Version: installVersion})
 	require.NoError(t, err)
 	installYAML := filepath.Join(work, "install.yaml")
@@ -63,8 +67,33 @@ func TestInstallYAML(t *testing.T) {
 		assert.Contains(t, labels, `"app.kubernetes.io/part-of":"inferencecache"`, obj)
 	}
 
-	k8s, metricsURL := runManager(ctx, t, work, cluster, installVersion)
+	// The KV-event pipeline is on in the bundle (issue 24): the manager's
+	// Deployment names the subscriber pinned like the images, and the
+	// manager run with that argument adds the sidecar to the quickstart's
+	// engine pods (its CacheBackend sets spec.observation).
+	var subscriberArg string
+	for _, a := range strings.Fields(kubectl("get", "-n", "inferencecache-system", "deployment/inferencecache-operator", "-o", `jsonpath={range .spec.template.spec.containers[0].args[*]}{@}{" "}{end}`)) {
+		if strings.HasPrefix(a, installer.SubscriberFlag) {
+			subscriberArg = a
+		}
+	}
+	subscriberImage := "registry.example/inferencecache/inferencecache-kvevent-subscriber@" + subscriberDigest
+	require.Equal(t, installer.SubscriberFlag+subscriberImage, subscriberArg)
+
+	k8s, metricsURL := runManager(ctx, t, work, cluster, installVersion, subscriberArg)
 	quickstartReady(t, ctx, k8s, kubectl)
+	var pods corev1.PodList
+	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace("default"), client.MatchingLabels{"app": "qwen-demo"}))
+	require.NotEmpty(t, pods.Items)
+	for _, p := range pods.Items {
+		var images []string
+		for _, c := range p.Spec.InitContainers {
+			if c.Name == inject.SubscriberContainer {
+				images = append(images, c.Image)
+			}
+		}
+		assert.Equal(t, []string{subscriberImage}, images, "pod %s has the bundle's kvevent-subscriber sidecar", p.Name)
+	}
 
 	// The children carry the manager's version; the metrics say Ready.
 	svcLabels := kubectl("get", "service/qwen-demo-cache", "-o", "jsonpath={.metadata.labels}")
@@ -94,13 +123,14 @@ func TestInstallYAML(t *testing.T) {
 	assert.Contains(t, string(body), `version="`+installVersion+`"`)
 }
 
-// fakeIndexLayout writes an OCI layout of the index holding one random
-// multi-platform image index, and returns its digest.
-func fakeIndexLayout(t *testing.T, dir string) string {
+// fakeLayoutOf writes an OCI layout named name holding one random
+// multi-platform image index, and returns its digest: kwok runs no
+// containers, so the bundle needs digests to pin, not binaries.
+func fakeLayoutOf(t *testing.T, dir, name string) string {
 	t.Helper()
 	idx, err := random.Index(64, 1, 2)
 	require.NoError(t, err)
-	lp, err := layout.Write(filepath.Join(dir, "inferencecache-cache-index"), empty.Index)
+	lp, err := layout.Write(filepath.Join(dir, name), empty.Index)
 	require.NoError(t, err)
 	require.NoError(t, lp.AppendIndex(idx))
 	d, err := idx.Digest()
