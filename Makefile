@@ -20,6 +20,11 @@ INSTALL_PACKAGES := bash test/tools/install-packages.sh
 # golangci-lint is built from the Go module proxy in its own tools module
 # (hack/tools/go.mod), so its dependency graph stays out of the operator's.
 GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
+# actionlint as its own module's build (go install pkg@version), so its
+# dependencies stay out of hack/tools.
+ACTIONLINT_VERSION ?= v1.7.12
+ACTIONLINT := $(CURDIR)/bin/actionlint-$(ACTIONLINT_VERSION)
+SHELLCHECK ?= /usr/bin/shellcheck
 # The packages whose tests need no control plane (no KUBEBUILDER_ASSETS) and
 # no engine environment: everything but the integration (internal/controller),
 # end-to-end (test/e2e, test/install) and real-peer suites (test/conformance,
@@ -88,6 +93,29 @@ krew-manifest: cli-archives ## Write dist/krew/cachebackend.yaml: the krew plugi
 	go run ./hack/krew-manifest -version $(CLI_VERSION) -dist dist -out dist/krew/cachebackend.yaml
 	@echo "wrote dist/krew/cachebackend.yaml"
 
+# Release artifacts beside the images and bundles (docs/releasing.md; the
+# tag-driven workflow .github/workflows/release.yml runs these).
+HELM_VERSION ?= v4.3.1
+SYFT_VERSION ?= v1.57.2
+
+.PHONY: chart-package
+chart-package: ## Package charts/inferencecache-operator into dist/ (chart version and appVersion from VERSION).
+	@mkdir -p dist
+	go run helm.sh/helm/v4/cmd/helm@$(HELM_VERSION) package charts/inferencecache-operator -d dist \
+		--version "$(patsubst v%,%,$(VERSION))" --app-version "$(VERSION)"
+
+.PHONY: sbom
+sbom: ## Write an SPDX SBOM of every image layout in dist/images to dist/sbom/<image>.spdx.json (syft).
+	@mkdir -p dist/sbom
+	for d in $(IMAGES_DIR)/*/; do \
+		name=$$(basename "$$d"); \
+		go run github.com/anchore/syft/cmd/syft@$(SYFT_VERSION) scan "oci-dir:$$d" -o "spdx-json=dist/sbom/$$name.spdx.json"; \
+	done
+
+.PHONY: release-notes
+release-notes: ## Print CHANGELOG.md's section of VERSION (the GitHub release's notes).
+	@awk -v v="## $(VERSION)" 'index($$0, v) == 1 {f = 1; next} /^## / {f = 0} f' CHANGELOG.md
+
 .PHONY: generate
 generate: ## Generate deepcopy code.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
@@ -116,8 +144,10 @@ manifests: ## Generate the CRD, RBAC and webhook manifests, the API reference an
 	go run ./hack/helmchart -kustomize kustomize -out charts/inferencecache-operator
 
 .PHONY: verify
-verify: $(GOLANGCI_LINT) ## Fail on unformatted code, vet or lint findings, or generated files that differ from the generators' output.
+verify: $(GOLANGCI_LINT) $(ACTIONLINT) ## Fail on unformatted code, vet or lint findings, workflow findings (actionlint with shellcheck), or generated files that differ from the generators' output.
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@test -x $(SHELLCHECK) || { echo "$(SHELLCHECK) is missing: run make packages (Debian's shellcheck)"; exit 1; }
+	$(ACTIONLINT) -shellcheck=$(SHELLCHECK) -pyflakes= .github/workflows/*.yml
 	go vet ./...
 	$(GOLANGCI_LINT) run ./...
 	@# The Helm chart's test module (its own go.mod, see test/helm).
@@ -129,6 +159,10 @@ verify: $(GOLANGCI_LINT) ## Fail on unformatted code, vet or lint findings, or g
 	$(MAKE) --no-print-directory -C "$$tmp" generate manifests proto >/dev/null; \
 	status=0; for d in api kustomize docs/reference internal/kvindexpb charts; do diff -ru "$$d" "$$tmp/$$d" || status=1; done; \
 	if [ $$status -ne 0 ]; then echo "generated files differ from the generators' output: run 'make generate manifests proto'"; exit 1; fi
+
+$(ACTIONLINT):
+	@mkdir -p $(CURDIR)/bin
+	tmp=$$(mktemp -d) && GOBIN=$$tmp go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION) && mv $$tmp/actionlint $(ACTIONLINT) && rm -rf $$tmp
 
 $(GOLANGCI_LINT): hack/tools/go.mod hack/tools/go.sum
 	cd hack/tools && go build -o $(GOLANGCI_LINT) github.com/golangci/golangci-lint/v2/cmd/golangci-lint

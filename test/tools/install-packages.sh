@@ -20,6 +20,7 @@ need=(
 	"/usr/bin/redis-server:redis-server"
 	"/usr/bin/promtool:prometheus"
 	"/usr/bin/prometheus:prometheus"
+	"/usr/bin/shellcheck:shellcheck"
 	"/usr/bin/protoc:protobuf-compiler"
 	"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:libtcmalloc-minimal4"
 	"/usr/bin/nsenter:util-linux"
