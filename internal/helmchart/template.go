@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,6 +34,7 @@ func newGenerator() *generator {
 	root.set([]string{"crds"}, "keep", leaf("boolean", true, "Annotate the CRD helm.sh/resource-policy: keep, so `helm uninstall` leaves it (and every CacheBackend) in place; delete it by hand to remove them."))
 	root.set(nil, "createNamespace", leaf("boolean", false, "Render the release's Namespace as an object of the chart (kustomize's overlays include it). Leave false with `helm install --create-namespace`."))
 	root.set(nil, "commonLabels", leaf("stringMap", map[string]any{}, "Labels added to every object and pod template of the chart."))
+	root.set(nil, "global", leaf("freeObject", map[string]any{}, "Values an umbrella chart passes to all its subcharts; accepted and not read (set imagePullSecrets per workload)."))
 	root.set([]string{"networkPolicy"}, "enabled", leaf("boolean", true, "Install the NetworkPolicies (kustomize/base/network): who may reach the webhooks, the index's ingest and query API, and the metrics. Each policy's from (at least one peer) is a value below; docs/security.md#network-policies says what to set per distribution."))
 	root.child("networkPolicy").doc = "NetworkPolicies of the operator's and the index's pods (ingress only; egress stays open)."
 	root.child("crds").doc = "The CacheBackend CustomResourceDefinition."
@@ -193,16 +195,20 @@ func (g *generator) workload(o map[string]any) error {
 	}
 	tl[sentinelPodLabels] = ""
 	tmd["labels"] = tl
-	for _, f := range []struct{ key, kind, doc string }{
-		{"nodeSelector", "stringMap", "The pods' nodeSelector."},
-		{"tolerations", "tolerations", "The pods' tolerations."},
-		{"affinity", "affinity", "The pods' affinity."},
-	} {
+	if _, has := tmd["annotations"]; has {
+		return fmt.Errorf("the pod template has annotations of its own; the chart maps podAnnotations only onto none")
+	}
+	w.set(nil, "podAnnotations", leaf("stringMap", map[string]any{}, "Annotations of the pods (their template's metadata)."))
+	tmd["annotations"] = g.withBlock(ref("podAnnotations"))
+	for _, f := range podFields {
 		def := pod[f.key]
 		if def == nil {
-			if f.kind == "tolerations" {
+			switch f.kind {
+			case "tolerations", "objectList", "localObjectReferences":
 				def = []any{}
-			} else {
+			case "string":
+				def = ""
+			default:
 				def = map[string]any{}
 			}
 		}
@@ -214,7 +220,7 @@ func (g *generator) workload(o map[string]any) error {
 		c := c.(map[string]any)
 		cname := fmt.Sprint(c["name"])
 		ck := camel(cname)
-		if existing := w.child(ck); existing != nil && existing.container != cname || ck == "replicas" || ck == "nodeSelector" || ck == "tolerations" || ck == "affinity" {
+		if existing := w.child(ck); existing != nil && existing.container != cname || ck == "replicas" || ck == "podAnnotations" || slices.ContainsFunc(podFields, func(f podField) bool { return f.key == ck }) {
 			return fmt.Errorf("container %s: values key %s.%s is taken", cname, wk, ck)
 		}
 		cv := w.ensure(ck)
@@ -246,6 +252,20 @@ func (g *generator) workload(o map[string]any) error {
 		}
 	}
 	return nil
+}
+
+// podField is a pod-spec field every workload's pods take from values.
+type podField struct{ key, kind, doc string }
+
+// podFields are the pod-spec fields of every workload that are values:
+// where the pods run and with what priority and pull credentials.
+var podFields = []podField{
+	{"nodeSelector", "stringMap", "The pods' nodeSelector."},
+	{"tolerations", "tolerations", "The pods' tolerations."},
+	{"affinity", "affinity", "The pods' affinity."},
+	{"topologySpreadConstraints", "objectList", "The pods' topologySpreadConstraints (e.g. across zones: maxSkew 1, topologyKey topology.kubernetes.io/zone, whenUnsatisfiable ScheduleAnyway, a labelSelector of the workload's pod labels)."},
+	{"priorityClassName", "string", "The pods' priorityClassName (e.g. system-cluster-critical: the webhook admits every pod CREATE)."},
+	{"imagePullSecrets", "localObjectReferences", "Secrets of the release's namespace to pull the images with ([{name: ...}])."},
 }
 
 // networkPolicy turns the peers of a NetworkPolicy's one ingress rule into

@@ -11,7 +11,7 @@ import (
 // node is one key of values.yaml: an object of further keys, or a leaf of
 // a kind that says its schema.
 type node struct {
-	kind string // object, boolean, integer, string, image, resources, stringMap, stringList, tolerations, affinity, peers
+	kind string // object, boolean, integer, string, image, resources, stringMap, stringList, freeObject, objectList, localObjectReferences, tolerations, affinity, peers
 	doc  string
 	def  any
 	keys []string
@@ -169,6 +169,20 @@ func (n *node) schema() map[string]any {
 	case "stringList":
 		s["type"] = "array"
 		s["items"] = str
+	case "freeObject":
+		s["type"] = "object"
+	case "objectList":
+		// Kubernetes checks the objects' fields.
+		s["type"] = "array"
+		s["items"] = map[string]any{"type": "object"}
+	case "localObjectReferences":
+		s["type"] = "array"
+		s["items"] = map[string]any{
+			"type":                 "object",
+			"additionalProperties": false,
+			"required":             []string{"name"},
+			"properties":           map[string]any{"name": str},
+		}
 	case "tolerations":
 		s["type"] = "array"
 		s["items"] = map[string]any{

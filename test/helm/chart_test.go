@@ -67,6 +67,28 @@ func renderChartIn(dir, ns string, vals map[string]any) (string, error) {
 	return acc.Manifest(), nil
 }
 
+// renderNotes renders the chart and returns its NOTES.txt.
+func renderNotes(vals map[string]any) (string, error) {
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		return "", err
+	}
+	install := action.NewInstall(&action.Configuration{})
+	install.DryRunStrategy = action.DryRunClient
+	install.Replace = true
+	install.ReleaseName = "inferencecache"
+	install.Namespace = namespace
+	rel, err := install.Run(chrt, vals)
+	if err != nil {
+		return "", err
+	}
+	acc, err := release.NewAccessor(rel)
+	if err != nil {
+		return "", err
+	}
+	return acc.Notes(), nil
+}
+
 // renderObjects renders and decodes the chart's objects by key.
 func renderObjects(t *testing.T, vals map[string]any) map[string]object {
 	t.Helper()

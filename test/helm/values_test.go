@@ -28,6 +28,8 @@ func TestSchemaRejects(t *testing.T) {
 		{"an empty from, which would allow every source", `{networkPolicy: {webhook: {from: []}}}`, "from"},
 		{"an unknown key of a peer", `{networkPolicy: {metrics: {from: [{namespaceSelectr: {}}]}}}`, "namespaceSelectr"},
 		{"an ipBlock without cidr", `{networkPolicy: {webhook: {from: [{ipBlock: {except: [10.0.0.0/8]}}]}}}`, "cidr"},
+		{"a pull secret without its name", `{operator: {imagePullSecrets: [{secret: regcred}]}}`, "secret"},
+		{"a priority class that is not a string", `{index: {priorityClassName: [a]}}`, "priorityClassName"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vals := map[string]any{}
@@ -58,6 +60,32 @@ func TestValuesReachTheObjects(t *testing.T) {
 	}{
 		{"image by digest", `{operator: {manager: {image: {repository: registry.example/op, digest: ` + digest + `}}}}`, func(t *testing.T, objs map[string]object) {
 			assert.Equal(t, "registry.example/op@"+digest, manager(objs)["image"])
+		}},
+		// issue 24: what an umbrella chart and a platform team pass.
+		{"global from an umbrella chart", `{global: {imageRegistry: registry.example, imagePullSecrets: [regcred]}}`, func(t *testing.T, objs map[string]object) {
+			assert.NotNil(t, objs[deployment], "the chart renders with global set")
+		}},
+		{"pod annotations", `{operator: {podAnnotations: {prometheus.io/scrape: "false", team: infra}}}`, func(t *testing.T, objs map[string]object) {
+			md := objs[deployment]["spec"].(map[string]any)["template"].(map[string]any)["metadata"].(map[string]any)
+			assert.Equal(t, map[string]any{"prometheus.io/scrape": "false", "team": "infra"}, md["annotations"])
+		}},
+		{"priority class", `{operator: {priorityClassName: system-cluster-critical}}`, func(t *testing.T, objs map[string]object) {
+			assert.Equal(t, "system-cluster-critical", podSpec(objs)["priorityClassName"])
+		}},
+		{"image pull secrets", `{operator: {imagePullSecrets: [{name: regcred}]}}`, func(t *testing.T, objs map[string]object) {
+			assert.Equal(t, []any{map[string]any{"name": "regcred"}}, podSpec(objs)["imagePullSecrets"])
+		}},
+		{"topology spread", `{operator: {topologySpreadConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app.kubernetes.io/name: inferencecache-operator}}}]}}`, func(t *testing.T, objs map[string]object) {
+			tsc := podSpec(objs)["topologySpreadConstraints"].([]any)
+			require.Len(t, tsc, 1)
+			assert.Equal(t, "topology.kubernetes.io/zone", tsc[0].(map[string]any)["topologyKey"])
+		}},
+		{"none of them by default", `{}`, func(t *testing.T, objs map[string]object) {
+			for _, k := range []string{"priorityClassName", "imagePullSecrets", "topologySpreadConstraints"} {
+				assert.NotContains(t, podSpec(objs), k)
+			}
+			md := objs[deployment]["spec"].(map[string]any)["template"].(map[string]any)["metadata"].(map[string]any)
+			assert.NotContains(t, md, "annotations")
 		}},
 		// issue 24: the KV-event sidecar is on by default, of the chart's
 		// release, and one value turns it off.
@@ -128,5 +156,31 @@ func TestLint(t *testing.T) {
 			t.Logf("%s: %s", vals, m)
 		}
 		assert.Equal(t, 1, result.TotalChartsLinted)
+	}
+}
+
+// TestNotes: helm prints NOTES.txt after an install: the namespace, the
+// rollouts to wait for, and what the switches mean for the user.
+func TestNotes(t *testing.T) {
+	for _, tc := range []struct {
+		vals      string
+		has, lack []string
+	}{
+		{`{}`, []string{"installed in namespace inferencecache-system", "rollout status deployment/inferencecache-operator", "install cert-manager first"},
+			[]string{"inject=enabled", "sidecar is off"}},
+		{`{certManager: {enabled: false}, namespaceOptIn: {enabled: true}, operator: {manager: {flags: {kveventSubscriberImage: {repository: ""}}}}}`,
+			[]string{"provisions and renews", "kubectl label namespace <namespace> inferencecache.io/inject=enabled", "sidecar is off"},
+			[]string{"cert-manager first"}},
+	} {
+		vals := map[string]any{}
+		require.NoError(t, yaml.Unmarshal([]byte(tc.vals), &vals))
+		notes, err := renderNotes(vals)
+		require.NoError(t, err)
+		for _, s := range tc.has {
+			assert.Contains(t, notes, s, tc.vals)
+		}
+		for _, s := range tc.lack {
+			assert.NotContains(t, notes, s, tc.vals)
+		}
 	}
 }
