@@ -6,10 +6,16 @@ package cli
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/cli-runtime/pkg/resource"
 	"os"
+	sigsjson "sigs.k8s.io/json"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -44,6 +50,41 @@ func Documents(data []byte) ([]*unstructured.Unstructured, error) {
 	}
 }
 
+// ReadSources reads the objects of files and folders (recursive: their
+// subfolders too) as kubectl apply -f does, with cli-runtime's resource
+// builder; "-" reads in (standard input). Every document of every file is
+// returned in order.
+func ReadSources(paths []string, recursive bool, in io.Reader) ([]*unstructured.Unstructured, error) {
+	b := resource.NewLocalBuilder().Unstructured()
+	var files []string
+	for _, p := range paths {
+		if p == "-" {
+			if in == nil {
+				return nil, errors.New("-f -: no standard input")
+			}
+			b = b.Stream(in, "STDIN")
+			continue
+		}
+		files = append(files, p)
+	}
+	if len(files) > 0 {
+		b = b.FilenameParam(false, &resource.FilenameOptions{Filenames: files, Recursive: recursive})
+	}
+	infos, err := b.Flatten().Do().Infos()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*unstructured.Unstructured, 0, len(infos))
+	for _, i := range infos {
+		u, ok := i.Object.(*unstructured.Unstructured)
+		if !ok {
+			return nil, fmt.Errorf("%s: not an object", i.Source)
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}
+
 // ReadFile reads the objects of a file, or of a kustomization built in
 // process when kustomize is true.
 func ReadFile(path string, kustomize bool) ([]*unstructured.Unstructured, error) {
@@ -74,9 +115,13 @@ func ReadFile(path string, kustomize bool) ([]*unstructured.Unstructured, error)
 	return Documents(data)
 }
 
-// Backends decodes the CacheBackends among objs, strictly: an unknown field
-// or an invalid value is an error naming the object and the field. It is an
-// error when there is none.
+// Backends decodes the CacheBackends among objs and checks each as the API
+// server would on create, offline: an unknown field is an error naming
+// its path; then the CRD's own schema (its defaults applied, types, enums,
+// bounds, patterns and CEL rules: SchemaErrors) and then the validating
+// webhook's own code (validation.Validate), each refusal in the message
+// the API server or the webhook returns (CacheBackend.inferencecache.io
+// "<name>" is invalid: ...). It is an error when there is none.
 func Backends(objs []*unstructured.Unstructured) ([]*v1alpha1.CacheBackend, error) {
 	var out []*v1alpha1.CacheBackend
 	for _, o := range objs {
@@ -90,15 +135,40 @@ func Backends(objs []*unstructured.Unstructured) ([]*v1alpha1.CacheBackend, erro
 		if err != nil {
 			return nil, err
 		}
-		cb := &v1alpha1.CacheBackend{}
-		if err := yaml.UnmarshalStrict(raw, cb); err != nil {
+		// sigs.k8s.io/json, as the API server decodes: an unknown or
+		// duplicate field is named by its path (spec.integration.rol).
+		strict, err := sigsjson.UnmarshalStrict(raw, &v1alpha1.CacheBackend{}, sigsjson.DisallowUnknownFields)
+		if err != nil {
 			return nil, fmt.Errorf("CacheBackend %s: %w", o.GetName(), err)
 		}
-		if cb.Namespace == "" {
-			cb.Namespace = "default"
+		if len(strict) > 0 {
+			msgs := make([]string, 0, len(strict))
+			for _, e := range strict {
+				msgs = append(msgs, e.Error())
+			}
+			return nil, fmt.Errorf("CacheBackend %s: %s", o.GetName(), strings.Join(msgs, "; "))
+		}
+		defaulted := o.DeepCopy()
+		if defaulted.GetNamespace() == "" {
+			defaulted.SetNamespace("default")
+		}
+		errs, err := SchemaErrors(context.Background(), defaulted)
+		if err != nil {
+			return nil, err
+		}
+		if len(errs) > 0 {
+			return nil, invalid(defaulted.GetName(), errs)
+		}
+		raw, err = defaulted.MarshalJSON()
+		if err != nil {
+			return nil, err
+		}
+		cb := &v1alpha1.CacheBackend{}
+		if err := json.Unmarshal(raw, cb); err != nil {
+			return nil, fmt.Errorf("CacheBackend %s: %w", o.GetName(), err)
 		}
 		if err := Check(cb); err != nil {
-			return nil, fmt.Errorf("CacheBackend %s/%s is invalid: %w", cb.Namespace, cb.Name, err)
+			return nil, err
 		}
 		out = append(out, cb)
 	}
@@ -112,46 +182,19 @@ func Backends(objs []*unstructured.Unstructured) ([]*v1alpha1.CacheBackend, erro
 	return out, nil
 }
 
-// Check applies offline the rules the API server enforces that matter for a
-// preview: required and enumerated values, the cross-field rules, and the
-// validating webhook's rules. The API server remains the authority.
+// Check applies the validating webhook's own rules (validation.Validate)
+// to a CacheBackend the schema admits, and returns the webhook's refusal,
+// word for word.
 func Check(cb *v1alpha1.CacheBackend) error {
-	var errs []string
-	add := func(format string, args ...any) { errs = append(errs, fmt.Sprintf(format, args...)) }
-	s := cb.Spec
-	if s.Runtime == "" {
-		s.Runtime = v1alpha1.RuntimeVLLM
-	}
-	switch s.Type {
-	case v1alpha1.BackendTypeLMCache:
-		if s.Runtime != v1alpha1.RuntimeVLLM {
-			add("spec.runtime: type LMCache needs runtime VLLM")
-		}
-	case v1alpha1.BackendTypeSGLangHiCache:
-		if s.Runtime != v1alpha1.RuntimeSGLang {
-			add("spec.runtime: type SGLangHiCache needs runtime SGLang")
-		}
-	case "":
-		add("spec.type: Required value")
-	default:
-		add("spec.type: Unsupported value %q: supported values: LMCache, SGLangHiCache", s.Type)
-	}
-	if k := s.DeploymentKind; k != "" && k != v1alpha1.DeploymentKindDeployment && k != v1alpha1.DeploymentKindStatefulSet {
-		add("spec.deploymentKind: Unsupported value %q: supported values: Deployment, StatefulSet", k)
-	}
-	if r := s.Integration.Role; r != "" && r != v1alpha1.RoleReadWrite && r != v1alpha1.RoleReadOnly && r != v1alpha1.RoleWriteOnly {
-		add("spec.integration.role: Unsupported value %q: supported values: ReadWrite, ReadOnly, WriteOnly", r)
-	}
-	if a := s.Autoscaling; a != nil && a.MinReplicas != nil && *a.MinReplicas > a.MaxReplicas {
-		add("spec.autoscaling: minReplicas must be less than or equal to maxReplicas")
-	}
-	for _, e := range validation.Validate(cb) {
-		errs = append(errs, e.Error())
-	}
-	if len(errs) > 0 {
-		return errors.New(strings.Join(errs, "; "))
+	if errs := validation.Validate(cb); len(errs) > 0 {
+		return invalid(cb.Name, errs)
 	}
 	return nil
+}
+
+// invalid is the API server's and the webhook's refusal of a CacheBackend.
+func invalid(name string, errs field.ErrorList) error {
+	return apierrors.NewInvalid(v1alpha1.GroupVersion.WithKind("CacheBackend").GroupKind(), name, errs)
 }
 
 // RenderYAML prints the child objects the controller applies for cb, in

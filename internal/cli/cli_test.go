@@ -22,18 +22,23 @@ func TestBadInput(t *testing.T) {
 		"unknown field": {`apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
 metadata: {name: a}
-spec: {type: LMCache, replicas: 3}`, `CacheBackend a: error unmarshaling JSON: while decoding JSON: json: unknown field "replicas"`},
+spec: {type: LMCache, replicas: 3}`, `CacheBackend a: unknown field "spec.replicas"`},
+		// issue 24: the path of a nested unknown field (it said only "rol").
+		"nested unknown field": {`apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata: {name: a}
+spec: {type: LMCache, integration: {rol: ReadOnly}}`, `CacheBackend a: unknown field "spec.integration.rol"`},
 		"not a CacheBackend": {`apiVersion: apps/v1
 kind: Deployment
 metadata: {name: a}`, "no CacheBackend"},
 		"invalid enum": {`apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
 metadata: {name: a}
-spec: {type: Redis}`, `spec.type: Unsupported value "Redis"`},
+spec: {type: Redis}`, `spec.type: Unsupported value: "Redis"`},
 		"type/runtime": {`apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
 metadata: {name: a}
-spec: {type: SGLangHiCache}`, "needs runtime SGLang"},
+spec: {type: SGLangHiCache}`, "requires runtime SGLang"},
 		"webhook rule": {`apiVersion: inferencecache.io/v1alpha1
 kind: CacheBackend
 metadata: {name: a}

@@ -450,3 +450,51 @@ func TestCLIHonoursContextAndNamespace(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Equal(t, "engine-a\n:4\n", buf.String())
 }
+
+// TestCLIRenderRefusesAsTheAPIServer: `render -f bad.yaml` offline refuses
+// what the API server refuses, with the same message (issue 24: values
+// out of the schema's range rendered with exit 0; a webhook refusal was
+// worded by hand): the CRD's schema and CEL rules, and the validating
+// webhook's own code. Each object goes to the real API server (dry run,
+// with the webhook) and, as a file, to the CLI.
+func TestCLIRenderRefusesAsTheAPIServer(t *testing.T) {
+	ns := newNamespace(t)
+	const webhookPrefix = `admission webhook "validate.cachebackend.inferencecache.io" denied the request: `
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1alpha1.CacheBackend)
+		text   string
+	}{
+		{"a port past 65535 (schema)", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Port: 99999}}
+		}, "less than or equal to 65535"},
+		{"500 replicas (schema)", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](500)}}
+		}, "less than or equal to 100"},
+		{"HiCache on vLLM (a CEL rule)", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Type = v1alpha1.BackendTypeSGLangHiCache
+		}, "requires runtime SGLang"},
+		{"the PYTHONWARNINGS attack (the webhook)", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Env: []corev1.EnvVar{{Name: "PYTHONWARNINGS", Value: "ignore::antigravity.x"}}}
+		}, "annotated inferencecache.io/allow-overrides"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cb := newBackend(ns, "bad")
+			tc.mutate(cb)
+			err := k8s.Create(context.Background(), cb.DeepCopy(), client.DryRunAll)
+			require.Error(t, err, "the API server refuses it")
+			server := strings.TrimPrefix(err.Error(), webhookPrefix)
+			require.Contains(t, server, tc.text)
+
+			cb.TypeMeta = metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "CacheBackend"}
+			raw, err := yaml.Marshal(cb)
+			require.NoError(t, err)
+			file := filepath.Join(t.TempDir(), "bad.yaml")
+			require.NoError(t, os.WriteFile(file, raw, 0o600))
+			code, out, errOut := runCLI(t, filepath.Join(t.TempDir(), "none"), "render", "-f", file)
+			assert.Equal(t, 1, code, "render refuses it")
+			assert.Empty(t, out)
+			assert.Equal(t, "error: "+server+"\n", errOut, "the API server's message, word for word")
+		})
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/internal/version"
 )
@@ -46,12 +47,12 @@ func TestOfflineCommands(t *testing.T) {
 		"render long flags":    {args: []string{"render", "--kustomize", quickstart}, out: "kind: Deployment"},
 		"render into -n":       {args: []string{"render", "-n", "team", "-f", quickstart + "/cachebackend.yaml"}, out: "namespace: team", notInOut: "namespace: default"},
 		"render engine":        {args: []string{"render", "-f", quickstart + "/cachebackend.yaml", "--engine", quickstart + "/engine.yaml"}, out: "injected by CacheBackend qwen-demo-cache", notInOut: "kvevent-subscriber"},
-		"render invalid":       {args: []string{"render", "-f", bad}, code: 1, err: `spec.type: Unsupported value "Redis"`},
+		"render invalid":       {args: []string{"render", "-f", bad}, code: 1, err: `spec.type: Unsupported value: "Redis"`},
 		"render needs a file":  {args: []string{"render"}, code: 1, err: "[filename kustomize] is required"},
 		"render -f and -k":     {args: []string{"render", "-f", "a", "-k", "b"}, code: 1, err: "none of the others can be"},
 		"diff usage is > 1":    {args: []string{"diff"}, code: 2, err: "is required"},
 		"diff unknown flag":    {args: []string{"diff", "-f", "x", "--bogus"}, code: 2, err: "unknown flag"},
-		"diff missing file":    {args: []string{"diff", "-f", "/nonexistent.yaml"}, code: 2, err: "no such file"},
+		"diff missing file":    {args: []string{"diff", "-f", "/nonexistent.yaml"}, code: 2, err: `the path "/nonexistent.yaml" does not exist`},
 		"diff without cluster": {args: []string{"diff", "-f", quickstart + "/cachebackend.yaml"}, code: 2, err: "error:"},
 		"audit bad output":     {args: []string{"audit", "-o", "xml"}, code: 1, err: "-o must be json or yaml"},
 		"check bad flag value": {args: []string{"check", "--cert-manager", "maybe"}, code: 1, err: "--cert-manager must be"},
@@ -137,6 +138,58 @@ func TestSetNamespace(t *testing.T) {
 			}
 			assert.NoError(t, err)
 			assert.Equal(t, tc.want, o.GetNamespace())
+		})
+	}
+}
+
+// runIn is run with stdin as the CLI's standard input.
+func runIn(t *testing.T, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("HOME", t.TempDir())
+	var out, errOut bytes.Buffer
+	code := Main(args, genericiooptions.IOStreams{In: strings.NewReader(stdin), Out: &out, ErrOut: &errOut})
+	return code, out.String(), errOut.String()
+}
+
+// TestFileHabits: -f as kubectl takes it (issue 24: a repeated -f used the
+// last file only; no -, no folders): repeated, standard input, a folder,
+// and -R into its subfolders.
+func TestFileHabits(t *testing.T) {
+	backend := func(name string) string {
+		return "apiVersion: inferencecache.io/v1alpha1\nkind: CacheBackend\nmetadata: {name: " + name + "}\nspec: {type: LMCache, engineSelector: {matchLabels: {app: " + name + "}}}\n"
+	}
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(backend("a")), 0o600))
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "nested"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "nested", "b.yaml"), []byte(backend("b")), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not yaml"), 0o600))
+	services := func(out string) []string {
+		var names []string
+		for _, doc := range strings.Split(out, "\n---\n") {
+			var o unstructured.Unstructured
+			if yaml.Unmarshal([]byte(doc), &o.Object) == nil && o.GetKind() == "Service" {
+				names = append(names, o.GetName())
+			}
+		}
+		return names
+	}
+	for _, tc := range []struct {
+		name  string
+		stdin string
+		args  []string
+		want  []string
+	}{
+		{"-f twice", "", []string{"-f", filepath.Join(dir, "a.yaml"), "-f", filepath.Join(dir, "nested", "b.yaml")}, []string{"a", "b"}},
+		{"-f - reads standard input", backend("c"), []string{"-f", "-"}, []string{"c"}},
+		{"-f - with a file", backend("c"), []string{"-f", filepath.Join(dir, "a.yaml"), "-f", "-"}, []string{"a", "c"}},
+		{"a folder: its files, not its subfolders", "", []string{"-f", dir}, []string{"a"}},
+		{"a folder with -R", "", []string{"-f", dir, "-R"}, []string{"a", "b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runIn(t, tc.stdin, append([]string{"render"}, tc.args...)...)
+			require.Equal(t, 0, code, errOut)
+			assert.ElementsMatch(t, tc.want, services(out))
 		})
 	}
 }

@@ -13,13 +13,21 @@ import (
 	"github.com/inferencecache/operator/internal/inject"
 )
 
-// sourceFlags are -f/--filename and -k/--kustomize, as kubectl names them.
+// sourceFlags are -f/--filename (repeatable: files, folders, - for
+// standard input; -R/--recursive into folders) and -k/--kustomize, as
+// kubectl names them. Files are read by cli-runtime's resource builder,
+// kubectl's own.
 type sourceFlags struct {
-	file, dir string
+	files     []string
+	recursive bool
+	dir       string
+	in        io.Reader
 }
 
-func (s *sourceFlags) add(c *cobra.Command) {
-	c.Flags().StringVarP(&s.file, "filename", "f", "", "file with CacheBackends")
+func (s *sourceFlags) add(c *cobra.Command, in io.Reader) {
+	s.in = in
+	c.Flags().StringArrayVarP(&s.files, "filename", "f", nil, "file, folder or - (standard input) with CacheBackends; repeatable")
+	c.Flags().BoolVarP(&s.recursive, "recursive", "R", false, "read the folders given with -f recursively")
 	c.Flags().StringVarP(&s.dir, "kustomize", "k", "", "kustomization directory with CacheBackends (built in process)")
 	c.MarkFlagsMutuallyExclusive("filename", "kustomize")
 	c.MarkFlagsOneRequired("filename", "kustomize")
@@ -27,15 +35,17 @@ func (s *sourceFlags) add(c *cobra.Command) {
 	_ = c.MarkFlagDirname("kustomize")
 }
 
-// objects reads the file or kustomization. Objects without a namespace get
+// objects reads the files or kustomization. Objects without a namespace get
 // ns; with -n given (explicit), an object in another namespace is an error,
 // as with kubectl apply.
 func (s *sourceFlags) objects(ns string, explicit bool) ([]*unstructured.Unstructured, error) {
-	path, kustomize := s.file, false
+	var objs []*unstructured.Unstructured
+	var err error
 	if s.dir != "" {
-		path, kustomize = s.dir, true
+		objs, err = cli.ReadFile(s.dir, true)
+	} else {
+		objs, err = cli.ReadSources(s.files, s.recursive, s.in)
 	}
-	objs, err := cli.ReadFile(path, kustomize)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +125,7 @@ spec.observation.modelID. Nothing is read from a cluster.`,
 			return renderEngines(o.streams.Out, backends, eobjs, wiring)
 		},
 	}
-	src.add(c)
+	src.add(c, o.streams.In)
 	c.Flags().StringVar(&engine, "engine", "", "file with an engine Deployment: print its pod template as the webhook wires it")
 	_ = c.MarkFlagFilename("engine", "yaml", "yml", "json")
 	c.Flags().StringVar(&wiring.KVEventSubscriberImage, "kvevent-subscriber-image", "", "with --engine: the manager's --kvevent-subscriber-image; empty shows no sidecar, as the manager adds none")
@@ -189,7 +199,7 @@ Exit status: 0 no changes, 1 changes, 2 (or more) an error.`,
 			return nil
 		},
 	}
-	src.add(c)
+	src.add(c, o.streams.In)
 	return c
 }
 
