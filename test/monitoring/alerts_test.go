@@ -4,7 +4,9 @@
 // test/tools/install-packages.sh), every alert has a firing unit test and a
 // runbook section in docs/operations.md, and the kustomize component builds
 // on the production overlay with a ServiceMonitor that selects the metrics
-// Service. The dashboard's PromQL is parsed in the module test/promql.
+// Service and PodMonitors that select the cache index and the
+// kvevent-subscriber sidecars. The dashboard's PromQL is parsed in the
+// module test/promql.
 package monitoring
 
 import (
@@ -152,7 +154,8 @@ func TestEveryAlertHasAFiringUnitTestAndARunbook(t *testing.T) {
 			assert.True(t, anchors[anchor], "%s: docs/operations.md has a section #%s", r.Alert, anchor)
 		}
 	}
-	assert.Equal(t, 5, alerts, "not Ready, fail-open, webhook errors, cascade storm, IndexSynced")
+	assert.Equal(t, 10, alerts, "not Ready, fail-open, webhook errors, cascade storm, IndexSynced, "+
+		"reconcile errors, operator down, certificate expiry, KV-event lag, index backlog")
 }
 
 // componentObjects builds an overlay that adds the component to the
@@ -330,4 +333,54 @@ func wiredEnginePod(t *testing.T) *corev1.Pod {
 	d := inject.Decide(injecttest.EnginePod(), []v1alpha1.CacheBackend{cb}, inject.Options{KVEventSubscriberImage: "inferencecache/kvevent-subscriber:test"})
 	require.Equal(t, inject.Injected, d.Outcome, d.Message)
 	return d.Pod
+}
+
+// TestAlertsNameWhatTheManagerRuns: the reconcile-error alert matches
+// exactly the controllers the manager registers (Named in
+// internal/controller), and the operator-down alert's job is the Service
+// the ServiceMonitor selects (the Prometheus Operator names the job after
+// it).
+func TestAlertsNameWhatTheManagerRuns(t *testing.T) {
+	_, pr := rules(t)
+	exprs := map[string]string{}
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			exprs[r.Alert] = r.Expr
+		}
+	}
+
+	files, err := filepath.Glob("../../internal/controller/*.go")
+	require.NoError(t, err)
+	var controllers []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile(`\bNamed\("([^"]+)"\)`).FindAllStringSubmatch(string(src), -1) {
+			controllers = append(controllers, m[1])
+		}
+	}
+	require.NotEmpty(t, controllers)
+	m := regexp.MustCompile(`controller=~"([^"]+)"`).FindStringSubmatch(exprs["InferenceCacheReconcileErrors"])
+	require.NotNil(t, m, "InferenceCacheReconcileErrors matches controllers by name: %s", exprs["InferenceCacheReconcileErrors"])
+	assert.ElementsMatch(t, controllers, strings.Split(m[1], "|"))
+
+	var service string
+	var selector map[string]string
+	objs := componentObjects(t)
+	for _, o := range objs {
+		if o.GetKind() == "ServiceMonitor" {
+			selector, _, _ = unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
+		}
+	}
+	require.NotEmpty(t, selector)
+	for _, o := range objs {
+		if o.GetKind() == "Service" && matches(selector, o.GetLabels()) {
+			service = o.GetName()
+		}
+	}
+	require.NotEmpty(t, service)
+	assert.Contains(t, exprs["InferenceCacheOperatorDown"], `up{job="`+service+`"}`)
 }
