@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -167,6 +168,13 @@ func run(args []string, stdout io.Writer) error {
 		metricsLog.Error(err, "listing CacheBackends for the condition gauge")
 	}); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
+	}
+	if *webhooks {
+		if err := metrics.RegisterCertificate(filepath.Join(*webhookCertDir, "tls.crt"), func(err error) {
+			metricsLog.Error(err, "reading the webhook serving certificate for its expiry gauge")
+		}); err != nil {
+			return fmt.Errorf("registering metrics: %w", err)
+		}
 	}
 	if provisioner != nil {
 		if err := mgr.Add(provisioner); err != nil {

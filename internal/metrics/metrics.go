@@ -1,6 +1,9 @@
 // Package metrics exports the manager's own gauges on controller-runtime's
 // metrics registry: the build it runs (inferencecache_build_info) and one
-// series per CacheBackend condition (inferencecache_cachebackend_condition).
+// series per CacheBackend condition (inferencecache_cachebackend_condition),
+// its engine pods by wiring state (inferencecache_cachebackend_engine_pods)
+// and, where the manager serves webhooks, when their serving certificate
+// expires (inferencecache_webhook_certificate_expiry_timestamp_seconds).
 //
 // The condition gauge is computed at scrape time from the manager's
 // informer cache, kube-state-metrics style, instead of being updated by the
@@ -26,8 +29,22 @@ import (
 
 // Metric names; alerts, the dashboard and docs/operations.md use them.
 const (
-	BuildInfoName = "inferencecache_build_info"
-	ConditionName = "inferencecache_cachebackend_condition"
+	BuildInfoName         = "inferencecache_build_info"
+	ConditionName         = "inferencecache_cachebackend_condition"
+	EnginePodsName        = "inferencecache_cachebackend_engine_pods"
+	CertificateExpiryName = "inferencecache_webhook_certificate_expiry_timestamp_seconds"
+)
+
+// Values of the engine-pod gauge's state label, from the CacheBackend's
+// status: wired (status.wiredEnginePods), unwired
+// (status.unwiredEnginePods) and other, the matched pods that are neither
+// (status.matchedEnginePods minus both): skipped on purpose
+// (inferencecache.io/inject-skipped or skip-inject), or not countable
+// while the receipt keys cannot be read (EnginesWired Unknown).
+const (
+	EnginePodsWired   = "wired"
+	EnginePodsUnwired = "unwired"
+	EnginePodsOther   = "other"
 )
 
 // statuses are the values of the status label: for each condition the
@@ -42,10 +59,13 @@ var (
 	conditionDesc = prometheus.NewDesc(ConditionName,
 		"A CacheBackend's status conditions: 1 for the condition's current status, 0 for the other two.",
 		[]string{"namespace", "name", "type", "status"}, nil)
+	enginePodsDesc = prometheus.NewDesc(EnginePodsName,
+		"A CacheBackend's matched engine pods by state: wired (the receipt verifies), unwired, other (skipped, or not countable without the receipt keys).",
+		[]string{"namespace", "name", "state"}, nil)
 )
 
-// Collector emits the build-info gauge and the condition gauge of every
-// CacheBackend Reader lists.
+// Collector emits the build-info gauge, and the condition and engine-pod
+// gauges of every CacheBackend Reader lists.
 type Collector struct {
 	// Reader lists CacheBackends: the manager's cache (no API request per scrape).
 	Reader client.Reader
@@ -65,6 +85,7 @@ func Register(r client.Reader, onError func(error)) error {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- buildInfoDesc
 	ch <- conditionDesc
+	ch <- enginePodsDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -93,6 +114,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				}
 				ch <- prometheus.MustNewConstMetric(conditionDesc, prometheus.GaugeValue, v, cb.Namespace, cb.Name, cond.Type, string(s))
 			}
+		}
+		st := &cb.Status
+		other := max(st.MatchedEnginePods-st.WiredEnginePods-st.UnwiredEnginePods, 0)
+		for state, n := range map[string]int32{EnginePodsWired: st.WiredEnginePods, EnginePodsUnwired: st.UnwiredEnginePods, EnginePodsOther: other} {
+			ch <- prometheus.MustNewConstMetric(enginePodsDesc, prometheus.GaugeValue, float64(n), cb.Namespace, cb.Name, state)
 		}
 	}
 }

@@ -59,6 +59,17 @@ inferencecache_cachebackend_condition{name="ready",namespace="a",status="Unknown
 inferencecache_cachebackend_condition{name="rolling",namespace="b",status="False",type="Ready"} 0
 inferencecache_cachebackend_condition{name="rolling",namespace="b",status="True",type="Ready"} 0
 inferencecache_cachebackend_condition{name="rolling",namespace="b",status="Unknown",type="Ready"} 1
+# HELP inferencecache_cachebackend_engine_pods A CacheBackend's matched engine pods by state: wired (the receipt verifies), unwired, other (skipped, or not countable without the receipt keys).
+# TYPE inferencecache_cachebackend_engine_pods gauge
+inferencecache_cachebackend_engine_pods{name="new",namespace="b",state="other"} 0
+inferencecache_cachebackend_engine_pods{name="new",namespace="b",state="unwired"} 0
+inferencecache_cachebackend_engine_pods{name="new",namespace="b",state="wired"} 0
+inferencecache_cachebackend_engine_pods{name="ready",namespace="a",state="other"} 0
+inferencecache_cachebackend_engine_pods{name="ready",namespace="a",state="unwired"} 0
+inferencecache_cachebackend_engine_pods{name="ready",namespace="a",state="wired"} 0
+inferencecache_cachebackend_engine_pods{name="rolling",namespace="b",state="other"} 0
+inferencecache_cachebackend_engine_pods{name="rolling",namespace="b",state="unwired"} 0
+inferencecache_cachebackend_engine_pods{name="rolling",namespace="b",state="wired"} 0
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want)))
 }
@@ -79,4 +90,49 @@ func TestCollectListError(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.EqualError(t, got, "cache not synced")
+}
+
+// TestCollectEnginePods: one series per backend and state, from the
+// status the controller wrote: wired and unwired as counted, other the
+// matched pods that are neither (skipped, or uncountable without keys),
+// never negative when a status is momentarily inconsistent.
+func TestCollectEnginePods(t *testing.T) {
+	for _, tc := range []struct {
+		name                    string
+		matched, wired, unwired int32
+		want                    map[string]float64
+	}{
+		{"none matched", 0, 0, 0, map[string]float64{"wired": 0, "unwired": 0, "other": 0}},
+		{"all wired", 3, 3, 0, map[string]float64{"wired": 3, "unwired": 0, "other": 0}},
+		{"some unwired", 5, 2, 3, map[string]float64{"wired": 2, "unwired": 3, "other": 0}},
+		{"skipped pods are other", 6, 2, 1, map[string]float64{"wired": 2, "unwired": 1, "other": 3}},
+		{"more counted than matched", 1, 2, 1, map[string]float64{"wired": 2, "unwired": 1, "other": 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cb := backend("ml", "cache")
+			cb.Status.MatchedEnginePods, cb.Status.WiredEnginePods, cb.Status.UnwiredEnginePods = tc.matched, tc.wired, tc.unwired
+			s := k8sruntime.NewScheme()
+			require.NoError(t, v1alpha1.AddToScheme(s))
+			reg := prometheus.NewPedanticRegistry()
+			require.NoError(t, reg.Register(&metrics.Collector{Reader: fake.NewClientBuilder().WithScheme(s).WithObjects(cb).Build()}))
+			families, err := reg.Gather()
+			require.NoError(t, err)
+			got := map[string]float64{}
+			for _, f := range families {
+				if f.GetName() != metrics.EnginePodsName {
+					continue
+				}
+				for _, m := range f.GetMetric() {
+					labels := map[string]string{}
+					for _, l := range m.GetLabel() {
+						labels[l.GetName()] = l.GetValue()
+					}
+					assert.Equal(t, "ml", labels["namespace"])
+					assert.Equal(t, "cache", labels["name"])
+					got[labels["state"]] = m.GetGauge().GetValue()
+				}
+			}
+			assert.Equal(t, tc.want, got)
+		})
+	}
 }

@@ -4,7 +4,9 @@
 // test/tools/install-packages.sh), every alert has a firing unit test and a
 // runbook section in docs/operations.md, and the kustomize component builds
 // on the production overlay with a ServiceMonitor that selects the metrics
-// Service. The dashboard's PromQL is parsed in the module test/promql.
+// Service and PodMonitors that select the cache index and the
+// kvevent-subscriber sidecars. The dashboard's PromQL is parsed in the
+// module test/promql.
 package monitoring
 
 import (
@@ -18,9 +20,13 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/inject/injecttest"
 	"github.com/inferencecache/operator/test/manifests"
 )
 
@@ -148,13 +154,14 @@ func TestEveryAlertHasAFiringUnitTestAndARunbook(t *testing.T) {
 			assert.True(t, anchors[anchor], "%s: docs/operations.md has a section #%s", r.Alert, anchor)
 		}
 	}
-	assert.Equal(t, 5, alerts, "not Ready, fail-open, webhook errors, cascade storm, IndexSynced")
+	assert.Equal(t, 10, alerts, "not Ready, fail-open, webhook errors, cascade storm, IndexSynced, "+
+		"reconcile errors, operator down, certificate expiry, KV-event lag, index backlog")
 }
 
-// TestComponentOnProductionOverlay builds an overlay that adds the
-// component to the production overlay: a ServiceMonitor whose selector
-// matches the metrics Service (and no other Service) on a port it has.
-func TestComponentOnProductionOverlay(t *testing.T) {
+// componentObjects builds an overlay that adds the component to the
+// production overlay.
+func componentObjects(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
 	dir := t.TempDir()
 	abs := func(p string) string { a, err := filepath.Abs(p); require.NoError(t, err); return a }
 	rel := func(p string) string { r, err := filepath.Rel(dir, abs(p)); require.NoError(t, err); return r }
@@ -162,20 +169,74 @@ func TestComponentOnProductionOverlay(t *testing.T) {
 		"resources: ["+rel("../../kustomize/overlays/production")+"]\ncomponents: ["+rel(component)+"]\n"), 0o600))
 	objs, err := manifests.Build(dir)
 	require.NoError(t, err)
-	var selector map[string]string
-	var port string
+	return objs
+}
+
+// matches reports whether labels satisfy the matchLabels sel (an empty
+// selector matches every object, as the Prometheus Operator reads it).
+func matches(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// monitor is what a ServiceMonitor or PodMonitor selects.
+type monitor struct {
+	selector         map[string]string
+	selectorPresent  bool
+	anyNamespace     bool
+	namespaces       []string
+	ports            []string
+	honorLabels      []bool
+	matchExpressions bool
+}
+
+func monitorOf(t *testing.T, o *unstructured.Unstructured, endpoints string) monitor {
+	t.Helper()
+	var m monitor
+	m.selector, _, _ = unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
+	_, m.selectorPresent, _ = unstructured.NestedFieldNoCopy(o.Object, "spec", "selector")
+	_, m.matchExpressions, _ = unstructured.NestedSlice(o.Object, "spec", "selector", "matchExpressions")
+	m.anyNamespace, _, _ = unstructured.NestedBool(o.Object, "spec", "namespaceSelector", "any")
+	m.namespaces, _, _ = unstructured.NestedStringSlice(o.Object, "spec", "namespaceSelector", "matchNames")
+	eps, _, _ := unstructured.NestedSlice(o.Object, "spec", endpoints)
+	for _, e := range eps {
+		ep := e.(map[string]any)
+		port, _ := ep["port"].(string)
+		honor, _ := ep["honorLabels"].(bool)
+		m.ports = append(m.ports, port)
+		m.honorLabels = append(m.honorLabels, honor)
+	}
+	return m
+}
+
+// TestComponentOnProductionOverlay: the component on the production
+// overlay has a PrometheusRule, a ServiceMonitor whose selector matches
+// the metrics Service (and no other Service) on a port it has, a
+// PodMonitor that matches the cache index's pods (and no other workload of
+// the bundle) on their metrics port, and a PodMonitor for the
+// kvevent-subscriber sidecars, in every namespace, on the port the webhook
+// gives the sidecar. Only the manager's endpoint honours the series'
+// labels: the others carry no namespace of their own.
+func TestComponentOnProductionOverlay(t *testing.T) {
+	objs := componentObjects(t)
+	var rule bool
+	serviceMonitors, podMonitors := map[string]monitor{}, map[string]monitor{}
 	services := map[string]map[string]string{}
 	servicePorts := map[string][]string{}
-	var rule bool
+	podLabels := map[string]map[string]string{} // workload -> pod template labels
+	podPorts := map[string][]string{}
 	for _, o := range objs {
 		switch o.GetKind() {
 		case "ServiceMonitor":
 			assert.Equal(t, "inferencecache-system", o.GetNamespace())
-			m, _, _ := unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
-			selector = m
-			eps, _, _ := unstructured.NestedSlice(o.Object, "spec", "endpoints")
-			require.Len(t, eps, 1)
-			port, _ = eps[0].(map[string]any)["port"].(string)
+			serviceMonitors[o.GetName()] = monitorOf(t, o, "endpoints")
+		case "PodMonitor":
+			assert.Equal(t, "inferencecache-system", o.GetNamespace())
+			podMonitors[o.GetName()] = monitorOf(t, o, "podMetricsEndpoints")
 		case "PrometheusRule":
 			rule = true
 			assert.Equal(t, "inferencecache-system", o.GetNamespace())
@@ -185,20 +246,141 @@ func TestComponentOnProductionOverlay(t *testing.T) {
 			for _, p := range ps {
 				servicePorts[o.GetName()] = append(servicePorts[o.GetName()], p.(map[string]any)["name"].(string))
 			}
+		case "Deployment", "StatefulSet", "DaemonSet":
+			key := o.GetKind() + "/" + o.GetName()
+			podLabels[key], _, _ = unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+			for _, list := range []string{"containers", "initContainers"} {
+				cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", list)
+				for _, c := range cs {
+					ps, _, _ := unstructured.NestedSlice(c.(map[string]any), "ports")
+					for _, p := range ps {
+						podPorts[key] = append(podPorts[key], p.(map[string]any)["name"].(string))
+					}
+				}
+			}
 		}
 	}
-	require.NotNil(t, selector, "a ServiceMonitor")
 	assert.True(t, rule, "a PrometheusRule")
+	require.Len(t, serviceMonitors, 1)
+	require.Len(t, podMonitors, 2)
+
+	// The manager's metrics Service.
+	sm, ok := serviceMonitors["inferencecache-operator"]
+	require.True(t, ok, "ServiceMonitor inferencecache-operator")
+	require.NotEmpty(t, sm.selector)
 	var matched []string
 	for name, labels := range services {
-		ok := true
-		for k, v := range selector {
-			ok = ok && labels[k] == v
-		}
-		if ok {
+		if matches(sm.selector, labels) {
 			matched = append(matched, name)
 		}
 	}
 	assert.Equal(t, []string{"inferencecache-operator-metrics"}, matched)
-	assert.Contains(t, servicePorts["inferencecache-operator-metrics"], port)
+	require.Len(t, sm.ports, 1)
+	assert.Contains(t, servicePorts["inferencecache-operator-metrics"], sm.ports[0])
+	assert.Equal(t, []bool{true}, sm.honorLabels, "the manager's series carry each CacheBackend's namespace")
+
+	// The cache index's pods, on the port that serves /metrics
+	// (cmd/cache-index: --health-probe-bind-address, port `health`).
+	idx, ok := podMonitors["inferencecache-index"]
+	require.True(t, ok, "PodMonitor inferencecache-index")
+	require.NotEmpty(t, idx.selector)
+	assert.False(t, idx.anyNamespace, "the index runs in the monitor's own namespace")
+	assert.Empty(t, idx.namespaces)
+	matched = nil
+	for key, labels := range podLabels {
+		if matches(idx.selector, labels) {
+			matched = append(matched, key)
+		}
+	}
+	assert.Equal(t, []string{"Deployment/inferencecache-index"}, matched)
+	require.Len(t, idx.ports, 1)
+	assert.Equal(t, "health", idx.ports[0], "cache-index serves /metrics beside /healthz")
+	assert.Contains(t, podPorts["Deployment/inferencecache-index"], idx.ports[0])
+	assert.Equal(t, []bool{false}, idx.honorLabels)
+
+	// The sidecars the webhook adds to engine pods of any namespace.
+	sc, ok := podMonitors["inferencecache-kvevents"]
+	require.True(t, ok, "PodMonitor inferencecache-kvevents")
+	assert.True(t, sc.anyNamespace, "engine pods live in the users' namespaces")
+	assert.True(t, sc.selectorPresent, "a selector (the Prometheus Operator requires one)")
+	assert.False(t, sc.matchExpressions)
+	wired := wiredEnginePod(t)
+	assert.True(t, matches(sc.selector, wired.Labels), "the selector %v matches a wired engine pod's labels %v", sc.selector, wired.Labels)
+	require.Len(t, sc.ports, 1)
+	var sidecarPorts []string
+	for _, c := range wired.Spec.InitContainers {
+		if c.Name == inject.SubscriberContainer {
+			for _, p := range c.Ports {
+				sidecarPorts = append(sidecarPorts, p.Name)
+			}
+		}
+	}
+	require.NotEmpty(t, sidecarPorts, "the webhook added the %s sidecar with a port", inject.SubscriberContainer)
+	assert.Contains(t, sidecarPorts, sc.ports[0])
+	for key, ports := range podPorts {
+		assert.NotContains(t, ports, sc.ports[0], "%s of the bundle has no port the sidecar monitor would scrape", key)
+	}
+	assert.Equal(t, []bool{false}, sc.honorLabels, "the sidecar's series carry no namespace: the engine pod's is kept")
+}
+
+// wiredEnginePod is an engine pod as the webhook wires it for a backend
+// with spec.observation: with the kvevent-subscriber sidecar.
+func wiredEnginePod(t *testing.T) *corev1.Pod {
+	t.Helper()
+	cb := injecttest.Backend("cache", func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Observation = &v1alpha1.Observation{ModelID: "Qwen/Qwen2.5-0.5B-Instruct"}
+	})
+	d := inject.Decide(injecttest.EnginePod(), []v1alpha1.CacheBackend{cb}, inject.Options{KVEventSubscriberImage: "inferencecache/kvevent-subscriber:test"})
+	require.Equal(t, inject.Injected, d.Outcome, d.Message)
+	return d.Pod
+}
+
+// TestAlertsNameWhatTheManagerRuns: the reconcile-error alert matches
+// exactly the controllers the manager registers (Named in
+// internal/controller), and the operator-down alert's job is the Service
+// the ServiceMonitor selects (the Prometheus Operator names the job after
+// it).
+func TestAlertsNameWhatTheManagerRuns(t *testing.T) {
+	_, pr := rules(t)
+	exprs := map[string]string{}
+	for _, g := range pr.Spec.Groups {
+		for _, r := range g.Rules {
+			exprs[r.Alert] = r.Expr
+		}
+	}
+
+	files, err := filepath.Glob("../../internal/controller/*.go")
+	require.NoError(t, err)
+	var controllers []string
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile(`\bNamed\("([^"]+)"\)`).FindAllStringSubmatch(string(src), -1) {
+			controllers = append(controllers, m[1])
+		}
+	}
+	require.NotEmpty(t, controllers)
+	m := regexp.MustCompile(`controller=~"([^"]+)"`).FindStringSubmatch(exprs["InferenceCacheReconcileErrors"])
+	require.NotNil(t, m, "InferenceCacheReconcileErrors matches controllers by name: %s", exprs["InferenceCacheReconcileErrors"])
+	assert.ElementsMatch(t, controllers, strings.Split(m[1], "|"))
+
+	var service string
+	var selector map[string]string
+	objs := componentObjects(t)
+	for _, o := range objs {
+		if o.GetKind() == "ServiceMonitor" {
+			selector, _, _ = unstructured.NestedStringMap(o.Object, "spec", "selector", "matchLabels")
+		}
+	}
+	require.NotEmpty(t, selector)
+	for _, o := range objs {
+		if o.GetKind() == "Service" && matches(selector, o.GetLabels()) {
+			service = o.GetName()
+		}
+	}
+	require.NotEmpty(t, service)
+	assert.Contains(t, exprs["InferenceCacheOperatorDown"], `up{job="`+service+`"}`)
 }

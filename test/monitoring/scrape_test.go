@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/inferencecache/operator/internal/metrics"
-	"github.com/inferencecache/operator/test/manifests"
 )
 
 const prometheusBin = "/usr/bin/prometheus"
@@ -26,14 +25,7 @@ const prometheusBin = "/usr/bin/prometheus"
 // and returns its one endpoint's honorLabels.
 func serviceMonitorHonorLabels(t *testing.T) bool {
 	t.Helper()
-	dir := t.TempDir()
-	abs := func(p string) string { a, err := filepath.Abs(p); require.NoError(t, err); return a }
-	rel := func(p string) string { r, err := filepath.Rel(dir, abs(p)); require.NoError(t, err); return r }
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(
-		"resources: ["+rel("../../kustomize/overlays/production")+"]\ncomponents: ["+rel(component)+"]\n"), 0o600))
-	objs, err := manifests.Build(dir)
-	require.NoError(t, err)
-	for _, o := range objs {
+	for _, o := range componentObjects(t) {
 		if o.GetKind() == "ServiceMonitor" {
 			eps, _, _ := unstructured.NestedSlice(o.Object, "spec", "endpoints")
 			require.Len(t, eps, 1)

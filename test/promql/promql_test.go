@@ -67,6 +67,11 @@ func TestDashboardQueriesParse(t *testing.T) {
 		"inferencecache_cachebackend_condition", "inferencecache_build_info",
 		"inferencecache_webhook_decisions_total", "inferencecache_restart_cascades_total",
 		"inferencecache_functional_probes_total",
+		"inferencecache_cachebackend_engine_pods", "inferencecache_webhook_certificate_expiry_timestamp_seconds",
+		// The index's participation and lag (issue 24).
+		"inferencecache_index_streams", "inferencecache_index_deltas_total",
+		"inferencecache_kvevents_forward_connected", "inferencecache_kvevents_event_lag_seconds_bucket",
+		"inferencecache_kvevents_forward_journal_depth",
 	} {
 		assert.True(t, metrics[m], "the dashboard shows %s", m)
 	}
