@@ -223,6 +223,7 @@ annotation, or one running a vLLM or SGLang image or command.`,
 
 func newVersion(o *options) *cobra.Command {
 	var clientOnly bool
+	var output string
 	c := &cobra.Command{
 		Use:   "version",
 		Short: "Print the CLI's version and the running manager's",
@@ -231,9 +232,40 @@ Deployment's container and its tag, and the Deployment's
 app.kubernetes.io/version label ("unknown" when absent).`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			fmt.Fprintf(o.streams.Out, "client: %s\n", version.String(Program))
+			if output != "" && output != "yaml" && output != "json" {
+				return fmt.Errorf("-o must be yaml or json, not %q", output)
+			}
+			// -o: kubectl version's shape, clientVersion and the
+			// manager's, for scripts.
+			type versions struct {
+				ClientVersion  string              `json:"clientVersion"`
+				ManagerVersion *cli.ManagerVersion `json:"managerVersion,omitempty"`
+				ManagerError   string              `json:"managerError,omitempty"`
+			}
+			out := versions{ClientVersion: version.String(Program)}
+			print := func() error {
+				if output == "" {
+					return nil
+				}
+				var b []byte
+				var err error
+				if output == "json" {
+					b, err = json.MarshalIndent(out, "", "  ")
+					b = append(b, '\n')
+				} else {
+					b, err = yaml.Marshal(out)
+				}
+				if err != nil {
+					return err
+				}
+				_, err = o.streams.Out.Write(b)
+				return err
+			}
+			if output == "" {
+				fmt.Fprintf(o.streams.Out, "client: %s\n", out.ClientVersion)
+			}
 			if clientOnly {
-				return nil
+				return print()
 			}
 			k, err := o.client()
 			if err != nil {
@@ -241,16 +273,23 @@ app.kubernetes.io/version label ("unknown" when absent).`,
 			}
 			v, err := cli.ReadManagerVersion(c.Context(), k, o.operatorNamespace)
 			if apierrors.IsNotFound(err) {
-				fmt.Fprintf(o.streams.Out, "manager: %s (%v)\n", cli.Unknown, err)
-				return nil
+				if output == "" {
+					fmt.Fprintf(o.streams.Out, "manager: %s (%v)\n", cli.Unknown, err)
+				}
+				out.ManagerError = err.Error()
+				return print()
 			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(o.streams.Out, "manager: %s (image %s, %s=%s)\n", v.Tag, v.Image, cli.LabelVersion, v.Label)
-			return nil
+			if output == "" {
+				fmt.Fprintf(o.streams.Out, "manager: %s (image %s, %s=%s)\n", v.Tag, v.Image, cli.LabelVersion, v.Label)
+			}
+			out.ManagerVersion = &v
+			return print()
 		},
 	}
 	c.Flags().BoolVar(&clientOnly, "client", false, "print the CLI's version only")
+	c.Flags().StringVarP(&output, "output", "o", "", "output format: yaml or json (default: two lines)")
 	return c
 }

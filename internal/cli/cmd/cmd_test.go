@@ -2,6 +2,7 @@ package cmd
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -192,4 +193,43 @@ func TestFileHabits(t *testing.T) {
 			assert.ElementsMatch(t, tc.want, services(out))
 		})
 	}
+}
+
+// TestOutputFormats: -o where kubectl has it (issue 24): render -o json
+// (one List), -o name (kind.group/name), the decisions of --engine on
+// stderr so stdout stays machine-readable; version -o yaml|json.
+func TestOutputFormats(t *testing.T) {
+	cb := quickstart + "/cachebackend.yaml"
+	code, out, errOut := run(t, "render", "-f", cb, "-o", "name")
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, "service/qwen-demo-cache\ndeployment.apps/qwen-demo-cache\n", out)
+
+	code, out, errOut = run(t, "render", "-f", cb, "-o", "json")
+	require.Equal(t, 0, code, errOut)
+	var list struct {
+		Kind  string `json:"kind"`
+		Items []struct {
+			Kind string `json:"kind"`
+		} `json:"items"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &list), out)
+	assert.Equal(t, "List", list.Kind)
+	require.Len(t, list.Items, 2)
+	assert.Equal(t, "Deployment", list.Items[1].Kind)
+
+	code, out, errOut = run(t, "render", "-f", cb, "--engine", quickstart+"/engine.yaml", "-o", "name")
+	require.Equal(t, 0, code, errOut)
+	assert.Equal(t, "deployment.apps/qwen-engine\n", out)
+	assert.Contains(t, errOut, "# default/qwen-engine: injected by CacheBackend qwen-demo-cache")
+
+	code, _, errOut = run(t, "render", "-f", cb, "-o", "wide")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, `-o must be yaml, json or name, not "wide"`)
+
+	code, out, errOut = run(t, "version", "--client", "-o", "json")
+	require.Equal(t, 0, code, errOut)
+	assert.JSONEq(t, `{"clientVersion": "`+version.String(Program)+`"}`, out)
+	code, out, _ = run(t, "version", "--client", "-o", "yaml")
+	require.Equal(t, 0, code)
+	assert.Equal(t, "clientVersion: "+version.String(Program)+"\n", out)
 }

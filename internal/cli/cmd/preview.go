@@ -6,11 +6,14 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/printers"
 	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/cli"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/render"
 )
 
 // sourceFlags are -f/--filename (repeatable: files, folders, - for
@@ -76,7 +79,7 @@ func (s *sourceFlags) backends(ns string, explicit bool) ([]*v1alpha1.CacheBacke
 
 func newRender(o *options) *cobra.Command {
 	var src sourceFlags
-	var engine, domain string
+	var engine, domain, output string
 	var wiring inject.Options
 	c := &cobra.Command{
 		Use:   "render (-f FILE | -k DIR) [--engine FILE [--kvevent-subscriber-image IMAGE]]",
@@ -99,11 +102,25 @@ spec.observation.modelID. Nothing is read from a cluster.`,
 			if err != nil {
 				ns, explicit = "default", false
 			}
+			if output != "yaml" && output != "json" && output != "name" {
+				return fmt.Errorf("-o must be yaml, json or name, not %q", output)
+			}
 			backends, err := src.backends(ns, explicit)
 			if err != nil {
 				return err
 			}
 			if engine == "" {
+				if output != "yaml" {
+					var objs []*unstructured.Unstructured
+					for _, cb := range backends {
+						children, err := render.Objects(render.Render(cb))
+						if err != nil {
+							return err
+						}
+						objs = append(objs, children...)
+					}
+					return printObjects(o.streams.Out, output, objs)
+				}
 				for _, cb := range backends {
 					if err := cli.RenderYAML(o.streams.Out, cb); err != nil {
 						return err
@@ -122,10 +139,24 @@ spec.observation.modelID. Nothing is read from a cluster.`,
 				wiring.IndexEndpoint = inject.DefaultIndexEndpoint(operatorNamespace, domain)
 			}
 			wiring.ClusterDomain = domain
+			if output != "yaml" {
+				// The decisions go to stderr, the objects alone to stdout.
+				engines, err := wireEngines(backends, eobjs, wiring)
+				if err != nil {
+					return err
+				}
+				objs := make([]*unstructured.Unstructured, 0, len(engines))
+				for _, e := range engines {
+					fmt.Fprintf(o.streams.ErrOut, "# %s\n", e.decision)
+					objs = append(objs, e.object)
+				}
+				return printObjects(o.streams.Out, output, objs)
+			}
 			return renderEngines(o.streams.Out, backends, eobjs, wiring)
 		},
 	}
 	src.add(c, o.streams.In)
+	c.Flags().StringVarP(&output, "output", "o", "yaml", "output format: yaml (with the decisions as comments), json (one List) or name (kind.group/name)")
 	c.Flags().StringVar(&engine, "engine", "", "file with an engine Deployment: print its pod template as the webhook wires it")
 	_ = c.MarkFlagFilename("engine", "yaml", "yml", "json")
 	c.Flags().StringVar(&wiring.KVEventSubscriberImage, "kvevent-subscriber-image", "", "with --engine: the manager's --kvevent-subscriber-image; empty shows no sidecar, as the manager adds none")
@@ -134,18 +165,45 @@ spec.observation.modelID. Nothing is read from a cluster.`,
 	return c
 }
 
+// printObjects prints objs as kubectl does with -o json (one List) or
+// -o name (kind.group/name a line).
+func printObjects(w io.Writer, output string, objs []*unstructured.Unstructured) error {
+	if output == "name" {
+		p := &printers.NamePrinter{}
+		for _, o := range objs {
+			if err := p.PrintObj(o, w); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	list := &unstructured.UnstructuredList{Object: map[string]any{"apiVersion": "v1", "kind": "List", "metadata": map[string]any{}}}
+	for _, o := range objs {
+		list.Items = append(list.Items, *o)
+	}
+	return (&printers.JSONPrinter{}).PrintObj(list, w)
+}
+
 // operatorNamespace is the install bundle's namespace, where the manager's
 // default --kvindex-endpoint points.
 const operatorNamespace = "inferencecache-system"
 
-func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*unstructured.Unstructured, opts inject.Options) error {
+// wiredEngine is one engine Deployment of render --engine: the webhook's
+// decision, said as a line, and the Deployment with its template wired.
+type wiredEngine struct {
+	decision string
+	object   *unstructured.Unstructured
+}
+
+func wireEngines(backends []*v1alpha1.CacheBackend, eobjs []*unstructured.Unstructured, opts inject.Options) ([]wiredEngine, error) {
 	engines, err := cli.Engines(eobjs)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var out []wiredEngine
 	for _, d := range engines {
-		var wired any = d
-		decided := false
+		wired := d
+		decision := fmt.Sprintf("%s/%s: no CacheBackend selects its pod labels; its pods would not be wired", d.Namespace, d.Name)
 		for _, cb := range backends {
 			if cb.Namespace != d.Namespace {
 				continue
@@ -154,22 +212,36 @@ func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*un
 			if dec.Backend == nil {
 				continue
 			}
-			fmt.Fprintf(out, "# %s/%s: %s by CacheBackend %s", d.Namespace, d.Name, dec.Outcome, dec.Backend.Name)
+			decision = fmt.Sprintf("%s/%s: %s by CacheBackend %s", d.Namespace, d.Name, dec.Outcome, dec.Backend.Name)
 			if dec.Message != "" {
-				fmt.Fprintf(out, " (%s)", dec.Message)
+				decision += fmt.Sprintf(" (%s)", dec.Message)
 			}
-			fmt.Fprintln(out)
-			wired, decided = w, true
+			wired = w
 			break
 		}
-		if !decided {
-			fmt.Fprintf(out, "# %s/%s: no CacheBackend selects its pod labels; its pods would not be wired\n", d.Namespace, d.Name)
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(wired)
+		if err != nil {
+			return nil, err
 		}
-		b, err := yaml.Marshal(wired)
+		u := &unstructured.Unstructured{Object: m}
+		u.SetAPIVersion("apps/v1")
+		u.SetKind("Deployment")
+		out = append(out, wiredEngine{decision: decision, object: u})
+	}
+	return out, nil
+}
+
+func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*unstructured.Unstructured, opts inject.Options) error {
+	engines, err := wireEngines(backends, eobjs, opts)
+	if err != nil {
+		return err
+	}
+	for _, e := range engines {
+		b, err := yaml.Marshal(e.object.Object)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "---\n%s", b)
+		fmt.Fprintf(out, "# %s\n---\n%s", e.decision, b)
 	}
 	return nil
 }
