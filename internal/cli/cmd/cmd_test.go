@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -232,4 +234,24 @@ func TestOutputFormats(t *testing.T) {
 	code, out, _ = run(t, "version", "--client", "-o", "yaml")
 	require.Equal(t, 0, code)
 	assert.Equal(t, "clientVersion: "+version.String(Program)+"\n", out)
+}
+
+// TestHelpExamplesExist: every path under examples/ that a command's help
+// shows exists (issue 24: diff --help named examples/environments/overlays/prod).
+func TestHelpExamplesExist(t *testing.T) {
+	path := regexp.MustCompile(`examples/[A-Za-z0-9_./-]+`)
+	var walk func(c *cobra.Command)
+	seen := 0
+	walk = func(c *cobra.Command) {
+		for _, p := range path.FindAllString(c.Example+" "+c.Long, -1) {
+			seen++
+			_, err := os.Stat(filepath.Join("../../..", p))
+			assert.NoError(t, err, "%s --help names %s", c.CommandPath(), p)
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(NewRoot(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &bytes.Buffer{}, ErrOut: &bytes.Buffer{}}))
+	assert.Greater(t, seen, 5, "the help shows example paths")
 }

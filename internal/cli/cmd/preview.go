@@ -258,7 +258,7 @@ Nothing is written.
 
 Exit status: 0 no changes, 1 changes, 2 (or more) an error.`,
 		Example: `  kubectl cachebackend diff -f examples/quickstart/cachebackend.yaml
-  kubectl cachebackend diff -k examples/environments/overlays/prod --context prod`,
+  kubectl cachebackend diff -k examples/environments/overlays/production --context prod`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			changed, err := runDiff(c, o, &src)
