@@ -341,6 +341,167 @@ type RemoteStorage struct {
 	LMCacheServer *LMCacheServer `json:"lmCacheServer,omitempty"`
 }
 
+// ServerPod is what the managed server's pod template takes beyond the
+// operator's own fields: the pod-spec fields a platform team sets to
+// place and harden it, in bounded forms of the Kubernetes types. The
+// validating webhook refuses labels the operator's selectors own and
+// malformed keys, names and tolerations, with their field paths.
+type ServerPod struct {
+	// Labels added to the pods. Keys the operator's selectors use
+	// (app.kubernetes.io/name, instance, managed-by, component,
+	// inferencecache.io/cachebackend) are refused.
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && size(self[k]) <= 63)",message="label keys have at most 317 characters, values at most 63"
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+
+	// Annotations added to the pods.
+	// +kubebuilder:validation:MaxProperties=64
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && size(self[k]) <= 4096)",message="annotation keys have at most 317 characters, values at most 4096"
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+
+	// NodeSelector of the pods.
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) <= 317 && size(self[k]) <= 63)",message="node label keys have at most 317 characters, values at most 63"
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Tolerations of the pods.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	// +optional
+	Tolerations []ServerToleration `json:"tolerations,omitempty"`
+
+	// TopologySpreadConstraints of the pods.
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	// +optional
+	TopologySpreadConstraints []ServerTopologySpread `json:"topologySpreadConstraints,omitempty"`
+
+	// PriorityClassName of the pods.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// ImagePullSecrets of the CacheBackend's namespace to pull the server
+	// image with.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	// +optional
+	ImagePullSecrets []ServerPullSecret `json:"imagePullSecrets,omitempty"`
+
+	// SecurityContext of the pods. For Pod Security "restricted":
+	// runAsNonRoot with a runAsUser the image can run as, and
+	// seccompProfile RuntimeDefault (docs/security.md).
+	// +optional
+	SecurityContext *ServerPodSecurityContext `json:"securityContext,omitempty"`
+
+	// ContainerSecurityContext of the server container. For Pod Security
+	// "restricted": allowPrivilegeEscalation false and capabilities drop
+	// ALL.
+	// +optional
+	ContainerSecurityContext *ServerContainerSecurityContext `json:"containerSecurityContext,omitempty"`
+}
+
+// ServerToleration is a toleration of the server's pods (corev1.Toleration,
+// bounded).
+type ServerToleration struct {
+	// +kubebuilder:validation:MaxLength=317
+	// +optional
+	Key string `json:"key,omitempty"`
+	// +kubebuilder:validation:Enum=Exists;Equal
+	// +optional
+	Operator corev1.TolerationOperator `json:"operator,omitempty"`
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Value string `json:"value,omitempty"`
+	// +kubebuilder:validation:Enum=NoSchedule;PreferNoSchedule;NoExecute
+	// +optional
+	Effect corev1.TaintEffect `json:"effect,omitempty"`
+	// +optional
+	TolerationSeconds *int64 `json:"tolerationSeconds,omitempty"`
+}
+
+// ServerTopologySpread spreads the server's pods (corev1.TopologySpreadConstraint,
+// bounded; it always selects the server's own pods).
+type ServerTopologySpread struct {
+	// +kubebuilder:validation:Minimum=1
+	MaxSkew int32 `json:"maxSkew"`
+	// TopologyKey is a node label key, e.g. topology.kubernetes.io/zone.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	TopologyKey string `json:"topologyKey"`
+	// +kubebuilder:validation:Enum=DoNotSchedule;ScheduleAnyway
+	WhenUnsatisfiable corev1.UnsatisfiableConstraintAction `json:"whenUnsatisfiable"`
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MinDomains *int32 `json:"minDomains,omitempty"`
+}
+
+// ServerPullSecret names a Secret of the CacheBackend's namespace.
+type ServerPullSecret struct {
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// ServerSeccompProfile is a seccomp profile (corev1.SeccompProfile, bounded).
+type ServerSeccompProfile struct {
+	// +kubebuilder:validation:Enum=RuntimeDefault;Localhost;Unconfined
+	Type corev1.SeccompProfileType `json:"type"`
+	// LocalhostProfile is the profile's path on the node, with type Localhost.
+	// +kubebuilder:validation:MaxLength=4096
+	// +optional
+	LocalhostProfile string `json:"localhostProfile,omitempty"`
+}
+
+// ServerPodSecurityContext is the server pods' securityContext
+// (corev1.PodSecurityContext's fields Pod Security judges).
+type ServerPodSecurityContext struct {
+	// +optional
+	RunAsNonRoot *bool `json:"runAsNonRoot,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	RunAsUser *int64 `json:"runAsUser,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	RunAsGroup *int64 `json:"runAsGroup,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	FSGroup *int64 `json:"fsGroup,omitempty"`
+	// +optional
+	SeccompProfile *ServerSeccompProfile `json:"seccompProfile,omitempty"`
+}
+
+// ServerCapabilities are capabilities the server container drops.
+type ServerCapabilities struct {
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=64
+	// +listType=atomic
+	// +optional
+	Drop []string `json:"drop,omitempty"`
+}
+
+// ServerContainerSecurityContext is the server container's securityContext
+// (corev1.SecurityContext's fields Pod Security judges; nothing that adds
+// privilege).
+type ServerContainerSecurityContext struct {
+	// +optional
+	AllowPrivilegeEscalation *bool `json:"allowPrivilegeEscalation,omitempty"`
+	// +optional
+	ReadOnlyRootFilesystem *bool `json:"readOnlyRootFilesystem,omitempty"`
+	// +optional
+	RunAsNonRoot *bool `json:"runAsNonRoot,omitempty"`
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	RunAsUser *int64 `json:"runAsUser,omitempty"`
+	// +optional
+	Capabilities *ServerCapabilities `json:"capabilities,omitempty"`
+	// +optional
+	SeccompProfile *ServerSeccompProfile `json:"seccompProfile,omitempty"`
+}
+
 // LMCacheServer configures the managed lmcache-server workload.
 type LMCacheServer struct {
 	// Image is the container image that provides the lmcache_server command
@@ -370,6 +531,14 @@ type LMCacheServer struct {
 	// +kubebuilder:validation:Maximum=100
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
+
+	// Pod places and hardens the server's pods: scheduling (nodeSelector,
+	// tolerations, topology spread, priority class), image pull secrets, pod
+	// labels and annotations, and security contexts. Unset
+	// fields leave the pod template as it was, so setting none restarts no
+	// server.
+	// +optional
+	Pod *ServerPod `json:"pod,omitempty"`
 
 	// ExtraArgs is refused by the validating webhook when set or changed:
 	// lmcache_server (LMCache 0.5.x) takes exactly `<host> <port> [device]`

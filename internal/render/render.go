@@ -328,10 +328,130 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 				WithPersistentVolumeClaim(corev1ac.PersistentVolumeClaimVolumeSource().WithClaimName(PVCName(cb))))
 		}
 	}
+	labels := Labels(cb)
+	var annotations map[string]string
+	if p := serverPod(cb); p != nil {
+		applyServerPod(cb, p, podSpec, container)
+		for k, v := range p.Labels {
+			if _, owned := labels[k]; !owned { // the webhook refuses them; never let one move a selector
+				labels[k] = v
+			}
+		}
+		annotations = p.Annotations
+	}
 	podSpec.WithContainers(container)
-	return corev1ac.PodTemplateSpec().
-		WithLabels(Labels(cb)).
+	tmpl := corev1ac.PodTemplateSpec().
+		WithLabels(labels).
 		WithSpec(podSpec)
+	if len(annotations) > 0 {
+		tmpl.WithAnnotations(annotations)
+	}
+	return tmpl
+}
+
+func serverPod(cb *v1alpha1.CacheBackend) *v1alpha1.ServerPod {
+	if s := server(cb); s != nil {
+		return s.Pod
+	}
+	return nil
+}
+
+// applyServerPod puts spec.remoteStorage.lmCacheServer.pod's scheduling,
+// pull secrets and security contexts into the pod template; each field
+// only when set, so that a CacheBackend without them renders as before.
+func applyServerPod(cb *v1alpha1.CacheBackend, p *v1alpha1.ServerPod, spec *corev1ac.PodSpecApplyConfiguration, c *corev1ac.ContainerApplyConfiguration) {
+	if len(p.NodeSelector) > 0 {
+		spec.WithNodeSelector(p.NodeSelector)
+	}
+	for _, t := range p.Tolerations {
+		tol := corev1ac.Toleration()
+		if t.Key != "" {
+			tol.WithKey(t.Key)
+		}
+		if t.Operator != "" {
+			tol.WithOperator(t.Operator)
+		}
+		if t.Value != "" {
+			tol.WithValue(t.Value)
+		}
+		if t.Effect != "" {
+			tol.WithEffect(t.Effect)
+		}
+		if t.TolerationSeconds != nil {
+			tol.WithTolerationSeconds(*t.TolerationSeconds)
+		}
+		spec.WithTolerations(tol)
+	}
+	for _, t := range p.TopologySpreadConstraints {
+		tsc := corev1ac.TopologySpreadConstraint().
+			WithMaxSkew(t.MaxSkew).
+			WithTopologyKey(t.TopologyKey).
+			WithWhenUnsatisfiable(t.WhenUnsatisfiable).
+			WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb)))
+		if t.MinDomains != nil {
+			tsc.WithMinDomains(*t.MinDomains)
+		}
+		spec.WithTopologySpreadConstraints(tsc)
+	}
+	if p.PriorityClassName != "" {
+		spec.WithPriorityClassName(p.PriorityClassName)
+	}
+	for _, s := range p.ImagePullSecrets {
+		spec.WithImagePullSecrets(corev1ac.LocalObjectReference().WithName(s.Name))
+	}
+	if sc := p.SecurityContext; sc != nil {
+		psc := corev1ac.PodSecurityContext()
+		if sc.RunAsNonRoot != nil {
+			psc.WithRunAsNonRoot(*sc.RunAsNonRoot)
+		}
+		if sc.RunAsUser != nil {
+			psc.WithRunAsUser(*sc.RunAsUser)
+		}
+		if sc.RunAsGroup != nil {
+			psc.WithRunAsGroup(*sc.RunAsGroup)
+		}
+		if sc.FSGroup != nil {
+			psc.WithFSGroup(*sc.FSGroup)
+		}
+		if sc.SeccompProfile != nil {
+			psc.WithSeccompProfile(seccomp(sc.SeccompProfile))
+		}
+		spec.WithSecurityContext(psc)
+	}
+	if sc := p.ContainerSecurityContext; sc != nil {
+		csc := corev1ac.SecurityContext()
+		if sc.AllowPrivilegeEscalation != nil {
+			csc.WithAllowPrivilegeEscalation(*sc.AllowPrivilegeEscalation)
+		}
+		if sc.ReadOnlyRootFilesystem != nil {
+			csc.WithReadOnlyRootFilesystem(*sc.ReadOnlyRootFilesystem)
+		}
+		if sc.RunAsNonRoot != nil {
+			csc.WithRunAsNonRoot(*sc.RunAsNonRoot)
+		}
+		if sc.RunAsUser != nil {
+			csc.WithRunAsUser(*sc.RunAsUser)
+		}
+		if sc.Capabilities != nil && len(sc.Capabilities.Drop) > 0 {
+			caps := corev1ac.Capabilities()
+			for _, d := range sc.Capabilities.Drop {
+				caps.WithDrop(corev1.Capability(d))
+			}
+			csc.WithCapabilities(caps)
+		}
+		if sc.SeccompProfile != nil {
+			csc.WithSeccompProfile(seccomp(sc.SeccompProfile))
+		}
+		c.WithSecurityContext(csc)
+	}
+}
+
+func seccomp(p *v1alpha1.ServerSeccompProfile) *corev1ac.SeccompProfileApplyConfiguration {
+	sp := corev1ac.SeccompProfile().WithType(p.Type)
+	if p.LocalhostProfile != "" {
+		sp.WithLocalhostProfile(p.LocalhostProfile)
+	}
+	return sp
 }
 
 // ServerCommand is the cache-server container's command, LMCache's

@@ -36,6 +36,7 @@ func Validate(cb *v1alpha1.CacheBackend) field.ErrorList { return validate(nil, 
 // create) for the rules that let a stored value stand (server.go).
 func validate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
 	errs := serverErrors(old, cb)
+	errs = append(errs, serverPodErrors(cb)...)
 	spec := field.NewPath("spec")
 
 	sel := spec.Child("engineSelector", "matchLabels")
