@@ -155,8 +155,21 @@ func TestReceiptKeyRotation(t *testing.T) {
 	ns := newNamespace(t)
 	cb := newHiCache(ns)
 	key := testutil.StartBackend(t, k8s, cb)
-	old := sglangPod(ns, "old", nil)
-	require.NoError(t, k8s.Create(ctx, old))
+	// The webhook wires from its cache of CacheBackends: a pod created
+	// before the cache holds the new backend is admitted unwired, so
+	// create until one is signed (as for the young pod below).
+	var old *corev1.Pod
+	testutil.Eventually(t, 15*time.Second, func() error {
+		old = sglangPod(ns, fmt.Sprintf("old-%d", time.Now().UnixNano()), nil)
+		if err := k8s.Create(ctx, old); err != nil {
+			return err
+		}
+		if old.Annotations[v1alpha1.AnnotationReceiptSignature] == "" {
+			_ = k8s.Delete(ctx, old, client.GracePeriodSeconds(0))
+			return fmt.Errorf("admitted before the webhook's cache held the backend")
+		}
+		return nil
+	})
 	markPodReady(t, old)
 	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 
