@@ -17,6 +17,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"helm.sh/helm/v4/pkg/action"
@@ -24,6 +27,7 @@ import (
 	"helm.sh/helm/v4/pkg/release"
 	"sigs.k8s.io/yaml"
 
+	"github.com/inferencecache/operator/internal/installer"
 	"github.com/inferencecache/operator/test/manifests"
 )
 
@@ -234,6 +238,60 @@ func sameObjects(t *testing.T, dir, root, vals, overlay string, components ...st
 	require.NoError(t, yaml.Unmarshal([]byte(vals), &v))
 	chart := renderChartObjects(t, dir, v)
 	want := kustomizeIn(t, root, overlay, components...)
+	require.Equal(t, keys(want), keys(chart), "the same objects")
+	for k, o := range chart {
+		assert.Equal(t, want[k], withoutChartMetadata(t, o), k)
+	}
+}
+
+// TestChartEqualsTheReleaseBundle: the chart with its images pinned as the
+// release pins them renders the objects of dist/install.yaml (the bundle
+// `make build-installer` writes, built here by the same code from layouts
+// of random images), field for field, but for the chart's own labels and
+// the bundle's version label (issue 24).
+func TestChartEqualsTheReleaseBundle(t *testing.T) {
+	images := t.TempDir()
+	digests := map[string]string{}
+	for _, name := range []string{"inferencecache-operator", "inferencecache-cache-index", "inferencecache-kvevent-subscriber"} {
+		idx, err := random.Index(64, 1, 2)
+		require.NoError(t, err)
+		lp, err := layout.Write(filepath.Join(images, name), empty.Index)
+		require.NoError(t, err)
+		require.NoError(t, lp.AppendIndex(idx))
+		d, err := idx.Digest()
+		require.NoError(t, err)
+		digests[name] = d.String()
+	}
+	const registry = "registry.example/ic"
+	bundle, err := installer.Build(installer.Options{Overlay: "../../kustomize/overlays/production", ImagesDir: images, Registry: registry, Version: "v9.9.9"})
+	require.NoError(t, err)
+	want := map[string]object{}
+	for _, doc := range strings.Split(string(bundle), "\n---\n") {
+		o := object{}
+		require.NoError(t, yaml.Unmarshal([]byte(doc), &o))
+		if len(o) == 0 {
+			continue
+		}
+		md := o["metadata"].(map[string]any)
+		labels, _ := md["labels"].(map[string]any)
+		assert.Equal(t, "v9.9.9", labels["app.kubernetes.io/version"], key(o))
+		delete(labels, "app.kubernetes.io/version")
+		if len(labels) == 0 {
+			delete(md, "labels")
+		}
+		want[key(o)] = o
+	}
+	image := func(name string) map[string]any {
+		return map[string]any{"repository": registry + "/" + name, "digest": digests[name]}
+	}
+	chart := renderChartObjects(t, chartDir, map[string]any{
+		"createNamespace": true,
+		"operator": map[string]any{"manager": map[string]any{
+			"image": image("inferencecache-operator"),
+			"flags": map[string]any{"kveventSubscriberImage": image("inferencecache-kvevent-subscriber")},
+		}},
+		"index": map[string]any{"cacheIndex": map[string]any{"image": image("inferencecache-cache-index")}},
+	})
 	require.Equal(t, keys(want), keys(chart), "the same objects")
 	for k, o := range chart {
 		assert.Equal(t, want[k], withoutChartMetadata(t, o), k)

@@ -3,6 +3,7 @@ module github.com/inferencecache/operator/test/helm
 go 1.26.0
 
 require (
+	github.com/google/go-containerregistry v0.22.1
 	github.com/inferencecache/operator v0.0.0
 	github.com/stretchr/testify v1.12.1
 	sigs.k8s.io/controller-runtime v0.25.2
@@ -13,6 +14,7 @@ require (
 	github.com/antlr4-go/antlr/v4 v4.13.1 // indirect
 	github.com/go-json-experiment/json v1.27.2 // indirect
 	github.com/google/cel-go v0.29.2 // indirect
+	github.com/klauspost/compress v1.19.2 // indirect
 	go.opentelemetry.io/otel v1.45.0 // indirect
 	go.opentelemetry.io/otel/trace v1.45.0 // indirect
 	golang.org/x/exp v0.0.0-20260410095643-746e56fc9e2f // indirect
