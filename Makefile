@@ -212,13 +212,13 @@ test: packages ## Run unit, fuzz-seed, integration (kube-apiserver + etcd), engi
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	cd test/helm && CONTROLPLANE_DIR="$$dir" go test -count=1 ./...
 	dir=$$($(INSTALL_CONTROLPLANE)); cd test/gitopsdiff && CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 15m ./...
-	go test -run '^$$' -fuzz FuzzAdmit -fuzztime 15s ./internal/inject/
-	go test -run '^$$' -fuzz FuzzReview -fuzztime 10s ./internal/webhook/podmutation/
-	go test -run '^$$' -fuzz FuzzValidate -fuzztime 10s ./internal/validation/
-	go test -run '^$$' -fuzz FuzzVerify -fuzztime 10s ./internal/receipt/
-	go test -run '^$$' -fuzz FuzzDecode -fuzztime 10s ./internal/kvevent/wire/
-	go test -run '^$$' -fuzz FuzzIngest -fuzztime 10s ./internal/kvindex/
-	go test -run '^$$' -fuzz FuzzHTTPQuery -fuzztime 10s ./internal/kvindex/server/
+	bash test/tools/fuzz.sh FuzzAdmit 15s ./internal/inject/
+	bash test/tools/fuzz.sh FuzzReview 10s ./internal/webhook/podmutation/
+	bash test/tools/fuzz.sh FuzzValidate 10s ./internal/validation/
+	bash test/tools/fuzz.sh FuzzVerify 10s ./internal/receipt/
+	bash test/tools/fuzz.sh FuzzDecode 10s ./internal/kvevent/wire/
+	bash test/tools/fuzz.sh FuzzIngest 10s ./internal/kvindex/
+	bash test/tools/fuzz.sh FuzzHTTPQuery 10s ./internal/kvindex/server/
 
 # The scale benchmark's full size (issue 12); SCALE_BURST pods per pod-CREATE burst.
 SCALE_N ?= 1000
