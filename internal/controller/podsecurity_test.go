@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -62,4 +63,42 @@ func TestServerPodUnderPodSecurity(t *testing.T) {
 	assert.Contains(t, err.Error(), `violates PodSecurity "restricted:latest"`)
 	t.Logf("default server pod under restricted: %v", err)
 	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, hardened, restricted), client.DryRunAll), "the hardened server pod passes restricted")
+}
+
+// TestServerPodReachesTheDeployment: spec.remoteStorage.lmCacheServer.pod
+// through the real API server (the CRD's schema, the validating webhook)
+// and the reconcile's server-side apply lands in the Deployment's pod
+// template; a toleration the API server's pod validation would refuse is
+// refused at admission with its field path.
+func TestServerPodReachesTheDeployment(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "placed")
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
+		Labels:            map[string]string{"team": "inference"},
+		NodeSelector:      map[string]string{"node-pool": "cpu"},
+		Tolerations:       []v1alpha1.ServerToleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "kv", Effect: corev1.TaintEffectNoSchedule}},
+		PriorityClassName: "kv-cache",
+		ImagePullSecrets:  []v1alpha1.ServerPullSecret{{Name: "regcred"}},
+		ContainerSecurityContext: &v1alpha1.ServerContainerSecurityContext{AllowPrivilegeEscalation: ptr.To(false),
+			Capabilities: &v1alpha1.ServerCapabilities{Drop: []string{"ALL"}}},
+	}}}
+	require.NoError(t, k8s.Create(ctx, cb))
+	d := waitDeployment(t, client.ObjectKeyFromObject(cb), func(*appsv1.Deployment) error { return nil })
+	spec := d.Spec.Template.Spec
+	assert.Equal(t, "inference", d.Spec.Template.Labels["team"])
+	assert.Equal(t, map[string]string{"node-pool": "cpu"}, spec.NodeSelector)
+	assert.Equal(t, []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "kv", Effect: corev1.TaintEffectNoSchedule}}, spec.Tolerations)
+	assert.Equal(t, "kv-cache", spec.PriorityClassName)
+	assert.Equal(t, []corev1.LocalObjectReference{{Name: "regcred"}}, spec.ImagePullSecrets)
+	require.NotNil(t, spec.Containers[0].SecurityContext)
+	assert.Equal(t, []corev1.Capability{"ALL"}, spec.Containers[0].SecurityContext.Capabilities.Drop)
+
+	bad := newBackend(ns, "badtoleration")
+	bad.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
+		Tolerations: []v1alpha1.ServerToleration{{Key: "k", Operator: corev1.TolerationOpExists, Value: "v"}},
+	}}}
+	err := k8s.Create(ctx, bad, client.DryRunAll)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "spec.remoteStorage.lmCacheServer.pod.tolerations[0].operator")
 }

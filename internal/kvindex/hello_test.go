@@ -16,9 +16,14 @@ import (
 var podCaller = kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: "vllm-0", PodUID: "u0"}
 
 func helloOf(ranks uint32, backend string) *pb.IngestRequest {
+	return helloFor("vllm-0", "u0", ranks, backend)
+}
+
+// helloFor is the Hello of pod name (uid) of team-a.
+func helloFor(name, uid string, ranks uint32, backend string) *pb.IngestRequest {
 	return &pb.IngestRequest{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
 		ProtocolVersion: kvindex.ProtocolVersion,
-		Pod:             &pb.PodIdentity{Namespace: "team-a", Name: "vllm-0", Uid: "u0"},
+		Pod:             &pb.PodIdentity{Namespace: "team-a", Name: name, Uid: uid},
 		CacheBackend:    &pb.CacheBackendRef{Namespace: "team-a", Name: backend},
 		Model:           "m", Engine: "vllm", DataParallelSize: ranks,
 		HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16},

@@ -74,15 +74,9 @@ func TestSnapshotPastThePodLimitIsNotStaged(t *testing.T) {
 	const limit = 10_000
 	obs := &limitObserver{}
 	ix := kvindex.New(kvindex.Options{Store: memstore.NewLimited(kvindex.Limits{PodBlocks: limit}), Limits: kvindex.Limits{PodBlocks: limit}, Observer: obs, Now: func() time.Time { return time.Unix(1_800_000_000, 0) }})
-	s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: "vllm-0", PodUID: "u0"}, func() {})
+	s := ix.NewSession(podCaller, func() {})
 	defer s.Close()
-	if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
-		ProtocolVersion: kvindex.ProtocolVersion,
-		Pod:             &pb.PodIdentity{Namespace: "team-a", Name: "vllm-0", Uid: "u0"},
-		CacheBackend:    &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"},
-		Model:           "m", Engine: "vllm", DataParallelSize: 1,
-		HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16},
-	}}}); err != nil {
+	if _, err := s.Handle(ctx, helloOf(1, "cache")); err != nil {
 		t.Fatal(err)
 	}
 	const total = 40 * limit
@@ -121,14 +115,8 @@ func TestRateWindowGoesWithTheLastPod(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1_800_000_000, 0)
 	ix := kvindex.New(kvindex.Options{Store: memstore.New(), Lease: time.Minute, Now: func() time.Time { return now }})
-	s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: "vllm-0", PodUID: "u0"}, func() {})
-	if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
-		ProtocolVersion: kvindex.ProtocolVersion,
-		Pod:             &pb.PodIdentity{Namespace: "team-a", Name: "vllm-0", Uid: "u0"},
-		CacheBackend:    &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"},
-		Model:           "m", Engine: "vllm", DataParallelSize: 1,
-		HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16},
-	}}}); err != nil {
+	s := ix.NewSession(podCaller, func() {})
+	if _, err := s.Handle(ctx, helloOf(1, "cache")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Delta{Delta: &pb.Delta{Rank: 0, Epoch: 1, Sequence: 1, Events: []*pb.BlockEvent{

@@ -29,15 +29,9 @@ func heap() uint64 {
 func TestSnapshotBeginReservesNothing(t *testing.T) {
 	ctx := context.Background()
 	ix := kvindex.New(kvindex.Options{Store: memstore.New()})
-	s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: "vllm-0", PodUID: "u0"}, func() {})
+	s := ix.NewSession(podCaller, func() {})
 	defer s.Close()
-	if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
-		ProtocolVersion: kvindex.ProtocolVersion,
-		Pod:             &pb.PodIdentity{Namespace: "team-a", Name: "vllm-0", Uid: "u0"},
-		CacheBackend:    &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"},
-		Model:           "m", Engine: "vllm", DataParallelSize: 2,
-		HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16},
-	}}}); err != nil {
+	if _, err := s.Handle(ctx, helloOf(2, "cache")); err != nil {
 		t.Fatal(err)
 	}
 	before := heap()
@@ -194,13 +188,7 @@ func TestStagingBudgetSpansStreams(t *testing.T) {
 	pod := func(i int) *kvindex.Session {
 		name, uid := fmt.Sprintf("vllm-%d", i), fmt.Sprintf("u%d", i)
 		s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: name, PodUID: uid}, func() {})
-		if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Hello{Hello: &pb.Hello{
-			ProtocolVersion: kvindex.ProtocolVersion,
-			Pod:             &pb.PodIdentity{Namespace: "team-a", Name: name, Uid: uid},
-			CacheBackend:    &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"},
-			Model:           "m", Engine: "vllm", DataParallelSize: 1,
-			HashScheme: &pb.HashScheme{Algorithm: "sha256_cbor", Seed: "vllm-none-hash", BlockSize: 16},
-		}}}); err != nil {
+		if _, err := s.Handle(ctx, helloFor(name, uid, 1, "cache")); err != nil {
 			t.Fatal(err)
 		}
 		return s

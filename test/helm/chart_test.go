@@ -51,9 +51,18 @@ func renderChart(dir string, vals map[string]any) (string, error) {
 }
 
 func renderChartIn(dir, ns string, vals map[string]any) (string, error) {
-	chrt, err := loader.Load(dir)
+	acc, err := installDryRun(dir, ns, vals)
 	if err != nil {
 		return "", err
+	}
+	return acc.Manifest(), nil
+}
+
+// installDryRun runs `helm install --dry-run=client` of the chart in dir.
+func installDryRun(dir, ns string, vals map[string]any) (release.Accessor, error) {
+	chrt, err := loader.Load(dir)
+	if err != nil {
+		return nil, err
 	}
 	install := action.NewInstall(&action.Configuration{})
 	install.DryRunStrategy = action.DryRunClient
@@ -62,31 +71,14 @@ func renderChartIn(dir, ns string, vals map[string]any) (string, error) {
 	install.Namespace = ns
 	rel, err := install.Run(chrt, vals)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	acc, err := release.NewAccessor(rel)
-	if err != nil {
-		return "", err
-	}
-	return acc.Manifest(), nil
+	return release.NewAccessor(rel)
 }
 
 // renderNotes renders the chart and returns its NOTES.txt.
 func renderNotes(vals map[string]any) (string, error) {
-	chrt, err := loader.Load(chartDir)
-	if err != nil {
-		return "", err
-	}
-	install := action.NewInstall(&action.Configuration{})
-	install.DryRunStrategy = action.DryRunClient
-	install.Replace = true
-	install.ReleaseName = "inferencecache"
-	install.Namespace = namespace
-	rel, err := install.Run(chrt, vals)
-	if err != nil {
-		return "", err
-	}
-	acc, err := release.NewAccessor(rel)
+	acc, err := installDryRun(chartDir, namespace, vals)
 	if err != nil {
 		return "", err
 	}

@@ -82,7 +82,7 @@ func newRender(o *options) *cobra.Command {
 	var engine, domain, output string
 	var wiring inject.Options
 	c := &cobra.Command{
-		Use:   "render (-f FILE | -k DIR) [--engine FILE [--kvevent-subscriber-image IMAGE]]",
+		Use:   "render (-f FILE... [-R] | -k DIR) [--engine FILE [--kvevent-subscriber-image IMAGE]] [-o yaml|json|name]",
 		Short: "Print the child objects the controller applies for CacheBackends, offline",
 		Long: `Print the child objects the controller applies for the CacheBackends of a
 file or kustomization, in the order it applies them. With --engine, print
@@ -249,7 +249,7 @@ func renderEngines(out io.Writer, backends []*v1alpha1.CacheBackend, eobjs []*un
 func newDiff(o *options) *cobra.Command {
 	var src sourceFlags
 	c := &cobra.Command{
-		Use:   "diff (-f FILE | -k DIR)",
+		Use:   "diff (-f FILE... [-R] | -k DIR)",
 		Short: "Show what a reconcile of CacheBackends would change in the cluster",
 		Long: `Show what a reconcile of the CacheBackends of a file or kustomization would
 change in the cluster: each child is applied with a server-side dry run

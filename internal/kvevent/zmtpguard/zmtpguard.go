@@ -67,28 +67,12 @@ func (e *ErrFrameTooLarge) Error() string {
 	return fmt.Sprintf("zmtpguard: the peer announced a ZeroMQ frame of %d bytes, more than the %d allowed", e.Size, e.Max)
 }
 
+// guarded is a transport whose dialled connections are checked (the
+// sidecar only dials; Listen is the wrapped transport's, unchecked).
 type guarded struct{ transport.Transport }
 
 func (g guarded) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
 	c, err := g.Transport.Dial(ctx, d, addr)
-	if err != nil {
-		return nil, err
-	}
-	return &Conn{Conn: c, max: MaxFrame()}, nil
-}
-
-func (g guarded) Listen(ctx context.Context, addr string) (net.Listener, error) {
-	l, err := g.Transport.Listen(ctx, addr)
-	if err != nil {
-		return nil, err
-	}
-	return listener{l}, nil
-}
-
-type listener struct{ net.Listener }
-
-func (l listener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
