@@ -379,6 +379,12 @@ type ServerPod struct {
 	// +optional
 	TopologySpreadConstraints []ServerTopologySpread `json:"topologySpreadConstraints,omitempty"`
 
+	// Affinity of the pods: node affinity, and anti-affinity among the
+	// server's own pods (its terms always select them, as the topology
+	// spread constraints do).
+	// +optional
+	Affinity *ServerAffinity `json:"affinity,omitempty"`
+
 	// PriorityClassName of the pods.
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
@@ -437,6 +443,101 @@ type ServerTopologySpread struct {
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MinDomains *int32 `json:"minDomains,omitempty"`
+}
+
+// ServerAffinity is the affinity of the server's pods (corev1.Affinity,
+// bounded): node affinity, and anti-affinity among the server's own pods.
+// Pod affinity to other workloads is not offered.
+type ServerAffinity struct {
+	// +optional
+	NodeAffinity *ServerNodeAffinity `json:"nodeAffinity,omitempty"`
+	// +optional
+	PodAntiAffinity *ServerPodAntiAffinity `json:"podAntiAffinity,omitempty"`
+}
+
+// ServerNodeAffinity is corev1.NodeAffinity, bounded; node selector terms
+// match node labels (matchExpressions; matchFields is not offered).
+type ServerNodeAffinity struct {
+	// +optional
+	RequiredDuringSchedulingIgnoredDuringExecution *ServerNodeSelector `json:"requiredDuringSchedulingIgnoredDuringExecution,omitempty"`
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	// +optional
+	PreferredDuringSchedulingIgnoredDuringExecution []ServerPreferredSchedulingTerm `json:"preferredDuringSchedulingIgnoredDuringExecution,omitempty"`
+}
+
+// ServerNodeSelector is corev1.NodeSelector, bounded: a node matches when
+// it matches one of the terms.
+type ServerNodeSelector struct {
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +listType=atomic
+	NodeSelectorTerms []ServerNodeSelectorTerm `json:"nodeSelectorTerms"`
+}
+
+// ServerNodeSelectorTerm is corev1.NodeSelectorTerm, bounded: a node
+// matches when it matches every expression.
+type ServerNodeSelectorTerm struct {
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=atomic
+	MatchExpressions []ServerNodeSelectorRequirement `json:"matchExpressions"`
+}
+
+// ServerNodeSelectorRequirement is corev1.NodeSelectorRequirement, bounded.
+type ServerNodeSelectorRequirement struct {
+	// Key is a node label key.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	Key string `json:"key"`
+	// +kubebuilder:validation:Enum=In;NotIn;Exists;DoesNotExist;Gt;Lt
+	Operator corev1.NodeSelectorOperator `json:"operator"`
+	// Values: at least one for In and NotIn, none for Exists and
+	// DoesNotExist, exactly one (an integer) for Gt and Lt.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=63
+	// +listType=atomic
+	// +optional
+	Values []string `json:"values,omitempty"`
+}
+
+// ServerPreferredSchedulingTerm is corev1.PreferredSchedulingTerm, bounded.
+type ServerPreferredSchedulingTerm struct {
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Weight     int32                  `json:"weight"`
+	Preference ServerNodeSelectorTerm `json:"preference"`
+}
+
+// ServerPodAntiAffinity keeps the server's pods apart from each other
+// (corev1.PodAntiAffinity, bounded; each term's label selector is the
+// server's own).
+type ServerPodAntiAffinity struct {
+	// +kubebuilder:validation:MaxItems=4
+	// +listType=atomic
+	// +optional
+	RequiredDuringSchedulingIgnoredDuringExecution []ServerPodAffinityTerm `json:"requiredDuringSchedulingIgnoredDuringExecution,omitempty"`
+	// +kubebuilder:validation:MaxItems=4
+	// +listType=atomic
+	// +optional
+	PreferredDuringSchedulingIgnoredDuringExecution []ServerWeightedPodAffinityTerm `json:"preferredDuringSchedulingIgnoredDuringExecution,omitempty"`
+}
+
+// ServerPodAffinityTerm is corev1.PodAffinityTerm over the server's own
+// pods: only the topology key is chosen.
+type ServerPodAffinityTerm struct {
+	// TopologyKey is a node label key, e.g. kubernetes.io/hostname.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=317
+	TopologyKey string `json:"topologyKey"`
+}
+
+// ServerWeightedPodAffinityTerm is corev1.WeightedPodAffinityTerm, bounded.
+type ServerWeightedPodAffinityTerm struct {
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	Weight          int32                 `json:"weight"`
+	PodAffinityTerm ServerPodAffinityTerm `json:"podAffinityTerm"`
 }
 
 // ServerPullSecret names a Secret of the CacheBackend's namespace.
@@ -521,7 +622,11 @@ type LMCacheServer struct {
 	// +optional
 	Port int32 `json:"port,omitempty"`
 
-	// Resources of the server container.
+	// Resources of the server container. Unset, a server the operator
+	// creates requests 500m CPU and 2Gi memory with an 8Gi memory limit
+	// (lmcache_server keeps every chunk in memory and evicts nothing: the
+	// limit bounds the cache); one created before these defaults keeps
+	// none, like its other pod defaults.
 	// +kubebuilder:validation:XValidation:rule="!has(self.claims) || self.claims.all(c, size(c.name) <= 63 && (!has(c.request) || size(c.request) <= 63))",message="resource claim names have at most 63 characters"
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
@@ -533,10 +638,14 @@ type LMCacheServer struct {
 	Replicas *int32 `json:"replicas,omitempty"`
 
 	// Pod places and hardens the server's pods: scheduling (nodeSelector,
-	// tolerations, topology spread, priority class), image pull secrets, pod
-	// labels and annotations, and security contexts. Unset
-	// fields leave the pod template as it was, so setting none restarts no
-	// server.
+	// tolerations, affinity, topology spread, priority class), image pull
+	// secrets, pod labels and annotations, and security contexts. A server
+	// the operator creates runs as user and group 65532 with seccomp
+	// RuntimeDefault, no privilege escalation and all capabilities dropped
+	// (Pod Security "restricted") for each of those fields left unset; a
+	// server created by an operator before these defaults keeps its pod
+	// template (the workload's inferencecache.io/server-pod-defaults
+	// annotation says which applies), so upgrading restarts no server.
 	// +optional
 	Pod *ServerPod `json:"pod,omitempty"`
 

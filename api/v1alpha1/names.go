@@ -33,6 +33,20 @@ const (
 	// CacheBackend ask for one (e.g. the engine sets its own
 	// --kv-events-config).
 	AnnotationKVEventsSkipped = "inferencecache.io/kv-events-skipped"
+	// AnnotationServerPodDefaults on a cache-server workload (Deployment or
+	// StatefulSet) says which defaults its pod template gets for the fields
+	// spec.remoteStorage.lmCacheServer.pod and .resources leave unset. The
+	// operator writes ServerPodDefaultsRestricted on every workload it
+	// creates; a workload without it was created by an operator before
+	// these defaults and keeps its template as it was, so that upgrading
+	// the operator restarts no cache server. Setting it by hand opts such a
+	// server in (its pods are replaced once).
+	AnnotationServerPodDefaults = "inferencecache.io/server-pod-defaults"
+	// ServerPodDefaultsRestricted is the value of AnnotationServerPodDefaults
+	// for the hardened defaults: non-root UID and GID 65532, seccomp
+	// RuntimeDefault, no privilege escalation, all capabilities dropped,
+	// and default resources (Pod Security "restricted").
+	ServerPodDefaultsRestricted = "restricted"
 )
 
 // Names of the KV-event wiring shared by the webhook, the receipts and the

@@ -399,8 +399,10 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 		cb.Spec.Storage = nil
 	})
 	waitDeployment(t, key, func(d *appsv1.Deployment) error {
-		if len(d.Spec.Template.Spec.Volumes) != 0 {
-			return fmt.Errorf("volume still mounted")
+		for _, v := range d.Spec.Template.Spec.Volumes {
+			if v.PersistentVolumeClaim != nil {
+				return fmt.Errorf("claim still mounted")
+			}
 		}
 		if d.Spec.Strategy.Type != appsv1.RollingUpdateDeploymentStrategyType {
 			return fmt.Errorf("strategy %s", d.Spec.Strategy.Type)

@@ -3,6 +3,8 @@ package controller_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -10,18 +12,21 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/validation"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
-// serverPodOf is a pod of the rendered server workload's template, as the
-// Deployment controller would create it.
-func serverPodOf(t *testing.T, cb *v1alpha1.CacheBackend, ns string) *corev1.Pod {
+// serverPodOf is a pod of the server workload's template rendered with o,
+// as the Deployment controller would create it.
+func serverPodOf(t *testing.T, cb *v1alpha1.CacheBackend, o render.Options, ns string) *corev1.Pod {
 	t.Helper()
-	c := render.Render(cb)
+	c := render.RenderWith(cb, o)
 	require.NotNil(t, c.Deployment)
 	raw, err := json.Marshal(c.Deployment.Spec.Template)
 	require.NoError(t, err)
@@ -31,14 +36,14 @@ func serverPodOf(t *testing.T, cb *v1alpha1.CacheBackend, ns string) *corev1.Pod
 }
 
 // TestServerPodUnderPodSecurity: the API server's Pod Security admission
-// judges the rendered server pod (issue 24). As the operator renders it by
-// default it passes "baseline" (no host namespaces, ports or paths, no
-// privilege, no added capabilities) and fails "restricted" (no
-// runAsNonRoot, seccomp profile or dropped capabilities: the default
-// image's user is not known to be non-root, and adding them by default
-// would restart every running server on upgrade); with
-// spec.remoteStorage.lmCacheServer.pod's security contexts it passes
-// "restricted".
+// judges the rendered server pod (issue 24). A server the operator creates
+// gets the hardened defaults and passes "restricted"; so does one whose
+// spec sets its own identity. A server created before the defaults keeps
+// its template (render.Options.LegacyPod): it passes "baseline" (no host
+// namespaces, ports or paths, no privilege, no added capabilities) and
+// fails "restricted" until its spec or the workload's
+// inferencecache.io/server-pod-defaults annotation opts it in. A spec
+// that asks for root passes baseline only.
 func TestServerPodUnderPodSecurity(t *testing.T) {
 	ctx := context.Background()
 	namespace := func(level string) string {
@@ -48,21 +53,28 @@ func TestServerPodUnderPodSecurity(t *testing.T) {
 		return ns.Name
 	}
 	baseline, restricted := namespace("baseline"), namespace("restricted")
-	plain := newBackend(baseline, "cache")
-	hardened := newBackend(restricted, "cache")
-	hardened.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
-		SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](1000),
-			SeccompProfile: &v1alpha1.ServerSeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
-		ContainerSecurityContext: &v1alpha1.ServerContainerSecurityContext{AllowPrivilegeEscalation: ptr.To(false),
-			Capabilities: &v1alpha1.ServerCapabilities{Drop: []string{"ALL"}}},
+	plain := newBackend(restricted, "cache")
+	ownUser := newBackend(restricted, "cache")
+	ownUser.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
+		SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](1000)},
 	}}}
+	root := newBackend(restricted, "cache")
+	root.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
+		SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(false)},
+	}}}
+	legacy := render.Options{LegacyPod: true}
 
-	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, plain, baseline), client.DryRunAll), "the default server pod passes baseline")
-	err := k8s.Create(ctx, serverPodOf(t, plain, restricted), client.DryRunAll)
-	require.Error(t, err, "the default server pod fails restricted")
+	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, plain, render.Options{}, restricted), client.DryRunAll), "a new server's default pod passes restricted")
+	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, ownUser, render.Options{}, restricted), client.DryRunAll), "with its own user it still passes restricted")
+	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, plain, legacy, baseline), client.DryRunAll), "an older server's pod passes baseline")
+	err := k8s.Create(ctx, serverPodOf(t, plain, legacy, restricted), client.DryRunAll)
+	require.Error(t, err, "an older server's pod fails restricted")
 	assert.Contains(t, err.Error(), `violates PodSecurity "restricted:latest"`)
-	t.Logf("default server pod under restricted: %v", err)
-	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, hardened, restricted), client.DryRunAll), "the hardened server pod passes restricted")
+	t.Logf("a server created before the defaults, under restricted: %v", err)
+	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, root, render.Options{}, baseline), client.DryRunAll), "a server asked to run as root passes baseline")
+	err = k8s.Create(ctx, serverPodOf(t, root, render.Options{}, restricted), client.DryRunAll)
+	require.Error(t, err, "and fails restricted")
+	assert.Contains(t, err.Error(), "runAsNonRoot != true")
 }
 
 // TestServerPodReachesTheDeployment: spec.remoteStorage.lmCacheServer.pod
@@ -101,4 +113,135 @@ func TestServerPodReachesTheDeployment(t *testing.T) {
 	err := k8s.Create(ctx, bad, client.DryRunAll)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "spec.remoteStorage.lmCacheServer.pod.tolerations[0].operator")
+}
+
+// TestServerCreatedBeforeTheDefaultsKeepsItsPods: upgrading the operator
+// restarts no cache server. A Deployment as an operator before the
+// hardened defaults left it (its template applied by the children's field
+// manager, no inferencecache.io/server-pod-defaults) keeps its template
+// through reconciles of the new operator (a replica change lands, the
+// template does not move); annotating the Deployment opts it in, and the
+// next reconcile applies the hardened template once.
+func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := newBackend(ns, "older")
+	key := testutil.StartBackend(t, k8s, cb)
+	d := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if d.Annotations[v1alpha1.AnnotationServerPodDefaults] != v1alpha1.ServerPodDefaultsRestricted {
+			return fmt.Errorf("a new server's Deployment has annotations %v", d.Annotations)
+		}
+		if sc := d.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+			return fmt.Errorf("a new server's pod security context is %+v", sc)
+		}
+		return nil
+	})
+
+	// What an older operator applied: the legacy render, by the same
+	// field manager, so the fields it no longer names are dropped.
+	live := getBackend(t, key)
+	objs, err := render.Objects(render.RenderWith(live, render.Options{LegacyPod: true}))
+	require.NoError(t, err)
+	for _, o := range objs {
+		if o.GetKind() == "Deployment" {
+			require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(v1alpha1.FieldManagerChildren), client.ForceOwnership))
+		}
+	}
+	old := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		// The API server defaults an empty pod security context.
+		if sc := d.Spec.Template.Spec.SecurityContext; (sc != nil && sc.RunAsNonRoot != nil) || d.Annotations[v1alpha1.AnnotationServerPodDefaults] != "" {
+			return fmt.Errorf("still hardened: %v %+v", d.Annotations, sc)
+		}
+		return nil
+	})
+	require.Greater(t, old.Generation, d.Generation)
+
+	// A reconcile of the new operator: the replica count changes, the
+	// template does not.
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}}
+	})
+	scaled := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
+			return fmt.Errorf("replicas %v", d.Spec.Replicas)
+		}
+		return nil
+	})
+	assert.Equal(t, old.Spec.Template, scaled.Spec.Template, "the older server's pod template is kept")
+	assert.Empty(t, scaled.Annotations[v1alpha1.AnnotationServerPodDefaults])
+	assert.Nil(t, scaled.Spec.Template.Spec.Containers[0].Resources.Requests, "no default resources either")
+
+	// Opting in by hand: the next reconcile hardens the template.
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+v1alpha1.AnnotationServerPodDefaults+`":"`+v1alpha1.ServerPodDefaultsRestricted+`"}}}`))
+	require.NoError(t, k8s.Patch(ctx, scaled, patch))
+	hardened := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if sc := d.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != render.DefaultServerUID {
+			return fmt.Errorf("not hardened yet: %+v", sc)
+		}
+		return nil
+	})
+	assert.Equal(t, render.DefaultResources().Limits, hardened.Spec.Template.Spec.Containers[0].Resources.Limits)
+	assert.Equal(t, []corev1.Capability{"ALL"}, hardened.Spec.Template.Spec.Containers[0].SecurityContext.Capabilities.Drop)
+}
+
+// TestAffinityRefusedAsTheAPIServerRefusesIt: for each affinity the CRD's
+// schema admits, the validating webhook's rules refuse it exactly when the
+// API server refuses the Deployment render makes of it, at the same field
+// (the path under affinity), so a refused affinity never reaches a
+// workload apply that would fail.
+func TestAffinityRefusedAsTheAPIServerRefusesIt(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	req := func(key string, op corev1.NodeSelectorOperator, values ...string) *v1alpha1.ServerAffinity {
+		return &v1alpha1.ServerAffinity{NodeAffinity: &v1alpha1.ServerNodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1alpha1.ServerNodeSelector{
+			NodeSelectorTerms: []v1alpha1.ServerNodeSelectorTerm{{MatchExpressions: []v1alpha1.ServerNodeSelectorRequirement{{Key: key, Operator: op, Values: values}}}}}}}
+	}
+	anti := func(key string) *v1alpha1.ServerAffinity {
+		return &v1alpha1.ServerAffinity{PodAntiAffinity: &v1alpha1.ServerPodAntiAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: []v1alpha1.ServerPodAffinityTerm{{TopologyKey: key}}}}
+	}
+	for _, tc := range []struct {
+		name string
+		a    *v1alpha1.ServerAffinity
+	}{
+		{"In with values", req("node-pool", corev1.NodeSelectorOpIn, "a", "b")},
+		{"In without values", req("node-pool", corev1.NodeSelectorOpIn)},
+		{"NotIn without values", req("node-pool", corev1.NodeSelectorOpNotIn)},
+		{"Exists", req("example.com/gpu", corev1.NodeSelectorOpExists)},
+		{"DoesNotExist with a value", req("gpu", corev1.NodeSelectorOpDoesNotExist, "x")},
+		{"Gt one value", req("cpus", corev1.NodeSelectorOpGt, "8")},
+		{"Lt two values", req("cpus", corev1.NodeSelectorOpLt, "8", "9")},
+		{"Gt no value", req("cpus", corev1.NodeSelectorOpGt)},
+		{"a key with a bad prefix", req("Bad_Prefix/pool", corev1.NodeSelectorOpExists)},
+		{"a key with two slashes", req("a/b/c", corev1.NodeSelectorOpExists)},
+		{"anti-affinity per host", anti("kubernetes.io/hostname")},
+		{"anti-affinity with a bad key", anti("host name")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cb := newBackend(ns, "cache")
+			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{Affinity: tc.a}}}
+			ours := validation.Validate(cb)
+			u, err := render.Objects(render.Render(cb))
+			require.NoError(t, err)
+			var d appsv1.Deployment
+			for _, o := range u {
+				if o.GetKind() == "Deployment" {
+					raw, err := json.Marshal(o.Object)
+					require.NoError(t, err)
+					require.NoError(t, json.Unmarshal(raw, &d))
+				}
+			}
+			d.OwnerReferences = nil
+			theirs := k8s.Create(ctx, &d, client.DryRunAll)
+			if theirs == nil {
+				assert.Empty(t, ours, "the API server admits the Deployment")
+				return
+			}
+			require.NotEmpty(t, ours, "the API server refuses the Deployment: %v", theirs)
+			_, under, ok := strings.Cut(ours[0].Field, ".affinity.")
+			require.True(t, ok, ours[0].Field)
+			assert.Contains(t, theirs.Error(), "spec.template.spec.affinity."+under, "the same field")
+			t.Logf("webhook: %s; API server: %v", ours[0].Error(), theirs)
+		})
+	}
 }

@@ -33,7 +33,7 @@ func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBack
 		return in, err
 	}
 	in.Workload = w
-	rendered := render.Render(cb)
+	rendered := render.RenderWith(cb, render.OptionsFor(w.Object()))
 	in.Rendered = &rendered
 	// cb's claims, in full, from claims (which may be filtered to the
 	// operator's labelled claims).

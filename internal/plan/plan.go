@@ -35,8 +35,9 @@ type Input struct {
 	// Workload is the cache-server workload of the kind the spec asks for:
 	// live when Backend controls it, absent otherwise (nil reads as absent).
 	Workload workload.Server
-	// Rendered are the children Backend wants (render.Render), rendered
-	// once per reconcile by Gather; Build renders them when unset.
+	// Rendered are the children Backend wants (render.RenderWith, with the
+	// Options of Workload), rendered once per reconcile by Gather; Build
+	// renders them when unset.
 	Rendered *render.Children
 	// Claims are the PersistentVolumeClaims labelled with Backend's name.
 	Claims []corev1.PersistentVolumeClaim
@@ -178,7 +179,7 @@ func Build(in Input) (Plan, error) {
 	if in.Rendered != nil {
 		children = *in.Rendered // a copy: holds below drop children from it
 	} else {
-		children = render.Render(cb)
+		children = render.RenderWith(cb, render.OptionsFor(in.Workload.Object()))
 	}
 
 	// Claim templates cannot change: when the spec's storage no longer

@@ -7,11 +7,13 @@
 package render
 
 import (
+	"reflect"
 	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	autoscalingv2ac "k8s.io/client-go/applyconfigurations/autoscaling/v2"
@@ -192,18 +194,42 @@ func Replicas(cb *v1alpha1.CacheBackend) int32 {
 	return defaultReplicas
 }
 
-// Render returns the children cb wants. A CacheBackend that runs no server
-// (type SGLangHiCache) wants none. The schema admits only the values render
-// implements (one provider, one ownership), so any admitted spec renders.
-func Render(cb *v1alpha1.CacheBackend) Children {
+// Options are what a render takes from the cluster besides the
+// CacheBackend: the zero value renders the children of a new server.
+type Options struct {
+	// LegacyPod renders the server's pod template without the hardened
+	// defaults (ServerPodDefaults): for a live workload that lacks
+	// AnnotationServerPodDefaults, created by an operator before them. Its
+	// template then renders exactly as that operator rendered it, so that
+	// upgrading the operator restarts no cache server.
+	LegacyPod bool
+}
+
+// OptionsFor are the Options of a render against live, the server
+// workload as read (nil when there is none yet).
+func OptionsFor(live metav1.Object) Options {
+	if live == nil || reflect.ValueOf(live).IsNil() {
+		return Options{}
+	}
+	return Options{LegacyPod: live.GetAnnotations()[v1alpha1.AnnotationServerPodDefaults] != v1alpha1.ServerPodDefaultsRestricted}
+}
+
+// Render returns the children cb wants for a new server (Options{}).
+func Render(cb *v1alpha1.CacheBackend) Children { return RenderWith(cb, Options{}) }
+
+// RenderWith returns the children cb wants. A CacheBackend that runs no
+// server (type SGLangHiCache) wants none. The schema admits only the values
+// render implements (one provider, one ownership), so any admitted spec
+// renders.
+func RenderWith(cb *v1alpha1.CacheBackend, o Options) Children {
 	if cb.Spec.Type != v1alpha1.BackendTypeLMCache {
 		return Children{}
 	}
 	c := Children{Service: service(cb)}
 	if IsStatefulSet(cb) {
-		c.StatefulSet = statefulSet(cb)
+		c.StatefulSet = statefulSet(cb, o)
 	} else {
-		c.Deployment = deployment(cb)
+		c.Deployment = deployment(cb, o)
 		if pvcSpec(cb) != nil {
 			c.PVC = pvc(cb)
 		}
@@ -249,20 +275,24 @@ func ownerRef(cb *v1alpha1.CacheBackend) *metav1ac.OwnerReferenceApplyConfigurat
 		WithBlockOwnerDeletion(true)
 }
 
-func deployment(cb *v1alpha1.CacheBackend) *appsv1ac.DeploymentApplyConfiguration {
+func deployment(cb *v1alpha1.CacheBackend, o Options) *appsv1ac.DeploymentApplyConfiguration {
 	spec := appsv1ac.DeploymentSpec().
 		WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb))).
-		WithTemplate(podTemplate(cb))
+		WithTemplate(podTemplate(cb, o))
 	// With an HPA the replica count belongs to the HPA: leaving it out here
 	// keeps the operator from fighting the autoscaler over the field.
 	if cb.Spec.Autoscaling == nil {
 		spec.WithReplicas(Replicas(cb))
 	}
 	spec.WithStrategy(strategy(cb))
-	return appsv1ac.Deployment(cb.Name, cb.Namespace).
+	d := appsv1ac.Deployment(cb.Name, cb.Namespace).
 		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(spec)
+	if !o.LegacyPod {
+		d.WithAnnotations(workloadAnnotations())
+	}
+	return d
 }
 
 // strategy is always rendered in full, so that switching between the two
@@ -282,7 +312,13 @@ func strategy(cb *v1alpha1.CacheBackend) *appsv1ac.DeploymentStrategyApplyConfig
 			WithMaxSurge(intstr.FromInt32(1)))
 }
 
-func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfiguration {
+// workloadAnnotations mark a workload as rendered with the hardened pod
+// defaults (AnnotationServerPodDefaults).
+func workloadAnnotations() map[string]string {
+	return map[string]string{v1alpha1.AnnotationServerPodDefaults: v1alpha1.ServerPodDefaultsRestricted}
+}
+
+func podTemplate(cb *v1alpha1.CacheBackend, o Options) *corev1ac.PodTemplateSpecApplyConfiguration {
 	port := Port(cb)
 	image := DefaultImage
 	var resources *corev1.ResourceRequirements
@@ -291,6 +327,13 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 			image = s.Image
 		}
 		resources = s.Resources
+	}
+	p := serverPod(cb)
+	if !o.LegacyPod {
+		p = ServerPodDefaults(p)
+		if resources == nil {
+			resources = DefaultResources()
+		}
 	}
 	container := corev1ac.Container().
 		WithName(containerName).
@@ -328,9 +371,12 @@ func podTemplate(cb *v1alpha1.CacheBackend) *corev1ac.PodTemplateSpecApplyConfig
 				WithPersistentVolumeClaim(corev1ac.PersistentVolumeClaimVolumeSource().WithClaimName(PVCName(cb))))
 		}
 	}
+	if !o.LegacyPod {
+		scratch(podSpec, container)
+	}
 	labels := Labels(cb)
 	var annotations map[string]string
-	if p := serverPod(cb); p != nil {
+	if p != nil {
 		applyServerPod(cb, p, podSpec, container)
 		for k, v := range p.Labels {
 			if _, owned := labels[k]; !owned { // the webhook refuses them; never let one move a selector
@@ -393,6 +439,9 @@ func applyServerPod(cb *v1alpha1.CacheBackend, p *v1alpha1.ServerPod, spec *core
 		}
 		spec.WithTopologySpreadConstraints(tsc)
 	}
+	if p.Affinity != nil {
+		spec.WithAffinity(affinity(cb, p.Affinity))
+	}
 	if p.PriorityClassName != "" {
 		spec.WithPriorityClassName(p.PriorityClassName)
 	}
@@ -444,6 +493,56 @@ func applyServerPod(cb *v1alpha1.CacheBackend, p *v1alpha1.ServerPod, spec *core
 		}
 		c.WithSecurityContext(csc)
 	}
+}
+
+// affinity is a's node affinity as it is, and its pod anti-affinity over
+// the server's own pods (SelectorLabels).
+func affinity(cb *v1alpha1.CacheBackend, a *v1alpha1.ServerAffinity) *corev1ac.AffinityApplyConfiguration {
+	out := corev1ac.Affinity()
+	if na := a.NodeAffinity; na != nil {
+		nac := corev1ac.NodeAffinity()
+		if r := na.RequiredDuringSchedulingIgnoredDuringExecution; r != nil {
+			sel := corev1ac.NodeSelector()
+			for _, t := range r.NodeSelectorTerms {
+				sel.WithNodeSelectorTerms(nodeSelectorTerm(t))
+			}
+			nac.WithRequiredDuringSchedulingIgnoredDuringExecution(sel)
+		}
+		for _, p := range na.PreferredDuringSchedulingIgnoredDuringExecution {
+			nac.WithPreferredDuringSchedulingIgnoredDuringExecution(corev1ac.PreferredSchedulingTerm().
+				WithWeight(p.Weight).WithPreference(nodeSelectorTerm(p.Preference)))
+		}
+		out.WithNodeAffinity(nac)
+	}
+	if pa := a.PodAntiAffinity; pa != nil {
+		term := func(t v1alpha1.ServerPodAffinityTerm) *corev1ac.PodAffinityTermApplyConfiguration {
+			return corev1ac.PodAffinityTerm().
+				WithLabelSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb))).
+				WithTopologyKey(t.TopologyKey)
+		}
+		pac := corev1ac.PodAntiAffinity()
+		for _, t := range pa.RequiredDuringSchedulingIgnoredDuringExecution {
+			pac.WithRequiredDuringSchedulingIgnoredDuringExecution(term(t))
+		}
+		for _, w := range pa.PreferredDuringSchedulingIgnoredDuringExecution {
+			pac.WithPreferredDuringSchedulingIgnoredDuringExecution(corev1ac.WeightedPodAffinityTerm().
+				WithWeight(w.Weight).WithPodAffinityTerm(term(w.PodAffinityTerm)))
+		}
+		out.WithPodAntiAffinity(pac)
+	}
+	return out
+}
+
+func nodeSelectorTerm(t v1alpha1.ServerNodeSelectorTerm) *corev1ac.NodeSelectorTermApplyConfiguration {
+	out := corev1ac.NodeSelectorTerm()
+	for _, e := range t.MatchExpressions {
+		r := corev1ac.NodeSelectorRequirement().WithKey(e.Key).WithOperator(e.Operator)
+		if len(e.Values) > 0 {
+			r.WithValues(e.Values...)
+		}
+		out.WithMatchExpressions(r)
+	}
+	return out
 }
 
 func seccomp(p *v1alpha1.ServerSeccompProfile) *corev1ac.SeccompProfileApplyConfiguration {
@@ -556,11 +655,11 @@ func hpa(cb *v1alpha1.CacheBackend) *autoscalingv2ac.HorizontalPodAutoscalerAppl
 // volumeClaimTemplate when storage is set, and a claim retention policy that
 // is always set from spec.storage.pvc.retention (Retain/Retain by default),
 // so that a policy edited by hand or missing is put back.
-func statefulSet(cb *v1alpha1.CacheBackend) *appsv1ac.StatefulSetApplyConfiguration {
+func statefulSet(cb *v1alpha1.CacheBackend, o Options) *appsv1ac.StatefulSetApplyConfiguration {
 	spec := appsv1ac.StatefulSetSpec().
 		WithServiceName(ServiceName(cb)).
 		WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb))).
-		WithTemplate(podTemplate(cb)).
+		WithTemplate(podTemplate(cb, o)).
 		WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().
 			WithWhenDeleted(retentionPolicyType(cb, func(r *v1alpha1.PVCRetention) v1alpha1.RetentionAction { return r.WhenDeleted })).
 			WithWhenScaled(retentionPolicyType(cb, func(r *v1alpha1.PVCRetention) v1alpha1.RetentionAction { return r.WhenScaled })))

@@ -32,8 +32,13 @@ func load(t *testing.T, path string) *v1alpha1.CacheBackend {
 	return cb
 }
 
-// TestRenderGolden renders each testdata/<case>.yaml and compares the
-// children with testdata/<case>.golden.yaml (go test -update rewrites them).
+// TestRenderGolden renders each testdata/<case>.yaml for a new server and
+// compares the children with testdata/<case>.golden.yaml (go test -update
+// rewrites them), and for a live server created before the hardened pod
+// defaults (render.Options{LegacyPod: true}) with
+// testdata/<case>.legacy.golden.yaml. The legacy files are what the
+// operator rendered before those defaults and are never rewritten: a
+// change to them is a restart of every server created before.
 func TestRenderGolden(t *testing.T) {
 	inputs, err := filepath.Glob("testdata/*.yaml")
 	require.NoError(t, err)
@@ -44,26 +49,31 @@ func TestRenderGolden(t *testing.T) {
 		}
 		n++
 		name := strings.TrimSuffix(filepath.Base(in), ".yaml")
-		t.Run(name, func(t *testing.T) {
-			children := render.Render(load(t, in))
-			var buf bytes.Buffer
-			for _, obj := range []any{children.PVC, children.Service, children.Deployment, children.StatefulSet, children.HPA} {
-				if isNil(obj) {
-					continue
+		for _, mode := range []struct {
+			suffix string
+			opts   render.Options
+		}{{".golden.yaml", render.Options{}}, {".legacy.golden.yaml", render.Options{LegacyPod: true}}} {
+			t.Run(name+mode.suffix, func(t *testing.T) {
+				children := render.RenderWith(load(t, in), mode.opts)
+				var buf bytes.Buffer
+				for _, obj := range []any{children.PVC, children.Service, children.Deployment, children.StatefulSet, children.HPA} {
+					if isNil(obj) {
+						continue
+					}
+					out, err := yaml.Marshal(obj)
+					require.NoError(t, err)
+					buf.WriteString("---\n")
+					buf.Write(out)
 				}
-				out, err := yaml.Marshal(obj)
-				require.NoError(t, err)
-				buf.WriteString("---\n")
-				buf.Write(out)
-			}
-			golden := filepath.Join("testdata", name+".golden.yaml")
-			if *update {
-				require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644))
-			}
-			want, err := os.ReadFile(golden)
-			require.NoError(t, err, "missing golden file: run go test ./internal/render -update")
-			assert.Equal(t, string(want), buf.String())
-		})
+				golden := filepath.Join("testdata", name+mode.suffix)
+				if _, err := os.Stat(golden); *update && (!mode.opts.LegacyPod || os.IsNotExist(err)) {
+					require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644)) // a legacy file only for a new case
+				}
+				want, err := os.ReadFile(golden)
+				require.NoError(t, err, "missing golden file: run go test ./internal/render -update")
+				assert.Equal(t, string(want), buf.String())
+			})
+		}
 	}
 	require.NotZero(t, n)
 }
@@ -140,8 +150,11 @@ func TestRenderRules(t *testing.T) {
 			ctr := c.Deployment.Spec.Template.Spec.Containers[0]
 			assert.Equal(t, []string{"lmcache_server"}, ctr.Command)
 			assert.Equal(t, []string{"0.0.0.0", "7000", "cpu"}, ctr.Args)
-			require.Len(t, ctr.VolumeMounts, 1, "the claim is still mounted")
-			assert.Equal(t, "/data", *ctr.VolumeMounts[0].MountPath)
+			mounts := map[string]string{}
+			for _, m := range ctr.VolumeMounts {
+				mounts[*m.Name] = *m.MountPath
+			}
+			assert.Equal(t, map[string]string{render.DataVolumeName: "/data", render.ScratchVolumeName: render.ScratchPath}, mounts, "the claim is still mounted, beside the scratch space")
 		}},
 		{"engine-local backends have no children", "testdata/hicache.yaml", func(t *testing.T, c render.Children) {
 			assert.Equal(t, render.Children{}, c)
@@ -188,7 +201,9 @@ func TestRenderStatefulSet(t *testing.T) {
 	require.NotNil(t, c.StatefulSet)
 	require.Len(t, c.StatefulSet.Spec.VolumeClaimTemplates, 1)
 	assert.Equal(t, render.DataVolumeName, *c.StatefulSet.Spec.VolumeClaimTemplates[0].Name)
-	assert.Empty(t, c.StatefulSet.Spec.Template.Spec.Volumes, "the template's claim provides the volume")
+	for _, v := range c.StatefulSet.Spec.Template.Spec.Volumes {
+		assert.NotEqual(t, render.DataVolumeName, *v.Name, "the template's claim provides the volume")
+	}
 	assert.Equal(t, "StatefulSet", *c.HPA.Spec.ScaleTargetRef.Kind)
 
 	plain := load(t, "testdata/minimal.yaml")

@@ -58,6 +58,10 @@ func serverPodErrors(cb *v1alpha1.CacheBackend) field.ErrorList {
 			errs = append(errs, field.Invalid(f, c.TopologyKey, msg))
 		}
 	}
+	if p.Affinity != nil {
+		errs = append(errs, affinityErrors(p.Affinity, path.Child("affinity"))...)
+	}
+	errs = append(errs, rootErrors(p, path)...)
 	if sc := p.SecurityContext; sc != nil && sc.SeccompProfile != nil {
 		errs = append(errs, seccompErrors(sc.SeccompProfile, path.Child("securityContext", "seccompProfile"))...)
 	}
@@ -105,4 +109,91 @@ func seccompErrors(p *v1alpha1.ServerSeccompProfile, f *field.Path) field.ErrorL
 		return field.ErrorList{field.Invalid(f.Child("localhostProfile"), p.LocalhostProfile, "can only be set when seccomp type is Localhost")}
 	}
 	return nil
+}
+
+// rootErrors refuses user ID 0 where the pod's effective runAsNonRoot (the
+// container's over the pod's, and the operator's default true when the
+// spec names no identity) is true: the kubelet would refuse to start the
+// container ("runAsNonRoot and image will run as root"), so the server
+// would never run. The defaults apply to servers the operator creates from
+// now on (render.ServerPodDefaults); the rule is the same for all, so an
+// opted-in older server cannot fall into it.
+func rootErrors(p *v1alpha1.ServerPod, path *field.Path) field.ErrorList {
+	eff := render.ServerPodDefaults(p)
+	psc, csc := eff.SecurityContext, eff.ContainerSecurityContext
+	nonRoot := csc.RunAsNonRoot
+	if nonRoot == nil {
+		nonRoot = psc.RunAsNonRoot
+	}
+	if nonRoot == nil || !*nonRoot {
+		return nil
+	}
+	const msg = "user 0 is root while runAsNonRoot is true; set runAsNonRoot: false to run the server as root"
+	switch {
+	case csc.RunAsUser != nil:
+		if *csc.RunAsUser == 0 {
+			return field.ErrorList{field.Invalid(path.Child("containerSecurityContext", "runAsUser"), int64(0), msg)}
+		}
+	case psc.RunAsUser != nil && *psc.RunAsUser == 0:
+		return field.ErrorList{field.Invalid(path.Child("securityContext", "runAsUser"), int64(0), msg)}
+	}
+	return nil
+}
+
+// affinityErrors are the API server's rules for node selector requirements
+// and pod affinity terms that the schema's enums and bounds leave.
+func affinityErrors(a *v1alpha1.ServerAffinity, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if na := a.NodeAffinity; na != nil {
+		f := path.Child("nodeAffinity")
+		if r := na.RequiredDuringSchedulingIgnoredDuringExecution; r != nil {
+			for i, t := range r.NodeSelectorTerms {
+				errs = append(errs, nodeSelectorTermErrors(t, f.Child("requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms").Index(i))...)
+			}
+		}
+		for i, p := range na.PreferredDuringSchedulingIgnoredDuringExecution {
+			errs = append(errs, nodeSelectorTermErrors(p.Preference, f.Child("preferredDuringSchedulingIgnoredDuringExecution").Index(i).Child("preference"))...)
+		}
+	}
+	if pa := a.PodAntiAffinity; pa != nil {
+		f := path.Child("podAntiAffinity")
+		for i, t := range pa.RequiredDuringSchedulingIgnoredDuringExecution {
+			errs = append(errs, qualifiedNameErrors(t.TopologyKey, f.Child("requiredDuringSchedulingIgnoredDuringExecution").Index(i).Child("topologyKey"))...)
+		}
+		for i, w := range pa.PreferredDuringSchedulingIgnoredDuringExecution {
+			errs = append(errs, qualifiedNameErrors(w.PodAffinityTerm.TopologyKey, f.Child("preferredDuringSchedulingIgnoredDuringExecution").Index(i).Child("podAffinityTerm", "topologyKey"))...)
+		}
+	}
+	return errs
+}
+
+func nodeSelectorTermErrors(t v1alpha1.ServerNodeSelectorTerm, f *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, e := range t.MatchExpressions {
+		ef := f.Child("matchExpressions").Index(i)
+		errs = append(errs, qualifiedNameErrors(e.Key, ef.Child("key"))...)
+		switch e.Operator {
+		case corev1.NodeSelectorOpIn, corev1.NodeSelectorOpNotIn:
+			if len(e.Values) == 0 {
+				errs = append(errs, field.Required(ef.Child("values"), "must be specified when `operator` is 'In' or 'NotIn'"))
+			}
+		case corev1.NodeSelectorOpExists, corev1.NodeSelectorOpDoesNotExist:
+			if len(e.Values) > 0 {
+				errs = append(errs, field.Forbidden(ef.Child("values"), "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"))
+			}
+		case corev1.NodeSelectorOpGt, corev1.NodeSelectorOpLt:
+			if len(e.Values) != 1 {
+				errs = append(errs, field.Required(ef.Child("values"), "must be specified single value when `operator` is 'Lt' or 'Gt'"))
+			}
+		}
+	}
+	return errs
+}
+
+func qualifiedNameErrors(v string, f *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, msg := range validation.IsQualifiedName(v) {
+		errs = append(errs, field.Invalid(f, v, msg))
+	}
+	return errs
 }

@@ -40,6 +40,31 @@ func TestServerPod(t *testing.T) {
 			TopologySpreadConstraints: []v1alpha1.ServerTopologySpread{{MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.ScheduleAnyway}},
 			SecurityContext:           &v1alpha1.ServerPodSecurityContext{SeccompProfile: &v1alpha1.ServerSeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 		}, "", ""},
+		{"root by its own choice", v1alpha1.ServerPod{SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsUser: ptr.To[int64](0)}}, "", ""},
+		{"root with runAsNonRoot false", v1alpha1.ServerPod{SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(false), RunAsUser: ptr.To[int64](0)}}, "", ""},
+		{"root on the pod while runAsNonRoot", v1alpha1.ServerPod{SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](0)}},
+			path + "securityContext.runAsUser", "user 0 is root while runAsNonRoot is true"},
+		{"root on the container while the pod says runAsNonRoot", v1alpha1.ServerPod{SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](1000)},
+			ContainerSecurityContext: &v1alpha1.ServerContainerSecurityContext{RunAsUser: ptr.To[int64](0)}},
+			path + "containerSecurityContext.runAsUser", "set runAsNonRoot: false"},
+		{"the container's runAsNonRoot false wins over the pod's", v1alpha1.ServerPod{SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](0)},
+			ContainerSecurityContext: &v1alpha1.ServerContainerSecurityContext{RunAsNonRoot: ptr.To(false)}}, "", ""},
+		{"a well-formed affinity", v1alpha1.ServerPod{Affinity: goodAffinity()}, "", ""},
+		{"a bad node affinity key", v1alpha1.ServerPod{Affinity: nodeAffinity(v1alpha1.ServerNodeSelectorRequirement{Key: "-pool", Operator: corev1.NodeSelectorOpExists})},
+			path + "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key", "name part must consist of"},
+		{"In without values", v1alpha1.ServerPod{Affinity: nodeAffinity(v1alpha1.ServerNodeSelectorRequirement{Key: "pool", Operator: corev1.NodeSelectorOpIn})},
+			path + "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values", "must be specified when `operator` is 'In' or 'NotIn'"},
+		{"Exists with values", v1alpha1.ServerPod{Affinity: nodeAffinity(v1alpha1.ServerNodeSelectorRequirement{Key: "pool", Operator: corev1.NodeSelectorOpExists, Values: []string{"a"}})},
+			path + "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values", "may not be specified"},
+		{"Gt with two values", v1alpha1.ServerPod{Affinity: nodeAffinity(v1alpha1.ServerNodeSelectorRequirement{Key: "cpus", Operator: corev1.NodeSelectorOpGt, Values: []string{"1", "2"}})},
+			path + "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].values", "single value"},
+		{"a preferred term's bad key", v1alpha1.ServerPod{Affinity: &v1alpha1.ServerAffinity{NodeAffinity: &v1alpha1.ServerNodeAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []v1alpha1.ServerPreferredSchedulingTerm{{Weight: 1, Preference: v1alpha1.ServerNodeSelectorTerm{
+				MatchExpressions: []v1alpha1.ServerNodeSelectorRequirement{{Key: "a/b/c", Operator: corev1.NodeSelectorOpExists}}}}}}}},
+			path + "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].preference.matchExpressions[0].key", "a valid label key must consist of"},
+		{"a bad anti-affinity topology key", v1alpha1.ServerPod{Affinity: &v1alpha1.ServerAffinity{PodAntiAffinity: &v1alpha1.ServerPodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []v1alpha1.ServerWeightedPodAffinityTerm{{Weight: 1, PodAffinityTerm: v1alpha1.ServerPodAffinityTerm{TopologyKey: "host name"}}}}}},
+			path + "affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.topologyKey", "name part must consist of"},
 		{"a label the selector owns", v1alpha1.ServerPod{Labels: map[string]string{"app.kubernetes.io/component": "x"}},
 			path + "labels[app.kubernetes.io/component]", "set by the operator"},
 		{"the CacheBackend label", v1alpha1.ServerPod{Labels: map[string]string{"inferencecache.io/cachebackend": "other"}},
@@ -75,4 +100,20 @@ func TestServerPod(t *testing.T) {
 			assert.True(t, found, "want %s: %s in %v", tc.field, tc.text, errs)
 		})
 	}
+}
+
+func nodeAffinity(r v1alpha1.ServerNodeSelectorRequirement) *v1alpha1.ServerAffinity {
+	return &v1alpha1.ServerAffinity{NodeAffinity: &v1alpha1.ServerNodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1alpha1.ServerNodeSelector{
+		NodeSelectorTerms: []v1alpha1.ServerNodeSelectorTerm{{MatchExpressions: []v1alpha1.ServerNodeSelectorRequirement{r}}}}}}
+}
+
+func goodAffinity() *v1alpha1.ServerAffinity {
+	a := nodeAffinity(v1alpha1.ServerNodeSelectorRequirement{Key: "node-pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"cpu"}})
+	a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution = []v1alpha1.ServerPreferredSchedulingTerm{{Weight: 100, Preference: v1alpha1.ServerNodeSelectorTerm{
+		MatchExpressions: []v1alpha1.ServerNodeSelectorRequirement{{Key: "cpus", Operator: corev1.NodeSelectorOpGt, Values: []string{"8"}}}}}}
+	a.PodAntiAffinity = &v1alpha1.ServerPodAntiAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution:  []v1alpha1.ServerPodAffinityTerm{{TopologyKey: "kubernetes.io/hostname"}},
+		PreferredDuringSchedulingIgnoredDuringExecution: []v1alpha1.ServerWeightedPodAffinityTerm{{Weight: 10, PodAffinityTerm: v1alpha1.ServerPodAffinityTerm{TopologyKey: "topology.kubernetes.io/zone"}}},
+	}
+	return a
 }

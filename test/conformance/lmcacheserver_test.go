@@ -165,9 +165,16 @@ func (s *syncBuffer) String() string {
 // startServer starts bin args; Stop (also at cleanup) kills it.
 func startServer(t *testing.T, port int, bin string, args ...string) *server {
 	t.Helper()
-	s := &server{port: port, out: &syncBuffer{}, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, args...)
-	s.cmd.Env = pyenv.Env()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = pyenv.Env()
+	return startCmd(t, port, cmd)
+}
+
+// startCmd starts cmd, a server that listens on port; Stop (also at
+// cleanup) kills it.
+func startCmd(t *testing.T, port int, cmd *exec.Cmd) *server {
+	t.Helper()
+	s := &server{port: port, out: &syncBuffer{}, done: make(chan struct{}), cmd: cmd}
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	require.NoError(t, s.cmd.Start())
 	go func() {

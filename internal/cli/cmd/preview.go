@@ -89,7 +89,9 @@ file or kustomization, in the order it applies them. With --engine, print
 instead each engine Deployment's pod template as the webhook wires it; add
 --kvevent-subscriber-image (the manager's flag of that name) to see the
 kvevent-subscriber sidecar wiring of CacheBackends with
-spec.observation.modelID. Nothing is read from a cluster.`,
+spec.observation.modelID. Nothing is read from a cluster, so the server's
+pod template is the one a new server gets (with the hardened defaults); a
+server created before them keeps its own, which diff shows.`,
 		Example: `  kubectl cachebackend render -f examples/quickstart/cachebackend.yaml
   kubectl cachebackend render -k examples/quickstart
   kubectl cachebackend render -f examples/quickstart/cachebackend.yaml --engine examples/quickstart/engine.yaml
