@@ -289,8 +289,8 @@ func deployment(cb *v1alpha1.CacheBackend, o Options) *appsv1ac.DeploymentApplyC
 		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(spec)
-	if !o.LegacyPod {
-		d.WithAnnotations(workloadAnnotations())
+	if a := workloadAnnotations(o); a != nil {
+		d.WithAnnotations(a)
 	}
 	return d
 }
@@ -312,9 +312,15 @@ func strategy(cb *v1alpha1.CacheBackend) *appsv1ac.DeploymentStrategyApplyConfig
 			WithMaxSurge(intstr.FromInt32(1)))
 }
 
-// workloadAnnotations mark a workload as rendered with the hardened pod
-// defaults (AnnotationServerPodDefaults).
-func workloadAnnotations() map[string]string {
+// workloadAnnotations are the annotations of a workload of every kind:
+// the mark of the hardened pod defaults (AnnotationServerPodDefaults) when
+// its template has them, none otherwise. A workload rendered with
+// Options{} reads back through OptionsFor as Options{}
+// (TestRenderedWorkloadsReadBackAsRendered).
+func workloadAnnotations(o Options) map[string]string {
+	if o.LegacyPod {
+		return nil
+	}
 	return map[string]string{v1alpha1.AnnotationServerPodDefaults: v1alpha1.ServerPodDefaultsRestricted}
 }
 
@@ -669,10 +675,14 @@ func statefulSet(cb *v1alpha1.CacheBackend, o Options) *appsv1ac.StatefulSetAppl
 	if t := VolumeClaimTemplate(cb); t != nil {
 		spec.WithVolumeClaimTemplates(t)
 	}
-	return appsv1ac.StatefulSet(cb.Name, cb.Namespace).
+	s := appsv1ac.StatefulSet(cb.Name, cb.Namespace).
 		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(spec)
+	if a := workloadAnnotations(o); a != nil {
+		s.WithAnnotations(a)
+	}
+	return s
 }
 
 func retentionPolicyType(cb *v1alpha1.CacheBackend, get func(*v1alpha1.PVCRetention) v1alpha1.RetentionAction) appsv1.PersistentVolumeClaimRetentionPolicyType {

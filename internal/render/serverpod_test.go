@@ -1,6 +1,8 @@
 package render_test
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -90,4 +92,33 @@ func TestDefaultResources(t *testing.T) {
 	c = render.Render(own).Deployment.Spec.Template.Spec.Containers[0]
 	assert.Equal(t, own.Spec.RemoteStorage.LMCacheServer.Resources.Requests, *c.Resources.Requests)
 	assert.Nil(t, c.Resources.Limits, "no default limit under the spec's own request")
+}
+
+// TestRenderedWorkloadsReadBackAsRendered: the workload of every kind and
+// case, rendered for a new server and for an older one, reads back through
+// OptionsFor (as the next reconcile reads the live object) with the
+// options it was rendered with; otherwise the next reconcile would flip
+// its template (as a StatefulSet without the mark once did: the hardened
+// template on create, the old one at generation 2).
+func TestRenderedWorkloadsReadBackAsRendered(t *testing.T) {
+	inputs, err := filepath.Glob("testdata/*.yaml")
+	require.NoError(t, err)
+	var n int
+	for _, in := range inputs {
+		if strings.HasSuffix(in, ".golden.yaml") {
+			continue
+		}
+		for _, o := range []render.Options{{}, {LegacyPod: true}} {
+			objs, err := render.Objects(render.RenderWith(load(t, in), o))
+			require.NoError(t, err)
+			for _, u := range objs {
+				if u.GetKind() != "Deployment" && u.GetKind() != "StatefulSet" {
+					continue
+				}
+				n++
+				assert.Equal(t, o, render.OptionsFor(u), "%s %s rendered with %+v", in, u.GetKind(), o)
+			}
+		}
+	}
+	assert.GreaterOrEqual(t, n, 4, "both kinds, both options")
 }
