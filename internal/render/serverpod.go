@@ -11,9 +11,9 @@ import (
 // DefaultServerUID is the user and group the cache server runs as unless
 // spec.remoteStorage.lmCacheServer.pod says otherwise: not root, and no
 // user of the image (the conventional "nonroot" ID of distroless images).
-// lmcache_server writes nothing and reads only the image's world-readable
-// Python install; test/conformance runs it, and the container's probe, as
-// this ID.
+// lmcache_server reads only the image's world-readable Python install and
+// writes only to its scratch space (ScratchPath); test/conformance runs it,
+// and the container's probe, as this ID.
 const DefaultServerUID = int64(65532)
 
 // Default resources of the server container when spec.remoteStorage.
@@ -21,7 +21,7 @@ const DefaultServerUID = int64(65532)
 // chunk it is sent in memory and evicts nothing (its local backend), so the
 // memory limit bounds the cache: at the limit the server is OOM-killed and
 // restarts empty, and engines miss until it fills again. Size it with
-// .resources (docs/security.md, "The cache-server pod").
+// .resources (docs/security.md, "The cache server's pod").
 var (
 	DefaultServerCPURequest    = resource.MustParse("500m")
 	DefaultServerMemoryRequest = resource.MustParse("2Gi")
@@ -98,8 +98,9 @@ const (
 	NumbaCacheDir     = ScratchPath + "/numba"
 )
 
-// ScratchSizeLimit bounds the scratch emptyDir (numba's cache of LMCache's
-// kernels is a few hundred kilobytes).
+// ScratchSizeLimit bounds the scratch emptyDir. numba writes its cache
+// there only when a kernel is first compiled; importing lmcache's server
+// wrote no file into it here (LMCache 0.5.6).
 var ScratchSizeLimit = resource.MustParse("256Mi")
 
 func scratch(spec *corev1ac.PodSpecApplyConfiguration, c *corev1ac.ContainerApplyConfiguration) {
