@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,6 +20,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/validation"
+	"github.com/inferencecache/operator/internal/workload"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -116,72 +118,103 @@ func TestServerPodReachesTheDeployment(t *testing.T) {
 }
 
 // TestServerCreatedBeforeTheDefaultsKeepsItsPods: upgrading the operator
-// restarts no cache server. A Deployment as an operator before the
-// hardened defaults left it (its template applied by the children's field
-// manager, no inferencecache.io/server-pod-defaults) keeps its template
-// through reconciles of the new operator (a replica change lands, the
-// template does not move); annotating the Deployment opts it in, and the
-// next reconcile applies the hardened template once.
+// restarts no cache server, of either kind. A workload as an operator
+// before the hardened defaults left it (its template applied by the
+// children's field manager, no inferencecache.io/server-pod-defaults)
+// keeps its template through reconciles of the new operator (a replica
+// change lands, the template does not move); annotating the workload opts
+// it in, and the next reconcile applies the hardened template once. A new
+// server's workload keeps its hardened template through reconciles too.
 func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
-	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "older")
-	key := testutil.StartBackend(t, k8s, cb)
-	d := waitDeployment(t, key, func(d *appsv1.Deployment) error {
-		if d.Annotations[v1alpha1.AnnotationServerPodDefaults] != v1alpha1.ServerPodDefaultsRestricted {
-			return fmt.Errorf("a new server's Deployment has annotations %v", d.Annotations)
-		}
-		if sc := d.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
-			return fmt.Errorf("a new server's pod security context is %+v", sc)
-		}
-		return nil
-	})
+	for _, kind := range []v1alpha1.DeploymentKind{v1alpha1.DeploymentKindDeployment, v1alpha1.DeploymentKindStatefulSet} {
+		t.Run(string(kind), func(t *testing.T) {
+			ctx := context.Background()
+			ns := newNamespace(t)
+			cb := newBackend(ns, "older")
+			cb.Spec.DeploymentKind = kind
+			key := testutil.StartBackend(t, k8s, cb)
+			// read is the live workload once cond holds for it.
+			read := func(cond func(obj client.Object, tmpl *corev1.PodTemplateSpec) error) (client.Object, *corev1.PodTemplateSpec) {
+				t.Helper()
+				var obj client.Object
+				var tmpl *corev1.PodTemplateSpec
+				testutil.Eventually(t, 15*time.Second, func() error {
+					w, err := workload.Read(ctx, k8s, getBackend(t, key))
+					if err != nil {
+						return err
+					}
+					if obj, tmpl = w.Object(), w.PodTemplate(); obj == nil {
+						return fmt.Errorf("no %s yet", kind)
+					}
+					return cond(obj, tmpl)
+				})
+				return obj, tmpl
+			}
+			hardened := func(obj client.Object, tmpl *corev1.PodTemplateSpec) error {
+				if obj.GetAnnotations()[v1alpha1.AnnotationServerPodDefaults] != v1alpha1.ServerPodDefaultsRestricted {
+					return fmt.Errorf("annotations %v", obj.GetAnnotations())
+				}
+				if sc := tmpl.Spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != render.DefaultServerUID {
+					return fmt.Errorf("pod security context %+v", sc)
+				}
+				return nil
+			}
+			_, createdTmpl := read(hardened)
+			// A reconcile of a change outside the template (the replica
+			// count) keeps the template hardened.
+			updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+				cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](3)}}
+			})
+			created, tmpl := read(func(obj client.Object, tmpl *corev1.PodTemplateSpec) error {
+				if r := workload.Observed(getBackend(t, key), obj).Replicas(); r == nil || *r != 3 {
+					return fmt.Errorf("replicas %v", r)
+				}
+				return hardened(obj, tmpl)
+			})
+			assert.Equal(t, *createdTmpl, *tmpl, "a new server keeps its template through reconciles")
 
-	// What an older operator applied: the legacy render, by the same
-	// field manager, so the fields it no longer names are dropped.
-	live := getBackend(t, key)
-	objs, err := render.Objects(render.RenderWith(live, render.Options{LegacyPod: true}))
-	require.NoError(t, err)
-	for _, o := range objs {
-		if o.GetKind() == "Deployment" {
-			require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(v1alpha1.FieldManagerChildren), client.ForceOwnership))
-		}
+			// What an older operator applied: the legacy render, by the same
+			// field manager, so the fields it no longer names are dropped.
+			objs, err := render.Objects(render.RenderWith(getBackend(t, key), render.Options{LegacyPod: true}))
+			require.NoError(t, err)
+			for _, o := range objs {
+				if o.GetKind() == string(kind) {
+					require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(v1alpha1.FieldManagerChildren), client.ForceOwnership))
+				}
+			}
+			old, oldTmpl := read(func(obj client.Object, tmpl *corev1.PodTemplateSpec) error {
+				// The API server defaults an empty pod security context.
+				if sc := tmpl.Spec.SecurityContext; (sc != nil && sc.RunAsNonRoot != nil) || obj.GetAnnotations()[v1alpha1.AnnotationServerPodDefaults] != "" {
+					return fmt.Errorf("still hardened: %v %+v", obj.GetAnnotations(), sc)
+				}
+				return nil
+			})
+			require.Greater(t, old.GetGeneration(), created.GetGeneration())
+
+			// A reconcile of the new operator: the replica count changes, the
+			// template does not.
+			updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+				cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}}
+			})
+			scaled, scaledTmpl := read(func(obj client.Object, _ *corev1.PodTemplateSpec) error {
+				w := workload.Observed(getBackend(t, key), obj)
+				if r := w.Replicas(); r == nil || *r != 2 {
+					return fmt.Errorf("replicas %v", r)
+				}
+				return nil
+			})
+			assert.Equal(t, *oldTmpl, *scaledTmpl, "the older server's pod template is kept")
+			assert.Empty(t, scaled.GetAnnotations()[v1alpha1.AnnotationServerPodDefaults])
+			assert.Nil(t, scaledTmpl.Spec.Containers[0].Resources.Requests, "no default resources either")
+
+			// Opting in by hand: the next reconcile hardens the template.
+			patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+v1alpha1.AnnotationServerPodDefaults+`":"`+v1alpha1.ServerPodDefaultsRestricted+`"}}}`))
+			require.NoError(t, k8s.Patch(ctx, scaled, patch))
+			_, tmpl = read(hardened)
+			assert.Equal(t, render.DefaultResources().Limits, tmpl.Spec.Containers[0].Resources.Limits)
+			assert.Equal(t, []corev1.Capability{"ALL"}, tmpl.Spec.Containers[0].SecurityContext.Capabilities.Drop)
+		})
 	}
-	old := waitDeployment(t, key, func(d *appsv1.Deployment) error {
-		// The API server defaults an empty pod security context.
-		if sc := d.Spec.Template.Spec.SecurityContext; (sc != nil && sc.RunAsNonRoot != nil) || d.Annotations[v1alpha1.AnnotationServerPodDefaults] != "" {
-			return fmt.Errorf("still hardened: %v %+v", d.Annotations, sc)
-		}
-		return nil
-	})
-	require.Greater(t, old.Generation, d.Generation)
-
-	// A reconcile of the new operator: the replica count changes, the
-	// template does not.
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
-		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}}
-	})
-	scaled := waitDeployment(t, key, func(d *appsv1.Deployment) error {
-		if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 {
-			return fmt.Errorf("replicas %v", d.Spec.Replicas)
-		}
-		return nil
-	})
-	assert.Equal(t, old.Spec.Template, scaled.Spec.Template, "the older server's pod template is kept")
-	assert.Empty(t, scaled.Annotations[v1alpha1.AnnotationServerPodDefaults])
-	assert.Nil(t, scaled.Spec.Template.Spec.Containers[0].Resources.Requests, "no default resources either")
-
-	// Opting in by hand: the next reconcile hardens the template.
-	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+v1alpha1.AnnotationServerPodDefaults+`":"`+v1alpha1.ServerPodDefaultsRestricted+`"}}}`))
-	require.NoError(t, k8s.Patch(ctx, scaled, patch))
-	hardened := waitDeployment(t, key, func(d *appsv1.Deployment) error {
-		if sc := d.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != render.DefaultServerUID {
-			return fmt.Errorf("not hardened yet: %+v", sc)
-		}
-		return nil
-	})
-	assert.Equal(t, render.DefaultResources().Limits, hardened.Spec.Template.Spec.Containers[0].Resources.Limits)
-	assert.Equal(t, []corev1.Capability{"ALL"}, hardened.Spec.Template.Spec.Containers[0].SecurityContext.Capabilities.Drop)
 }
 
 // TestAffinityRefusedAsTheAPIServerRefusesIt: for each affinity the CRD's
