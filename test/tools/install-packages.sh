@@ -4,8 +4,10 @@
 # python3-msgpack) for the KV-event interoperability tests, redis-server for
 # the index's Redis backend, Prometheus' promtool for the alert rules,
 # protoc for the gRPC contract, tcmalloc for vLLM's CPU backend
-# (test/realengine), and python3.11-venv so that test/tools/install-python.sh
-# can make the engines' virtual environments.
+# (test/realengine), python3.11-venv so that test/tools/install-python.sh
+# can make the engines' virtual environments, and util-linux's nsenter,
+# unshare and setpriv (network namespaces; the cache server run as its
+# pod's user in test/conformance).
 # CI runs as root on a fresh machine: one `apt-get update`, then
 # `apt-get install -y`. Prints nothing on success when everything is
 # already there.
@@ -24,6 +26,8 @@ need=(
 	"/usr/bin/protoc:protobuf-compiler"
 	"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:libtcmalloc-minimal4"
 	"/usr/bin/nsenter:util-linux"
+	"/usr/bin/unshare:util-linux"
+	"/usr/bin/setpriv:util-linux"
 	"/sbin/ip:iproute2"
 )
 
