@@ -1,0 +1,204 @@
+package conformance_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/test/testutil"
+	"github.com/inferencecache/operator/test/testutil/pyenv"
+)
+
+// TestMPServerStartsWithTheRenderedCommandLine: the multiprocess-mode server
+// (issue 23's groundwork; no CacheBackend renders it yet) started as a real
+// process of the installed LMCache with exactly render.MPServerArgs and
+// render.MPServerEnv, for each L2 shape: none, RESP against a real
+// redis-server that requires a password (an ACL user; the credentials
+// come from the env the Secret fills), a bounded local disk (fs_native),
+// and both. fs_native takes the rendered eviction block (it does not log
+// that the capacity "will NOT bound disk usage"). Each answers the rendered probe (GET /healthcheck on the HTTP
+// port) with 200; with RESP, redis-server sees the server's connections
+// authenticated as the ACL user, and the server's unauthenticated GET
+// /config does not carry the password. Only the listen addresses (0.0.0.0
+// to 127.0.0.1) and the two ports (to free ones) are changed for the test.
+func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
+	const user, password = "lmcache", "s3cret-for-the-test"
+	redisAddr := startRedisWithUser(t, user, password)
+	host, portText, err := net.SplitHostPort(redisAddr)
+	require.NoError(t, err)
+	redisPort, err := strconv.Atoi(portText)
+	require.NoError(t, err)
+	secret := map[string]string{"username": user, "password": password}
+	resp := func() *render.MPRESP {
+		return &render.MPRESP{Host: host, Port: int32(redisPort), CapacityGiB: 1, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"}
+	}
+	for _, tc := range []struct {
+		name string
+		s    render.MPServer
+	}{
+		{"l1 only", render.MPServer{}},
+		{"resp with a password", render.MPServer{RESP: resp()}},
+		{"local disk", render.MPServer{Disk: &render.MPDisk{Path: t.TempDir(), CapacityGiB: 1}}},
+		{"resp and local disk", render.MPServer{RESP: resp(), Disk: &render.MPDisk{Path: t.TempDir(), CapacityGiB: 1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.s
+			s.Port, s.HTTPPort, s.L1SizeGiB, s.EvictionPolicy, s.WatermarkPercent, s.RatioPercent = 5555, 8080, 1, "LRU", 80, 20
+			args := render.MPServerArgs(s)
+			zmq, httpPort := freePort(t), freePort(t)
+			local := localMPArgs(t, args, s, zmq, httpPort)
+
+			cmd := exec.Command(pyenv.Bin(t, pyenv.VLLM, render.MPServerCommand[0]), append(render.MPServerCommand[1:], local...)...)
+			cmd.Env = pyenv.Env()
+			for _, e := range render.MPServerEnv(s) {
+				switch {
+				case e.Value != nil:
+					cmd.Env = append(cmd.Env, *e.Name+"="+*e.Value)
+				case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
+					require.Equal(t, "redis-auth", *e.ValueFrom.SecretKeyRef.Name)
+					cmd.Env = append(cmd.Env, *e.Name+"="+secret[*e.ValueFrom.SecretKeyRef.Key])
+				default:
+					t.Fatalf("env %s has neither a value nor a Secret key", *e.Name)
+				}
+			}
+			srv := startCmd(t, zmq, cmd)
+
+			probe := render.MPProbe(s)
+			require.NotNil(t, probe.HTTPGet)
+			require.Equal(t, int(s.HTTPPort), probe.HTTPGet.Port.IntValue(), "the probe asks the HTTP port")
+			url := fmt.Sprintf("http://127.0.0.1:%d%s", httpPort, *probe.HTTPGet.Path)
+			start := time.Now()
+			for {
+				if srv.exited() {
+					t.Fatalf("lmcache server %q exited before it was healthy (%v):\n%s", local, srv.err, tail(srv.out.String(), 4000))
+				}
+				if code, _ := get(url); code == http.StatusOK {
+					break
+				}
+				if time.Since(start) > serverStartTimeout {
+					t.Fatalf("lmcache server %q not healthy within %s:\n%s", local, serverStartTimeout, tail(srv.out.String(), 4000))
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+			t.Logf("lmcache server %s healthy after %s", strings.Join(args, " "), time.Since(start).Round(100*time.Millisecond))
+
+			if s.RESP != nil {
+				testutil.Eventually(t, 60*time.Second, func() error {
+					n, err := clientsOf(redisAddr, user, password)
+					if err != nil {
+						return err
+					}
+					if n == 0 {
+						return fmt.Errorf("no connection authenticated as %s yet", user)
+					}
+					return nil
+				})
+				_, body := get(fmt.Sprintf("http://127.0.0.1:%d/config", httpPort))
+				assert.NotContains(t, body, password, "the unauthenticated /config carries no credential")
+			}
+			if s.Disk != nil {
+				// fs_native's own warning when max_capacity_gb has no
+				// eviction block to enforce it (fs_native_l2_adapter.py).
+				assert.NotContains(t, srv.out.String(), "will NOT bound disk usage", "the disk tier is bounded")
+			}
+			require.False(t, srv.exited(), "the server keeps running:\n%s", tail(srv.out.String(), 4000))
+		})
+	}
+}
+
+// localMPArgs are args with the listen addresses on the loopback and the
+// rendered ports replaced by free ones; every other argument as rendered.
+func localMPArgs(t *testing.T, args []string, s render.MPServer, zmq, httpPort int) []string {
+	t.Helper()
+	out := append([]string{}, args...)
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(out); i++ {
+		switch out[i] {
+		case "--host", "--http-host":
+			require.Equal(t, "0.0.0.0", out[i+1], "%s listens on every address of the pod", out[i])
+			out[i+1] = "127.0.0.1"
+		case "--port":
+			require.Equal(t, strconv.Itoa(int(s.Port)), out[i+1])
+			out[i+1] = strconv.Itoa(zmq)
+		case "--http-port":
+			require.Equal(t, strconv.Itoa(int(s.HTTPPort)), out[i+1])
+			out[i+1] = strconv.Itoa(httpPort)
+		default:
+			continue
+		}
+		seen[out[i]] = true
+	}
+	require.Len(t, seen, 4, "both addresses and both ports are rendered: %q", args)
+	return out
+}
+
+func get(url string) (int, string) {
+	c := &http.Client{Timeout: 3 * time.Second}
+	r, err := c.Get(url)
+	if err != nil {
+		return 0, ""
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	return r.StatusCode, string(b)
+}
+
+// startRedisWithUser runs a real redis-server on a free loopback port whose
+// default user needs a password and which has the ACL user user with
+// password; a missing binary fails the test (make packages installs it).
+func startRedisWithUser(t *testing.T, user, password string) string {
+	t.Helper()
+	const bin = "/usr/bin/redis-server"
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("%s is missing (%v): run `make packages` (test/tools/install-packages.sh installs redis-server)", bin, err)
+	}
+	port := freePort(t)
+	dir := t.TempDir()
+	log, err := os.Create(filepath.Join(dir, "redis.log"))
+	require.NoError(t, err)
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
+		"--requirepass", "not-"+password, "--user", user, "on", ">"+password, "~*", "&*", "+@all")
+	cmd.Stdout, cmd.Stderr = log, log
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		_, err := clientsOf(addr, user, password)
+		return err
+	})
+	return addr
+}
+
+// clientsOf counts the connections to addr authenticated as user, other
+// than its own.
+func clientsOf(addr, user, password string) (int, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr, Username: user, Password: password})
+	defer c.Close()
+	list, err := c.ClientList(context.Background()).Result()
+	if err != nil {
+		return 0, err
+	}
+	n := -1 // this client
+	for _, line := range strings.Split(strings.TrimSpace(list), "\n") {
+		for _, f := range strings.Fields(line) {
+			if f == "user="+user {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
