@@ -292,6 +292,8 @@ type vllmResult struct {
 	KVTransferConfig    map[string]any `json:"kv_transfer_config"`
 	KVEventsConfig      map[string]any `json:"kv_events_config"`
 	ConnectorRegistered *bool          `json:"connector_registered"`
+	ConnectorClass      string         `json:"connector_class"`
+	MPServerURL         string         `json:"mp_server_url"`
 	HashAlgo            string         `json:"hash_algo"`
 	DataParallelSize    int            `json:"data_parallel_size"`
 	Ranks               []vllmRank     `json:"ranks"`

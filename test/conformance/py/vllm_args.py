@@ -129,6 +129,23 @@ def main():
             out["kv_events_config"] = kec
             if ktc is not None and ktc.get("kv_connector"):
                 out["connector_registered"] = ktc["kv_connector"] in KVConnectorFactory._registry
+                # The class the engine loads for this config at start
+                # (KVConnectorFactory.get_connector_class honours
+                # kv_connector_module_path).
+                try:
+                    cls = KVConnectorFactory.get_connector_class(ea.kv_transfer_config)
+                    out["connector_class"] = f"{cls.__module__}.{cls.__qualname__}"
+                except Exception as e:  # noqa: BLE001
+                    out["connector_class"] = f"error: {type(e).__name__}: {e}"
+                # The server URL LMCache's multiprocess connector dials, read
+                # from the config as its __init__ reads it.
+                if ktc["kv_connector"] == "LMCacheMPConnector":
+                    from lmcache.integration.vllm.lmcache_mp_connector import _ensure_transport_scheme
+
+                    get = ea.kv_transfer_config.get_from_extra_config
+                    out["mp_server_url"] = _ensure_transport_scheme(
+                        f"{get('lmcache.mp.host', 'tcp://localhost')}:{get('lmcache.mp.port', 5555)}"
+                    )
             out["hash_algo"] = ea.prefix_caching_hash_algo
             dp = ea.data_parallel_size
             out["data_parallel_size"] = dp
