@@ -278,3 +278,36 @@ func TestAffinityRefusedAsTheAPIServerRefusesIt(t *testing.T) {
 		})
 	}
 }
+
+// TestMPWorkloadUnderTheAPIServer: the multiprocess server's DaemonSet and
+// node-local Service (render.MPDaemonSet, render.MPService; issue 23's
+// groundwork, not applied by the reconcile yet) are valid objects to the
+// real API server, and the DaemonSet's pod, with its disk tier's ephemeral
+// volume, passes Pod Security "restricted" (so "baseline" too): isolated
+// IPC needs no host namespace and the disk is no hostPath.
+func TestMPWorkloadUnderTheAPIServer(t *testing.T) {
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "psa-mp-",
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}
+	require.NoError(t, k8s.Create(ctx, ns))
+	cb := newBackend(ns.Name, "cache")
+	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 20, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20,
+		RESP: &render.MPRESP{Host: "redis", Port: 6379, CapacityGiB: 1, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"},
+		Disk: &render.MPDisk{Path: "/var/lib/lmcache/l2", CapacityGiB: 10}}
+	class := "local-nvme"
+	asTyped := func(ac, obj any) {
+		raw, err := json.Marshal(ac)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(raw, obj))
+	}
+	var ds appsv1.DaemonSet
+	asTyped(render.MPDaemonSet(cb, s, &class), &ds)
+	ds.OwnerReferences = nil
+	require.NoError(t, k8s.Create(ctx, &ds, client.DryRunAll), "the API server admits the DaemonSet")
+	var svc corev1.Service
+	asTyped(render.MPService(cb, s), &svc)
+	svc.OwnerReferences = nil
+	require.NoError(t, k8s.Create(ctx, &svc, client.DryRunAll), "and the node-local Service")
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, GenerateName: "cache-", Labels: ds.Spec.Template.Labels}, Spec: ds.Spec.Template.Spec}
+	assert.NoError(t, k8s.Create(ctx, pod, client.DryRunAll), "its pod passes Pod Security restricted")
+}

@@ -4,8 +4,14 @@ import (
 	"encoding/json"
 	"strconv"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
 // MPServer is a multiprocess-mode LMCache server (`lmcache server`, LMCache
@@ -129,4 +135,94 @@ func mustJSON(v any) string {
 		panic(err) // maps of strings and numbers always marshal
 	}
 	return string(b)
+}
+
+// Names of the MP server's ports, container and L2 disk volume.
+const (
+	mpContainerName = "lmcache-mp-server"
+	mpPortName      = "zmq"
+	mpHTTPPortName  = "http"
+	// MPDiskVolumeName is the generic ephemeral volume of the disk tier.
+	MPDiskVolumeName = "l2-disk"
+)
+
+// MPResources are the MP server container's resources: memory requests
+// L1 + 5 GiB (the server's own overhead beside its host-memory tier) and
+// a limit of 1.5 times that, rounded up to whole GiB; 4 CPUs requested.
+// The LMCache operator's formula, kept so that users moving over see the
+// same numbers.
+func MPResources(s MPServer) *corev1ac.ResourceRequirementsApplyConfiguration {
+	req := int64(s.L1SizeGiB) + 5
+	limit := (req*3 + 1) / 2 // ceil(1.5 × req)
+	return corev1ac.ResourceRequirements().
+		WithRequests(corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("4"),
+			corev1.ResourceMemory: *resource.NewQuantity(req<<30, resource.BinarySI),
+		}).
+		WithLimits(corev1.ResourceList{corev1.ResourceMemory: *resource.NewQuantity(limit<<30, resource.BinarySI)})
+}
+
+// MPDaemonSet is cb's MP server workload for s: one pod per node the
+// server pod's placement (spec.remoteStorage.lmCacheServer.pod) selects,
+// with the hardened pod defaults of every server the operator creates
+// (ServerPodDefaults, the scratch space), the rendered probes (a startup
+// probe gives a cold start five minutes), and, with a disk tier, a generic
+// ephemeral volume of storageClass at the tier's path (a DaemonSet's one
+// template cannot name a claim per node, and Pod Security baseline
+// refuses hostPath: the disk tier starts empty when its pod is replaced).
+func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer, storageClass *string) *appsv1ac.DaemonSetApplyConfiguration {
+	probe := func() *corev1ac.ProbeApplyConfiguration { return MPProbe(s) }
+	container := corev1ac.Container().
+		WithName(mpContainerName).
+		WithImage(DefaultImage).
+		WithCommand(MPServerCommand...).
+		WithArgs(MPServerArgs(s)...).
+		WithEnv(MPServerEnv(s)...).
+		WithPorts(
+			corev1ac.ContainerPort().WithName(mpPortName).WithContainerPort(s.Port).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName(mpHTTPPortName).WithContainerPort(s.HTTPPort).WithProtocol(corev1.ProtocolTCP)).
+		WithStartupProbe(probe().WithFailureThreshold(30)).
+		WithReadinessProbe(probe()).
+		WithLivenessProbe(probe()).
+		WithResources(MPResources(s))
+	podSpec := corev1ac.PodSpec()
+	if d := s.Disk; d != nil {
+		claim := corev1ac.PersistentVolumeClaimSpec().
+			WithAccessModes(corev1.ReadWriteOnce).
+			WithResources(corev1ac.VolumeResourceRequirements().WithRequests(corev1.ResourceList{
+				corev1.ResourceStorage: *resource.NewQuantity(int64(d.CapacityGiB)<<30, resource.BinarySI)}))
+		if storageClass != nil {
+			claim.WithStorageClassName(*storageClass)
+		}
+		podSpec.WithVolumes(corev1ac.Volume().WithName(MPDiskVolumeName).
+			WithEphemeral(corev1ac.EphemeralVolumeSource().WithVolumeClaimTemplate(
+				corev1ac.PersistentVolumeClaimTemplate().WithSpec(claim))))
+		container.WithVolumeMounts(corev1ac.VolumeMount().WithName(MPDiskVolumeName).WithMountPath(d.Path))
+	}
+	scratch(podSpec, container)
+	tmpl := serverTemplate(cb, ServerPodDefaults(serverPod(cb)), podSpec, container)
+	return appsv1ac.DaemonSet(cb.Name, cb.Namespace).
+		WithLabels(objectLabels(cb)).
+		WithAnnotations(workloadAnnotations(Options{})).
+		WithOwnerReferences(ownerRef(cb)).
+		WithSpec(appsv1ac.DaemonSetSpec().
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb))).
+			WithTemplate(tmpl))
+}
+
+// MPService is cb's node-local Service for s: each engine pod reaches the
+// server of its own node, or none (internalTrafficPolicy Local: there is
+// no fallback to another node's server, whose CUDA IPC could not reach the
+// engine's GPU memory).
+func MPService(cb *v1alpha1.CacheBackend, s MPServer) *corev1ac.ServiceApplyConfiguration {
+	return corev1ac.Service(ServiceName(cb), cb.Namespace).
+		WithLabels(objectLabels(cb)).
+		WithOwnerReferences(ownerRef(cb)).
+		WithSpec(corev1ac.ServiceSpec().
+			WithType(corev1.ServiceTypeClusterIP).
+			WithInternalTrafficPolicy(corev1.ServiceInternalTrafficPolicyLocal).
+			WithSelector(SelectorLabels(cb)).
+			WithPorts(
+				corev1ac.ServicePort().WithName(mpPortName).WithPort(s.Port).WithTargetPort(intstr.FromString(mpPortName)).WithProtocol(corev1.ProtocolTCP),
+				corev1ac.ServicePort().WithName(mpHTTPPortName).WithPort(s.HTTPPort).WithTargetPort(intstr.FromString(mpHTTPPortName)).WithProtocol(corev1.ProtocolTCP)))
 }

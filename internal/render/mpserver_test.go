@@ -1,10 +1,16 @@
 package render_test
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/internal/render"
 )
@@ -44,4 +50,42 @@ func TestMPServerEnv(t *testing.T) {
 		}
 	}
 	assert.Equal(t, map[string]string{"LMCACHE_TRACK_USAGE": "false", "LMCACHE_RESP_PASSWORD": "secret auth/password"}, got, "no username key: no username variable")
+}
+
+func TestMPResources(t *testing.T) {
+	for _, tc := range []struct {
+		l1             int32
+		request, limit string
+	}{{1, "6Gi", "9Gi"}, {20, "25Gi", "38Gi"}, {95, "100Gi", "150Gi"}} {
+		r := render.MPResources(render.MPServer{L1SizeGiB: tc.l1})
+		mem := (*r.Requests)[corev1.ResourceMemory]
+		lim := (*r.Limits)[corev1.ResourceMemory]
+		assert.Equal(t, tc.request, mem.String(), "L1 %d GiB", tc.l1)
+		assert.Equal(t, tc.limit, lim.String(), "L1 %d GiB: ceil(1.5 × request)", tc.l1)
+	}
+}
+
+// TestMPWorkloadGolden: the MP server's DaemonSet and node-local Service
+// for a backend with RESP and a disk tier (testdata/multiprocess.golden.yaml;
+// go test -update rewrites it).
+func TestMPWorkloadGolden(t *testing.T) {
+	cb := load(t, "testdata/minimal.yaml")
+	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 20, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20,
+		RESP: &render.MPRESP{Host: "redis.cache.svc", Port: 6379, CapacityGiB: 100, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"},
+		Disk: &render.MPDisk{Path: "/var/lib/lmcache/l2", CapacityGiB: 500}}
+	class := "local-nvme"
+	var buf bytes.Buffer
+	for _, obj := range []any{render.MPService(cb, s), render.MPDaemonSet(cb, s, &class)} {
+		out, err := yaml.Marshal(obj)
+		require.NoError(t, err)
+		buf.WriteString("---\n")
+		buf.Write(out)
+	}
+	golden := filepath.Join("testdata", "multiprocess.golden.yaml")
+	if *update {
+		require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644))
+	}
+	want, err := os.ReadFile(golden)
+	require.NoError(t, err, "missing golden file: run go test ./internal/render -update")
+	assert.Equal(t, string(want), buf.String())
 }

@@ -380,6 +380,12 @@ func podTemplate(cb *v1alpha1.CacheBackend, o Options) *corev1ac.PodTemplateSpec
 	if !o.LegacyPod {
 		scratch(podSpec, container)
 	}
+	return serverTemplate(cb, p, podSpec, container)
+}
+
+// serverTemplate is the template of a server pod: podSpec with container,
+// p's placement and hardening (nil: none) and cb's labels with p's.
+func serverTemplate(cb *v1alpha1.CacheBackend, p *v1alpha1.ServerPod, podSpec *corev1ac.PodSpecApplyConfiguration, container *corev1ac.ContainerApplyConfiguration) *corev1ac.PodTemplateSpecApplyConfiguration {
 	labels := Labels(cb)
 	var annotations map[string]string
 	if p != nil {

@@ -80,21 +80,8 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 			probe := render.MPProbe(s)
 			require.NotNil(t, probe.HTTPGet)
 			require.Equal(t, int(s.HTTPPort), probe.HTTPGet.Port.IntValue(), "the probe asks the HTTP port")
-			url := fmt.Sprintf("http://127.0.0.1:%d%s", httpPort, *probe.HTTPGet.Path)
-			start := time.Now()
-			for {
-				if srv.exited() {
-					t.Fatalf("lmcache server %q exited before it was healthy (%v):\n%s", local, srv.err, tail(srv.out.String(), 4000))
-				}
-				if code, _ := get(url); code == http.StatusOK {
-					break
-				}
-				if time.Since(start) > serverStartTimeout {
-					t.Fatalf("lmcache server %q not healthy within %s:\n%s", local, serverStartTimeout, tail(srv.out.String(), 4000))
-				}
-				time.Sleep(500 * time.Millisecond)
-			}
-			t.Logf("lmcache server %s healthy after %s", strings.Join(args, " "), time.Since(start).Round(100*time.Millisecond))
+			took := waitHealthy(t, srv, fmt.Sprintf("http://127.0.0.1:%d%s", httpPort, *probe.HTTPGet.Path))
+			t.Logf("lmcache server %s healthy after %s", strings.Join(args, " "), took.Round(100*time.Millisecond))
 
 			if s.RESP != nil {
 				testutil.Eventually(t, 60*time.Second, func() error {
@@ -144,6 +131,26 @@ func localMPArgs(t *testing.T, args []string, s render.MPServer, zmq, httpPort i
 	}
 	require.Len(t, seen, 4, "both addresses and both ports are rendered: %q", args)
 	return out
+}
+
+// waitHealthy waits until url (the MP server's probe) answers 200; a
+// server that exits first, or is not healthy within serverStartTimeout,
+// fails the test with its output.
+func waitHealthy(t *testing.T, srv *server, url string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		if srv.exited() {
+			t.Fatalf("lmcache server %q exited before it was healthy (%v):\n%s", srv.cmd.Args, srv.err, tail(srv.out.String(), 4000))
+		}
+		if code, _ := get(url); code == http.StatusOK {
+			return time.Since(start)
+		}
+		if time.Since(start) > serverStartTimeout {
+			t.Fatalf("lmcache server %q not healthy within %s:\n%s", srv.cmd.Args, serverStartTimeout, tail(srv.out.String(), 4000))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 func get(url string) (int, string) {
@@ -201,4 +208,31 @@ func clientsOf(addr, user, password string) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// TestMPServerRunsAsItsPodsUser: the MP server of render.MPDaemonSet runs
+// as its pod's hardened identity (user and group 65532, no capabilities,
+// no_new_privs, HOME "/", its environment read-only, a fresh /tmp; see
+// TestManagedServerRunsAsItsPodsUser) with its container's command line
+// and env, and answers its probe.
+func TestMPServerRunsAsItsPodsUser(t *testing.T) {
+	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 1, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20}
+	ds := render.MPDaemonSet(serverShapes()[0].cb.DeepCopy(), s, nil)
+	spec := ds.Spec.Template.Spec
+	wrap, env, _, _ := asPodUser(t, spec)
+	c := spec.Containers[0]
+	zmq, httpPort := freePort(t), freePort(t)
+	args := localMPArgs(t, c.Args, s, zmq, httpPort)
+	require.Equal(t, render.MPServerCommand, c.Command)
+	// The console script run by the environment's interpreter, as its
+	// shebang would.
+	cmd := wrap(append([]string{pyenv.Python(t, pyenv.VLLM), pyenv.Bin(t, pyenv.VLLM, c.Command[0])}, append(c.Command[1:], args...)...)...)
+	cmd.Env = env
+	srv := startCmd(t, zmq, cmd)
+	took := waitHealthy(t, srv, fmt.Sprintf("http://127.0.0.1:%d%s", httpPort, *c.ReadinessProbe.HTTPGet.Path))
+	status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(srv.cmd.Process.Pid), "status"))
+	require.NoError(t, err)
+	f := procStatus(string(status))
+	t.Logf("lmcache server healthy after %s as Uid %s, CapEff %s, NoNewPrivs %s", took.Round(100*time.Millisecond), f["Uid"], f["CapEff"], f["NoNewPrivs"])
+	assert.NotEqual(t, "0", strings.Fields(f["Uid"])[0], "not root")
 }

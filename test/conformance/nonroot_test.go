@@ -40,38 +40,11 @@ func TestManagedServerRunsAsItsPodsUser(t *testing.T) {
 	c := render.Render(cb).Deployment
 	require.NotNil(t, c)
 	spec := c.Spec.Template.Spec
-	psc, csc := spec.SecurityContext, spec.Containers[0].SecurityContext
-	require.NotNil(t, psc, "a new server's pod has a security context")
-	require.NotNil(t, csc, "and its container")
-	require.Equal(t, ptrTo(true), psc.RunAsNonRoot)
-	require.NotNil(t, psc.RunAsUser)
-	require.NotNil(t, psc.RunAsGroup)
-	require.Equal(t, ptrTo(false), csc.AllowPrivilegeEscalation)
-	require.NotNil(t, csc.Capabilities)
-	require.Equal(t, "ALL", string(csc.Capabilities.Drop[0]))
-	uid, gid := *psc.RunAsUser, *psc.RunAsGroup
-
+	wrap, env, uid, gid := asPodUser(t, spec)
 	line := commandLine(&spec.Containers[0])
 	port := freePort(t)
 	bin, args := localArgs(t, line, render.Port(cb), port)
 	asRoot := os.Geteuid() == 0
-	wrap := func(argv ...string) *exec.Cmd {
-		if !asRoot {
-			return exec.Command(argv[0], argv[1:]...)
-		}
-		return exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", exposeScript(t, uid, gid), "sh"}, argv...)...)
-	}
-	// The container's own environment and its scratch mount (an emptyDir,
-	// stood for by a fresh tmpfs in the namespace).
-	env := append(withoutHome(pyenv.Env()), "HOME=/")
-	for _, e := range spec.Containers[0].Env {
-		env = append(env, *e.Name+"="+*e.Value)
-	}
-	var scratch bool
-	for _, m := range spec.Containers[0].VolumeMounts {
-		scratch = scratch || *m.MountPath == render.ScratchPath
-	}
-	require.True(t, scratch, "the server container mounts its scratch space at %s", render.ScratchPath)
 
 	// The console script is run by the environment's interpreter, as its
 	// shebang would.
@@ -102,6 +75,46 @@ func TestManagedServerRunsAsItsPodsUser(t *testing.T) {
 	out, err := runProbeAs(t, wrap, env, probe, render.Port(cb), port)
 	require.NoError(t, err, "the exec probe as the pod's user: %s", out)
 	require.False(t, s.exited(), "the server keeps running:\n%s", s.out.String())
+}
+
+// asPodUser checks that spec's pod runs its first container as a non-root
+// user without privileges (the hardened defaults), and returns how to run
+// a command as that pod would (wrap), the container's environment with
+// HOME "/" (its literal values; secrets are not resolved here), and the
+// user and group.
+func asPodUser(t *testing.T, spec *corev1ac.PodSpecApplyConfiguration) (wrap func(argv ...string) *exec.Cmd, env []string, uid, gid int64) {
+	t.Helper()
+	psc, csc := spec.SecurityContext, spec.Containers[0].SecurityContext
+	require.NotNil(t, psc, "a new server's pod has a security context")
+	require.NotNil(t, csc, "and its container")
+	require.Equal(t, ptrTo(true), psc.RunAsNonRoot)
+	require.NotNil(t, psc.RunAsUser)
+	require.NotNil(t, psc.RunAsGroup)
+	require.Equal(t, ptrTo(false), csc.AllowPrivilegeEscalation)
+	require.NotNil(t, csc.Capabilities)
+	require.Equal(t, "ALL", string(csc.Capabilities.Drop[0]))
+	uid, gid = *psc.RunAsUser, *psc.RunAsGroup
+	asRoot := os.Geteuid() == 0
+	wrap = func(argv ...string) *exec.Cmd {
+		if !asRoot {
+			return exec.Command(argv[0], argv[1:]...)
+		}
+		return exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", exposeScript(t, uid, gid), "sh"}, argv...)...)
+	}
+	// The container's own environment and its scratch mount (an emptyDir,
+	// stood for by a fresh tmpfs in the namespace).
+	env = append(withoutHome(pyenv.Env()), "HOME=/")
+	for _, e := range spec.Containers[0].Env {
+		if e.Value != nil {
+			env = append(env, *e.Name+"="+*e.Value)
+		}
+	}
+	var scratch bool
+	for _, m := range spec.Containers[0].VolumeMounts {
+		scratch = scratch || *m.MountPath == render.ScratchPath
+	}
+	require.True(t, scratch, "the server container mounts its scratch space at %s", render.ScratchPath)
+	return wrap, env, uid, gid
 }
 
 // exposeScript is the sh script (run as root inside a private mount
