@@ -30,6 +30,8 @@ func MPKVTransferConfig(host string, port int32, role v1alpha1.IntegrationRole) 
 	}{LMCacheMPConnector, LMCacheMPConnectorModulePath, KVRole(role), map[string]any{
 		"lmcache.mp.host": "tcp://" + host,
 		"lmcache.mp.port": port,
+		// As the server's --isolated-ipc (render.MPServerArgs).
+		"lmcache.mp.isolated_ipc": true,
 	}})
 	return string(b)
 }

@@ -67,10 +67,10 @@ var MPServerCommand = []string{"lmcache", "server"}
 const MPHealthPath = "/healthcheck"
 
 // MPServerArgs are the arguments of MPServerCommand for s. Both listen
-// addresses are 0.0.0.0 (LMCache's defaults are loopback only), and L1's
-// size and eviction policy are always given (without them the server
-// exits: "Legacy L1 configuration requires --l1-size-gb and
-// --eviction-policy").
+// addresses are 0.0.0.0 (LMCache's defaults are loopback only), L1's size
+// and eviction policy are always given (without them the server exits:
+// "Legacy L1 configuration requires --l1-size-gb and --eviction-policy"),
+// and IPC is isolated.
 func MPServerArgs(s MPServer) []string {
 	args := []string{
 		"--host", "0.0.0.0", "--port", strconv.Itoa(int(s.Port)),
@@ -80,6 +80,11 @@ func MPServerArgs(s MPServer) []string {
 		"--eviction-trigger-watermark", hundredths(s.WatermarkPercent),
 		"--eviction-ratio", hundredths(s.RatioPercent),
 		"--hash-algorithm", "blake3",
+		// Isolated IPC: KV crosses by CUDA IPC handles, so neither pod
+		// needs hostIPC or the host's /dev/shm (Pod Security baseline
+		// refuses both). The engines' lmcache.mp.isolated_ipc must match
+		// (inject.MPKVTransferConfig).
+		"--isolated-ipc",
 	}
 	if r := s.RESP; r != nil {
 		args = append(args, "--l2-adapter", mustJSON(map[string]any{

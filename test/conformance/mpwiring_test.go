@@ -2,6 +2,7 @@ package conformance_test
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -20,7 +21,9 @@ import (
 // entry would too: the module path only turns a broken lmcache into an
 // import error, which this environment cannot show), keeps the role, and
 // LMCache's connector would dial the node-local Service's tcp:// address
-// on the rendered port.
+// on the rendered port; the other lmcache.mp.* keys are ones LMCache's
+// adapter reads (vllm_multi_process_adapter.ExtraConfigDefault), isolated
+// IPC resolved on, as the server's --isolated-ipc.
 func TestVLLMParsesTheMPWiring(t *testing.T) {
 	const host = "cache.llm.svc.cluster.local"
 	const port = int32(5555)
@@ -53,6 +56,18 @@ func TestVLLMParsesTheMPWiring(t *testing.T) {
 			assert.Equal(t, inject.LMCacheMPConnectorModulePath+"."+inject.LMCacheMPConnector, res.ConnectorClass, "LMCache's own class")
 			assert.Equal(t, inject.KVRole(r), res.KVTransferConfig["kv_role"])
 			assert.Equal(t, "tcp://"+host+":5555", res.MPServerURL, "the address LMCache's connector dials")
+			// Every other lmcache.mp.* key is one LMCache's adapter knows
+			// (it would ignore another), resolved to what was meant.
+			extra, ok := res.KVTransferConfig["kv_connector_extra_config"].(map[string]any)
+			require.True(t, ok, "%v", res.KVTransferConfig)
+			for k := range extra {
+				name := strings.TrimPrefix(k, "lmcache.mp.")
+				if name == "host" || name == "port" {
+					continue
+				}
+				assert.Contains(t, res.MPExtraConfigNames, name, "LMCache's adapter reads %s", k)
+			}
+			assert.Equal(t, true, res.MPExtraConfig["isolated_ipc"], "isolated IPC, as the server's --isolated-ipc")
 			t.Logf("vLLM %s: %s loads %s, dials %s", resp.VLLM, inject.LMCacheMPConnector, res.ConnectorClass, res.MPServerURL)
 		})
 	}

@@ -294,6 +294,8 @@ type vllmResult struct {
 	ConnectorRegistered *bool          `json:"connector_registered"`
 	ConnectorClass      string         `json:"connector_class"`
 	MPServerURL         string         `json:"mp_server_url"`
+	MPExtraConfig       map[string]any `json:"mp_extra_config"`
+	MPExtraConfigNames  []string       `json:"mp_extra_config_names"`
 	HashAlgo            string         `json:"hash_algo"`
 	DataParallelSize    int            `json:"data_parallel_size"`
 	Ranks               []vllmRank     `json:"ranks"`

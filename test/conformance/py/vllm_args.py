@@ -146,6 +146,16 @@ def main():
                     out["mp_server_url"] = _ensure_transport_scheme(
                         f"{get('lmcache.mp.host', 'tcp://localhost')}:{get('lmcache.mp.port', 5555)}"
                     )
+                    # The rest of lmcache.mp.*, resolved as LMCache's
+                    # adapter does (it ignores a key it does not know, so
+                    # the known names are reported too).
+                    from lmcache.integration.vllm.vllm_multi_process_adapter import (
+                        ExtraConfigDefault,
+                        _resolve_extra_config,
+                    )
+
+                    out["mp_extra_config"] = _resolve_extra_config(ea.kv_transfer_config.kv_connector_extra_config)
+                    out["mp_extra_config_names"] = [m.name for m in ExtraConfigDefault]
             out["hash_algo"] = ea.prefix_caching_hash_algo
             dp = ea.data_parallel_size
             out["data_parallel_size"] = dp
