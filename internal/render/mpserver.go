@@ -28,7 +28,7 @@ type MPServer struct {
 	// EvictionPolicy is LRU, ARC or IsolatedLRU; WatermarkPercent and
 	// RatioPercent (1 to 100) are --eviction-trigger-watermark and
 	// --eviction-ratio in hundredths (LMCache accepts any float there, 1.5
-	// and -1 too, so the operator bounds them).
+	// and -1 too: the API that builds an MPServer is to bound them).
 	EvictionPolicy                 string
 	WatermarkPercent, RatioPercent int32
 	// RESP is a Redis or Valkey L2 tier, Disk a local-disk one (fs_native).
@@ -36,7 +36,8 @@ type MPServer struct {
 	Disk *MPDisk
 }
 
-// MPRESP is an L2 tier over RESP (LMCache's resp adapter; no TLS).
+// MPRESP is an L2 tier over RESP (LMCache's resp adapter; no TLS), tested
+// against redis-server; Valkey speaks the same protocol.
 type MPRESP struct {
 	Host        string
 	Port        int32
