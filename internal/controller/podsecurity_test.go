@@ -96,6 +96,8 @@ func TestServerPodReachesTheDeployment(t *testing.T) {
 		ImagePullSecrets:  []v1alpha1.ServerPullSecret{{Name: "regcred"}},
 		ContainerSecurityContext: &v1alpha1.ServerContainerSecurityContext{AllowPrivilegeEscalation: ptr.To(false),
 			Capabilities: &v1alpha1.ServerCapabilities{Drop: []string{"ALL"}}},
+		Affinity: &v1alpha1.ServerAffinity{PodAntiAffinity: &v1alpha1.ServerPodAntiAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []v1alpha1.ServerWeightedPodAffinityTerm{{Weight: 50, PodAffinityTerm: v1alpha1.ServerPodAffinityTerm{TopologyKey: "kubernetes.io/hostname"}}}}},
 	}}}
 	require.NoError(t, k8s.Create(ctx, cb))
 	d := waitDeployment(t, client.ObjectKeyFromObject(cb), func(*appsv1.Deployment) error { return nil })
@@ -107,6 +109,12 @@ func TestServerPodReachesTheDeployment(t *testing.T) {
 	assert.Equal(t, []corev1.LocalObjectReference{{Name: "regcred"}}, spec.ImagePullSecrets)
 	require.NotNil(t, spec.Containers[0].SecurityContext)
 	assert.Equal(t, []corev1.Capability{"ALL"}, spec.Containers[0].SecurityContext.Capabilities.Drop)
+	require.NotNil(t, spec.Affinity, "the affinity reaches the Deployment")
+	require.NotNil(t, spec.Affinity.PodAntiAffinity)
+	term := spec.Affinity.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution
+	require.Len(t, term, 1)
+	assert.Equal(t, "kubernetes.io/hostname", term[0].PodAffinityTerm.TopologyKey)
+	assert.Equal(t, render.SelectorLabels(cb), term[0].PodAffinityTerm.LabelSelector.MatchLabels, "over the server's own pods")
 
 	bad := newBackend(ns, "badtoleration")
 	bad.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{

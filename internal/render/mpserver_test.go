@@ -1,16 +1,11 @@
 package render_test
 
 import (
-	"bytes"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/internal/render"
 )
@@ -74,18 +69,5 @@ func TestMPWorkloadGolden(t *testing.T) {
 		RESP: &render.MPRESP{Host: "redis.cache.svc", Port: 6379, CapacityGiB: 100, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"},
 		Disk: &render.MPDisk{Path: "/var/lib/lmcache/l2", CapacityGiB: 500}}
 	class := "local-nvme"
-	var buf bytes.Buffer
-	for _, obj := range []any{render.MPService(cb, s), render.MPDaemonSet(cb, s, &class)} {
-		out, err := yaml.Marshal(obj)
-		require.NoError(t, err)
-		buf.WriteString("---\n")
-		buf.Write(out)
-	}
-	golden := filepath.Join("testdata", "multiprocess.golden.yaml")
-	if *update {
-		require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644))
-	}
-	want, err := os.ReadFile(golden)
-	require.NoError(t, err, "missing golden file: run go test ./internal/render -update")
-	assert.Equal(t, string(want), buf.String())
+	matchGolden(t, "multiprocess.golden.yaml", true, render.MPService(cb, s), render.MPDaemonSet(cb, s, &class))
 }

@@ -40,14 +40,7 @@ func load(t *testing.T, path string) *v1alpha1.CacheBackend {
 // operator rendered before those defaults and are never rewritten: a
 // change to them is a restart of every server created before.
 func TestRenderGolden(t *testing.T) {
-	inputs, err := filepath.Glob("testdata/*.yaml")
-	require.NoError(t, err)
-	var n int
-	for _, in := range inputs {
-		if strings.HasSuffix(in, ".golden.yaml") {
-			continue
-		}
-		n++
+	for _, in := range inputs(t) {
 		name := strings.TrimSuffix(filepath.Base(in), ".yaml")
 		for _, mode := range []struct {
 			suffix string
@@ -55,27 +48,51 @@ func TestRenderGolden(t *testing.T) {
 		}{{".golden.yaml", render.Options{}}, {".legacy.golden.yaml", render.Options{LegacyPod: true}}} {
 			t.Run(name+mode.suffix, func(t *testing.T) {
 				children := render.RenderWith(load(t, in), mode.opts)
-				var buf bytes.Buffer
-				for _, obj := range []any{children.PVC, children.Service, children.Deployment, children.StatefulSet, children.HPA} {
-					if isNil(obj) {
-						continue
-					}
-					out, err := yaml.Marshal(obj)
-					require.NoError(t, err)
-					buf.WriteString("---\n")
-					buf.Write(out)
-				}
-				golden := filepath.Join("testdata", name+mode.suffix)
-				if _, err := os.Stat(golden); *update && (!mode.opts.LegacyPod || os.IsNotExist(err)) {
-					require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644)) // a legacy file only for a new case
-				}
-				want, err := os.ReadFile(golden)
-				require.NoError(t, err, "missing golden file: run go test ./internal/render -update")
-				assert.Equal(t, string(want), buf.String())
+				// A legacy file is written only for a new case.
+				matchGolden(t, name+mode.suffix, !mode.opts.LegacyPod, children.PVC, children.Service, children.Deployment, children.StatefulSet, children.HPA)
 			})
 		}
 	}
-	require.NotZero(t, n)
+}
+
+// inputs are the CacheBackends of testdata: every *.yaml but the golden
+// files; at least one.
+func inputs(t *testing.T) []string {
+	t.Helper()
+	all, err := filepath.Glob("testdata/*.yaml")
+	require.NoError(t, err)
+	var out []string
+	for _, in := range all {
+		if !strings.HasSuffix(in, ".golden.yaml") {
+			out = append(out, in)
+		}
+	}
+	require.NotEmpty(t, out)
+	return out
+}
+
+// matchGolden compares objs (nil ones left out), as YAML documents, with
+// testdata/<file>. go test -update rewrites the file when rewrite is true,
+// and writes it when it does not exist yet.
+func matchGolden(t *testing.T, file string, rewrite bool, objs ...any) {
+	t.Helper()
+	var buf bytes.Buffer
+	for _, obj := range objs {
+		if isNil(obj) {
+			continue
+		}
+		out, err := yaml.Marshal(obj)
+		require.NoError(t, err)
+		buf.WriteString("---\n")
+		buf.Write(out)
+	}
+	golden := filepath.Join("testdata", file)
+	if _, err := os.Stat(golden); *update && (rewrite || os.IsNotExist(err)) {
+		require.NoError(t, os.WriteFile(golden, buf.Bytes(), 0o644))
+	}
+	want, err := os.ReadFile(golden)
+	require.NoError(t, err, "missing golden file: run go test ./internal/render -update")
+	assert.Equal(t, string(want), buf.String())
 }
 
 func isNil(v any) bool { return reflect.ValueOf(v).IsNil() }

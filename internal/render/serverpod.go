@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 )
@@ -66,21 +67,19 @@ func ServerPodDefaults(p *v1alpha1.ServerPod) *v1alpha1.ServerPod {
 	psc, csc := out.SecurityContext, out.ContainerSecurityContext
 	if psc.RunAsNonRoot == nil && psc.RunAsUser == nil && psc.RunAsGroup == nil && csc.RunAsNonRoot == nil && csc.RunAsUser == nil {
 		uid := DefaultServerUID
-		psc.RunAsNonRoot, psc.RunAsUser, psc.RunAsGroup = ptr(true), &uid, ptr(uid)
+		psc.RunAsNonRoot, psc.RunAsUser, psc.RunAsGroup = ptr.To(true), &uid, ptr.To(uid)
 	}
 	if psc.SeccompProfile == nil && csc.SeccompProfile == nil {
 		psc.SeccompProfile = &v1alpha1.ServerSeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
 	}
 	if csc.AllowPrivilegeEscalation == nil {
-		csc.AllowPrivilegeEscalation = ptr(false)
+		csc.AllowPrivilegeEscalation = ptr.To(false)
 	}
 	if csc.Capabilities == nil {
 		csc.Capabilities = &v1alpha1.ServerCapabilities{Drop: []string{"ALL"}}
 	}
 	return out
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // The server's scratch space: an emptyDir at ScratchPath, and numba's
 // cache in it. LMCache compiles its numba kernels with cache=True when it

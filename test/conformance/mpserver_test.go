@@ -21,6 +21,7 @@ import (
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
+	"github.com/inferencecache/operator/test/testutil/redisserver"
 )
 
 // TestMPServerStartsWithTheRenderedCommandLine: the multiprocess-mode server
@@ -164,30 +165,11 @@ func get(url string) (int, string) {
 	return r.StatusCode, string(b)
 }
 
-// startRedisWithUser runs a real redis-server on a free loopback port whose
-// default user needs a password and which has the ACL user user with
-// password; a missing binary fails the test (make packages installs it).
+// startRedisWithUser runs a real redis-server whose default user needs a
+// password and which has the ACL user user with password.
 func startRedisWithUser(t *testing.T, user, password string) string {
 	t.Helper()
-	const bin = "/usr/bin/redis-server"
-	if _, err := os.Stat(bin); err != nil {
-		t.Fatalf("%s is missing (%v): run `make packages` (test/tools/install-packages.sh installs redis-server)", bin, err)
-	}
-	port := freePort(t)
-	dir := t.TempDir()
-	log, err := os.Create(filepath.Join(dir, "redis.log"))
-	require.NoError(t, err)
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
-		"--requirepass", "not-"+password, "--user", user, "on", ">"+password, "~*", "&*", "+@all")
-	cmd.Stdout, cmd.Stderr = log, log
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	testutil.Eventually(t, 10*time.Second, func() error {
-		_, err := clientsOf(addr, user, password)
-		return err
-	})
-	return addr
+	return redisserver.Start(t, "--requirepass", "not-"+password, "--user", user, "on", ">"+password, "~*", "&*", "+@all")
 }
 
 // clientsOf counts the connections to addr authenticated as user, other

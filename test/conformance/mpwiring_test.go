@@ -28,17 +28,13 @@ func TestVLLMParsesTheMPWiring(t *testing.T) {
 	const host = "cache.llm.svc.cluster.local"
 	const port = int32(5555)
 	roles := []v1alpha1.IntegrationRole{v1alpha1.RoleReadWrite, v1alpha1.RoleReadOnly, v1alpha1.RoleWriteOnly}
-	type in struct {
-		Name string   `json:"name"`
-		Argv []string `json:"argv"`
-	}
 	var req struct {
-		Cases  []in     `json:"cases"`
-		Models []string `json:"models"`
+		Cases  []argvCase `json:"cases"`
+		Models []string   `json:"models"`
 	}
 	req.Models = []string{model}
 	for _, r := range roles {
-		req.Cases = append(req.Cases, in{Name: string(r), Argv: []string{"vllm", "serve", model,
+		req.Cases = append(req.Cases, argvCase{Name: string(r), Argv: []string{"vllm", "serve", model,
 			inject.KVTransferConfigFlag, inject.MPKVTransferConfig(host, port, r)}})
 	}
 	var resp struct {

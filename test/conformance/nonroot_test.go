@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
@@ -87,10 +88,10 @@ func asPodUser(t *testing.T, spec *corev1ac.PodSpecApplyConfiguration) (wrap fun
 	psc, csc := spec.SecurityContext, spec.Containers[0].SecurityContext
 	require.NotNil(t, psc, "a new server's pod has a security context")
 	require.NotNil(t, csc, "and its container")
-	require.Equal(t, ptrTo(true), psc.RunAsNonRoot)
+	require.Equal(t, ptr.To(true), psc.RunAsNonRoot)
 	require.NotNil(t, psc.RunAsUser)
 	require.NotNil(t, psc.RunAsGroup)
-	require.Equal(t, ptrTo(false), csc.AllowPrivilegeEscalation)
+	require.Equal(t, ptr.To(false), csc.AllowPrivilegeEscalation)
 	require.NotNil(t, csc.Capabilities)
 	require.Equal(t, "ALL", string(csc.Capabilities.Drop[0]))
 	uid, gid = *psc.RunAsUser, *psc.RunAsGroup
@@ -213,5 +214,3 @@ func procStatus(s string) map[string]string {
 	}
 	return out
 }
-
-func ptrTo[T any](v T) *T { return &v }

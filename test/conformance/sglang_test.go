@@ -296,13 +296,9 @@ func sglangModel(t *testing.T) string {
 func TestSGLangServerArgs(t *testing.T) {
 	modelDir := sglangModel(t)
 	cases := sglangCases(t)
-	type in struct {
-		Name string   `json:"name"`
-		Argv []string `json:"argv"`
-	}
 	var req struct {
-		Cases  []in     `json:"cases"`
-		Fields []string `json:"fields"`
+		Cases  []argvCase `json:"cases"`
+		Fields []string   `json:"fields"`
 	}
 	for f := range sglangUserFields {
 		req.Fields = append(req.Fields, f)
@@ -316,7 +312,7 @@ func TestSGLangServerArgs(t *testing.T) {
 			p := startContainer(t, c, nil, sglangStubs...)
 			decisions[i] = append(decisions[i], d)
 			procs[i] = append(procs[i], p)
-			req.Cases = append(req.Cases, in{Name: tc.name, Argv: p.Argv})
+			req.Cases = append(req.Cases, argvCase{Name: tc.name, Argv: p.Argv})
 		}
 	}
 	var resp struct {

@@ -302,6 +302,13 @@ type vllmResult struct {
 	Fields              map[string]any `json:"fields"`
 }
 
+// argvCase is one command line given to an engine's own parser
+// (py/vllm_args.py, py/sglang_args.py).
+type argvCase struct {
+	Name string   `json:"name"`
+	Argv []string `json:"argv"`
+}
+
 type vllmRank struct {
 	Endpoint string `json:"endpoint"`
 	Replay   string `json:"replay_endpoint"`
@@ -315,15 +322,11 @@ type vllmRank struct {
 // wrappers) to vLLM's own serve parser and EngineArgs, in one Python process.
 func TestVLLMParsesEveryCommandLine(t *testing.T) {
 	cases := vllmCases()
-	type in struct {
-		Name string   `json:"name"`
-		Argv []string `json:"argv"`
-	}
 	var req struct {
-		Cases      []in     `json:"cases"`
-		Fields     []string `json:"fields"`
-		Models     []string `json:"models"`
-		Connectors []string `json:"connectors"`
+		Cases      []argvCase `json:"cases"`
+		Fields     []string   `json:"fields"`
+		Models     []string   `json:"models"`
+		Connectors []string   `json:"connectors"`
 	}
 	req.Models, req.Connectors = []string{model}, []string{inject.LMCacheConnector}
 	fieldSet := map[string]bool{"model": true}
@@ -333,7 +336,7 @@ func TestVLLMParsesEveryCommandLine(t *testing.T) {
 		d, c := admit(t, tc.backend, tc.pod, tc.opts)
 		decisions[i] = d
 		procs[i] = startContainer(t, c, vllmEntrypoint, vllmStubs...)
-		req.Cases = append(req.Cases, in{Name: tc.name, Argv: procs[i].Argv})
+		req.Cases = append(req.Cases, argvCase{Name: tc.name, Argv: procs[i].Argv})
 		for f := range tc.fields {
 			fieldSet[f] = true
 		}

@@ -3,12 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -21,51 +16,11 @@ import (
 	"github.com/inferencecache/operator/internal/kvindex/redisstore"
 	"github.com/inferencecache/operator/internal/kvindex/storetest"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
+	"github.com/inferencecache/operator/test/testutil/redisserver"
 )
 
-const redisServer = "/usr/bin/redis-server"
-
-// startRedis runs a real redis-server on a free loopback port for the test
-// and stops it afterwards. A missing binary fails the test: the project's
-// setup installs it.
-func startRedis(t testing.TB) string {
-	t.Helper()
-	if _, err := os.Stat(redisServer); err != nil {
-		t.Fatalf("%s is missing (%v): run `make packages` (test/tools/install-packages.sh installs the Debian package redis-server)", redisServer, err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	dir := t.TempDir()
-	logFile, err := os.Create(filepath.Join(dir, "redis.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(redisServer, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	for range 200 {
-		if c.Ping(context.Background()).Err() == nil {
-			return addr
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	out, _ := os.ReadFile(logFile.Name())
-	t.Fatalf("redis-server on %s did not answer; its log:\n%s", addr, out)
-	return ""
-}
+// startRedis runs a real redis-server for the test (redisserver.Start).
+func startRedis(t testing.TB) string { return redisserver.Start(t) }
 
 func newStore(t testing.TB, addr string) *redisstore.Store {
 	t.Helper()
