@@ -101,6 +101,7 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.hiCache) || self.type == 'SGLangHiCache'",message="hiCache is only valid with type SGLangHiCache"
 // +kubebuilder:validation:XValidation:rule="!has(self.lmCache) || self.type == 'LMCache'",message="lmCache is only valid with type LMCache"
 // +kubebuilder:validation:XValidation:rule="self.type == 'LMCache' || (!has(self.remoteStorage) && !has(self.storage) && !has(self.autoscaling))",message="type SGLangHiCache is engine-local: remoteStorage, storage and autoscaling are not allowed"
+// +kubebuilder:validation:XValidation:rule="!has(self.multiprocess) || self.type == 'LMCache'",message="multiprocess is only valid with type LMCache"
 type CacheBackendSpec struct {
 	// Runtime is the inference engine whose pods are wired.
 	// +kubebuilder:default=VLLM
@@ -170,6 +171,186 @@ type CacheBackendSpec struct {
 	// HiCache holds SGLang HiCache launch settings (type SGLangHiCache only).
 	// +optional
 	HiCache *HiCache `json:"hiCache,omitempty"`
+
+	// Multiprocess runs LMCache's multiprocess mode (type LMCache only):
+	// one `lmcache server` per node, as a DaemonSet named after the
+	// CacheBackend on the nodes spec.remoteStorage.lmCacheServer.pod
+	// selects (nodeSelector, tolerations, affinity), behind a node-local
+	// Service (internalTrafficPolicy Local), and the engines wired with
+	// LMCacheMPConnector to the server of their own node, by isolated
+	// CUDA IPC (no hostIPC, no privileged pod: Pod Security baseline
+	// admits both sides). Unset, the in-process lmcache_server runs as
+	// before. spec.deploymentKind StatefulSet, spec.storage,
+	// spec.autoscaling and lmCacheServer.replicas, .port and .extraArgs
+	// belong to the in-process server and are refused with it.
+	// +optional
+	Multiprocess *Multiprocess `json:"multiprocess,omitempty"`
+}
+
+// MPEvictionPolicy is the MP server's L1 eviction policy (--eviction-policy).
+// +kubebuilder:validation:Enum=LRU;ARC;IsolatedLRU
+type MPEvictionPolicy string
+
+// The MP server's eviction policies.
+const (
+	MPEvictionLRU         MPEvictionPolicy = "LRU"
+	MPEvictionARC         MPEvictionPolicy = "ARC"
+	MPEvictionIsolatedLRU MPEvictionPolicy = "IsolatedLRU"
+)
+
+// Multiprocess configures LMCache's multiprocess mode: the node-local
+// server's ports, its host-memory tier (L1) and its L2 tiers, and the
+// engines' private shared memory.
+type Multiprocess struct {
+	// Port is the server's ZMQ request port (lmcache server --port), on
+	// which the engines' connector reaches it.
+	// +kubebuilder:default=5555
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// HTTPPort is the server's HTTP port (--http-port): health (the pods'
+	// probes), metrics and LMCache's unauthenticated admin API.
+	// +kubebuilder:default=8080
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	HTTPPort int32 `json:"httpPort,omitempty"`
+
+	// L1 is the server's host-memory tier. The server container requests
+	// L1 + 5Gi of memory with a limit of 1.5 times that (unless
+	// lmCacheServer.resources is set).
+	L1 MultiprocessL1 `json:"l1"`
+
+	// L2 are the server's lower tiers: Redis or Valkey over RESP, and a
+	// local disk.
+	// +optional
+	L2 *MultiprocessL2 `json:"l2,omitempty"`
+
+	// EngineSharedMemory sizes the private memory-backed /dev/shm the
+	// webhook gives each wired engine pod (an emptyDir of medium Memory),
+	// which isolated IPC needs instead of the host's. A pod that mounts
+	// its own /dev/shm keeps it.
+	// +kubebuilder:default="1Gi"
+	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="engineSharedMemory must be greater than zero"
+	// +optional
+	EngineSharedMemory *resource.Quantity `json:"engineSharedMemory,omitempty"`
+}
+
+// MultiprocessL1 is the MP server's host-memory tier.
+type MultiprocessL1 struct {
+	// Size of the tier, a whole number of GiB of at least 1Gi
+	// (--l1-size-gb).
+	Size resource.Quantity `json:"size"`
+
+	// EvictionPolicy is --eviction-policy.
+	// +kubebuilder:default=LRU
+	// +optional
+	EvictionPolicy MPEvictionPolicy `json:"evictionPolicy,omitempty"`
+
+	// EvictionWatermarkPercent is the fill level, in percent, at which
+	// eviction starts (--eviction-trigger-watermark, a fraction).
+	// +kubebuilder:default=80
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	EvictionWatermarkPercent int32 `json:"evictionWatermarkPercent,omitempty"`
+
+	// EvictionRatioPercent is the share of the tier, in percent, one
+	// eviction frees (--eviction-ratio, a fraction).
+	// +kubebuilder:default=20
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	EvictionRatioPercent int32 `json:"evictionRatioPercent,omitempty"`
+}
+
+// MultiprocessL2 are the MP server's L2 tiers (each an --l2-adapter).
+type MultiprocessL2 struct {
+	// RESP is a Redis or Valkey server the MP server stores KV chunks in
+	// (LMCache's resp adapter).
+	// +optional
+	RESP *MultiprocessRESP `json:"resp,omitempty"`
+
+	// Disk is a bounded folder of node-local storage (LMCache's fs_native
+	// adapter), on a generic ephemeral volume of the server pod: it
+	// survives a container restart and is wiped when the server pod is
+	// replaced (docs/guides/migrate-to-multiprocess.md).
+	// +optional
+	Disk *MultiprocessDisk `json:"disk,omitempty"`
+}
+
+// MultiprocessRESP is an L2 tier on a Redis or Valkey server.
+type MultiprocessRESP struct {
+	// Host is the server's DNS name or IP address.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Host string `json:"host"`
+
+	// Port is the server's port.
+	// +kubebuilder:default=6379
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// TLS: LMCache 0.5.6's resp adapter has no TLS, so true is refused.
+	// +optional
+	TLS bool `json:"tls,omitempty"`
+
+	// CredentialsSecretRef names a Secret of the CacheBackend's namespace
+	// with the username (optional, an ACL user) and password the server
+	// authenticates with. They reach the server's environment only
+	// (LMCACHE_RESP_USERNAME, LMCACHE_RESP_PASSWORD), never its
+	// arguments, which its HTTP port echoes.
+	// +optional
+	CredentialsSecretRef *RESPCredentials `json:"credentialsSecretRef,omitempty"`
+
+	// Capacity bounds what the tier stores, a whole number of GiB of at
+	// least 1Gi (max_capacity_gb).
+	Capacity resource.Quantity `json:"capacity"`
+}
+
+// RESPCredentials names the Secret and keys of the RESP credentials.
+type RESPCredentials struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// UsernameKey is the Secret's key of the ACL username; unset, the
+	// server authenticates with the password alone (requirepass).
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	UsernameKey string `json:"usernameKey,omitempty"`
+
+	// PasswordKey is the Secret's key of the password.
+	// +kubebuilder:default=password
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	PasswordKey string `json:"passwordKey,omitempty"`
+}
+
+// MultiprocessDisk is an L2 tier on node-local disk.
+type MultiprocessDisk struct {
+	// Path is the folder in the server container, absolute and not "/".
+	// +kubebuilder:default="/var/lib/lmcache"
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	Path string `json:"path,omitempty"`
+
+	// Capacity bounds what the tier stores, a whole number of GiB of at
+	// least 1Gi (max_capacity_gb); the volume requests as much.
+	Capacity resource.Quantity `json:"capacity"`
+
+	// StorageClassName of the server pod's ephemeral volume claim; empty
+	// uses the cluster default. A class of node-local disks (local NVMe)
+	// keeps the tier on the node.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	StorageClassName *string `json:"storageClassName,omitempty"`
 }
 
 // Integration says how engines use the cache.
@@ -878,6 +1059,44 @@ type CacheBackendStatus struct {
 	// (KV-event observation). Set only while spec.observation is set.
 	// +optional
 	IndexParticipation *IndexParticipation `json:"indexParticipation,omitempty"`
+
+	// Multiprocess is the node-local servers of multiprocess mode (set
+	// only with spec.multiprocess).
+	// +optional
+	Multiprocess *MultiprocessStatus `json:"multiprocess,omitempty"`
+}
+
+// MaxMultiprocessNodes bounds status.multiprocess.nodes.
+const MaxMultiprocessNodes = 100
+
+// MultiprocessStatus is the node-local servers' state.
+type MultiprocessStatus struct {
+	// DesiredServers is the number of nodes that should run a server
+	// (the DaemonSet's desiredNumberScheduled).
+	DesiredServers int32 `json:"desiredServers"`
+	// ReadyServers is the number of those whose server is ready.
+	ReadyServers int32 `json:"readyServers"`
+	// Nodes lists the servers by node: the unready first, then by node
+	// name, at most 100.
+	// +listType=map
+	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=100
+	// +optional
+	Nodes []MultiprocessNode `json:"nodes,omitempty"`
+}
+
+// MultiprocessNode is the server of one node.
+type MultiprocessNode struct {
+	// Node is the node's name.
+	Node string `json:"node"`
+	// Pod is the server pod's name.
+	Pod string `json:"pod"`
+	// Ready: the server pod is ready (its /healthcheck answers).
+	Ready bool `json:"ready"`
+	// Endpoint is the server's address on its node, tcp://<pod-ip>:<port>
+	// (engines dial the node-local Service, which reaches it).
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
 }
 
 // CacheBackend wires a shared KV cache into the LLM engine pods its selector
@@ -893,6 +1112,7 @@ type CacheBackendStatus struct {
 // +kubebuilder:printcolumn:name="Matched",type=integer,JSONPath=`.status.matchedEnginePods`
 // +kubebuilder:printcolumn:name="Wired",type=integer,JSONPath=`.status.wiredEnginePods`
 // +kubebuilder:printcolumn:name="Unwired",type=integer,JSONPath=`.status.unwiredEnginePods`,priority=1
+// +kubebuilder:printcolumn:name="Servers",type=string,JSONPath=`.status.multiprocess.readyServers`,priority=1
 // +kubebuilder:printcolumn:name="Indexed",type=string,JSONPath=`.status.indexParticipation.indexed`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

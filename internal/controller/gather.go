@@ -200,7 +200,10 @@ func (r *CacheBackendReconciler) observeServer(ctx context.Context, s *pass) (ev
 		return evaluate.ServerChange{}, err
 	}
 	change := evaluate.ObserveServer(cb.Status.ObservedServerInstance, evaluate.ServerPods(pods))
-	if evaluate.Health(w).Ready && f.StorageHold == "" && r.Prober != nil {
+	// Multiprocess mode has no functional probe: its node-local Service
+	// reaches only the manager's own node, and each server pod's readiness
+	// is its kubelet's GET /healthcheck (render.MPProbe).
+	if evaluate.Health(w).Ready && f.StorageHold == "" && r.Prober != nil && !render.IsMultiprocess(cb) {
 		s.probed = true
 		f.Probed = true
 		f.ProbeErr, _ = r.Prober.Check(ctx, cb)

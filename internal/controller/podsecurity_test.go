@@ -301,15 +301,14 @@ func TestMPWorkloadUnderTheAPIServer(t *testing.T) {
 	cb := newBackend(ns.Name, "cache")
 	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 20, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20,
 		RESP: &render.MPRESP{Host: "redis", Port: 6379, CapacityGiB: 1, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"},
-		Disk: &render.MPDisk{Path: "/var/lib/lmcache/l2", CapacityGiB: 10}}
-	class := "local-nvme"
+		Disk: &render.MPDisk{Path: "/var/lib/lmcache/l2", CapacityGiB: 10, StorageClassName: ptr.To("local-nvme")}}
 	asTyped := func(ac, obj any) {
 		raw, err := json.Marshal(ac)
 		require.NoError(t, err)
 		require.NoError(t, json.Unmarshal(raw, obj))
 	}
 	var ds appsv1.DaemonSet
-	asTyped(render.MPDaemonSet(cb, s, &class), &ds)
+	asTyped(render.MPDaemonSet(cb, s), &ds)
 	ds.OwnerReferences = nil
 	require.NoError(t, k8s.Create(ctx, &ds, client.DryRunAll), "the API server admits the DaemonSet")
 	var svc corev1.Service

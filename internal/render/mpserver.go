@@ -15,10 +15,9 @@ import (
 )
 
 // MPServer is a multiprocess-mode LMCache server (`lmcache server`, LMCache
-// 0.5.6) as the operator is to run it on each node (issue 23,
-// docs/design/multiprocess-mode.md). No CacheBackend field builds one yet:
-// it is the shape the API will carry, and what test/conformance starts the
-// installed LMCache with.
+// 0.5.6) as the operator runs it on each node (docs/design/multiprocess-mode.md):
+// what MPServerFor reads from spec.multiprocess, and what test/conformance
+// starts the installed LMCache with.
 type MPServer struct {
 	// Port is the ZMQ request port (--port), HTTPPort the health, metrics
 	// and admin port (--http-port).
@@ -28,7 +27,7 @@ type MPServer struct {
 	// EvictionPolicy is LRU, ARC or IsolatedLRU; WatermarkPercent and
 	// RatioPercent (1 to 100) are --eviction-trigger-watermark and
 	// --eviction-ratio in hundredths (LMCache accepts any float there, 1.5
-	// and -1 too: the API that builds an MPServer is to bound them).
+	// and -1 too: the CRD bounds them).
 	EvictionPolicy                 string
 	WatermarkPercent, RatioPercent int32
 	// RESP is a Redis or Valkey L2 tier, Disk a local-disk one (fs_native).
@@ -57,7 +56,75 @@ type MPRESP struct {
 type MPDisk struct {
 	Path        string
 	CapacityGiB int32
+	// StorageClassName of the ephemeral volume's claim (nil: the
+	// cluster's default class).
+	StorageClassName *string
 }
+
+// Defaults of spec.multiprocess that the CRD also sets; MPServerFor uses
+// them for an object read without the schema's defaults.
+const (
+	DefaultMPPort     = int32(5555)
+	DefaultMPHTTPPort = int32(8080)
+	DefaultMPDiskPath = "/var/lib/lmcache"
+	// MPWorkerReapSeconds is --worker-reap-timeout-seconds: the server
+	// forgets an engine whose heartbeats stopped after this long (LMCache's
+	// default is 120; it refuses less than 30 but 0, and wants at least 3
+	// heartbeats of 10 s): a replaced engine's registration goes sooner.
+	MPWorkerReapSeconds = 30
+)
+
+// IsMultiprocess reports whether cb runs LMCache's multiprocess mode.
+func IsMultiprocess(cb *v1alpha1.CacheBackend) bool {
+	return cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Spec.Multiprocess != nil
+}
+
+// MPServerFor is the MP server cb's spec.multiprocess asks for (the zero
+// MPServer when it has none). Sizes are whole GiB (the validating webhook
+// refuses others; a fraction is dropped).
+func MPServerFor(cb *v1alpha1.CacheBackend) MPServer {
+	mp := cb.Spec.Multiprocess
+	if mp == nil {
+		return MPServer{}
+	}
+	s := MPServer{
+		Port: orDefault(mp.Port, DefaultMPPort), HTTPPort: orDefault(mp.HTTPPort, DefaultMPHTTPPort),
+		L1SizeGiB:        gib(mp.L1.Size),
+		EvictionPolicy:   string(mp.L1.EvictionPolicy),
+		WatermarkPercent: orDefault(mp.L1.EvictionWatermarkPercent, 80),
+		RatioPercent:     orDefault(mp.L1.EvictionRatioPercent, 20),
+	}
+	if s.EvictionPolicy == "" {
+		s.EvictionPolicy = string(v1alpha1.MPEvictionLRU)
+	}
+	if l2 := mp.L2; l2 != nil {
+		if r := l2.RESP; r != nil {
+			s.RESP = &MPRESP{Host: r.Host, Port: orDefault(r.Port, 6379), CapacityGiB: gib(r.Capacity)}
+			if c := r.CredentialsSecretRef; c != nil {
+				s.RESP.Credentials, s.RESP.UsernameKey, s.RESP.PasswordKey = c.Name, c.UsernameKey, c.PasswordKey
+				if s.RESP.PasswordKey == "" {
+					s.RESP.PasswordKey = "password"
+				}
+			}
+		}
+		if d := l2.Disk; d != nil {
+			s.Disk = &MPDisk{Path: d.Path, CapacityGiB: gib(d.Capacity), StorageClassName: d.StorageClassName}
+			if s.Disk.Path == "" {
+				s.Disk.Path = DefaultMPDiskPath
+			}
+		}
+	}
+	return s
+}
+
+func orDefault(v, d int32) int32 {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func gib(q resource.Quantity) int32 { return int32(q.Value() >> 30) }
 
 // MPServerCommand is the MP server's command, LMCache's `lmcache` console
 // script (lmcache.cli.main:main) with its `server` subcommand.
@@ -81,6 +148,7 @@ func MPServerArgs(s MPServer) []string {
 		"--eviction-trigger-watermark", hundredths(s.WatermarkPercent),
 		"--eviction-ratio", hundredths(s.RatioPercent),
 		"--hash-algorithm", "blake3",
+		"--worker-reap-timeout-seconds", strconv.Itoa(MPWorkerReapSeconds),
 		// Isolated IPC: KV crosses by CUDA IPC handles, so neither pod
 		// needs hostIPC or the host's /dev/shm (Pod Security baseline
 		// refuses both). The engines' lmcache.mp.isolated_ipc must match
@@ -176,11 +244,26 @@ func MPResources(s MPServer) *corev1ac.ResourceRequirementsApplyConfiguration {
 // ephemeral volume of storageClass at the tier's path (a DaemonSet's one
 // template cannot name a claim per node, and Pod Security baseline
 // refuses hostPath: the disk tier starts empty when its pod is replaced).
-func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer, storageClass *string) *appsv1ac.DaemonSetApplyConfiguration {
+func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApplyConfiguration {
 	probe := func() *corev1ac.ProbeApplyConfiguration { return MPProbe(s) }
+	image, resources := DefaultImage, MPResources(s)
+	if srv := server(cb); srv != nil {
+		if srv.Image != "" {
+			image = srv.Image
+		}
+		if r := srv.Resources; r != nil {
+			resources = corev1ac.ResourceRequirements()
+			if len(r.Requests) > 0 {
+				resources.WithRequests(r.Requests)
+			}
+			if len(r.Limits) > 0 {
+				resources.WithLimits(r.Limits)
+			}
+		}
+	}
 	container := corev1ac.Container().
 		WithName(mpContainerName).
-		WithImage(DefaultImage).
+		WithImage(image).
 		WithCommand(MPServerCommand...).
 		WithArgs(MPServerArgs(s)...).
 		WithEnv(MPServerEnv(s)...).
@@ -190,15 +273,15 @@ func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer, storageClass *string) *a
 		WithStartupProbe(probe().WithFailureThreshold(30)).
 		WithReadinessProbe(probe()).
 		WithLivenessProbe(probe()).
-		WithResources(MPResources(s))
+		WithResources(resources)
 	podSpec := corev1ac.PodSpec()
 	if d := s.Disk; d != nil {
 		claim := corev1ac.PersistentVolumeClaimSpec().
 			WithAccessModes(corev1.ReadWriteOnce).
 			WithResources(corev1ac.VolumeResourceRequirements().WithRequests(corev1.ResourceList{
 				corev1.ResourceStorage: *resource.NewQuantity(int64(d.CapacityGiB)<<30, resource.BinarySI)}))
-		if storageClass != nil {
-			claim.WithStorageClassName(*storageClass)
+		if d.StorageClassName != nil {
+			claim.WithStorageClassName(*d.StorageClassName)
 		}
 		podSpec.WithVolumes(corev1ac.Volume().WithName(MPDiskVolumeName).
 			WithEphemeral(corev1ac.EphemeralVolumeSource().WithVolumeClaimTemplate(

@@ -12,7 +12,7 @@ import (
 
 func TestMPServerArgs(t *testing.T) {
 	base := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 20, EvictionPolicy: "ARC", WatermarkPercent: 80, RatioPercent: 5}
-	head := "--host 0.0.0.0 --port 5555 --http-host 0.0.0.0 --http-port 8080 --l1-size-gb 20 --eviction-policy ARC --eviction-trigger-watermark 0.8 --eviction-ratio 0.05 --hash-algorithm blake3 --isolated-ipc"
+	head := "--host 0.0.0.0 --port 5555 --http-host 0.0.0.0 --http-port 8080 --l1-size-gb 20 --eviction-policy ARC --eviction-trigger-watermark 0.8 --eviction-ratio 0.05 --hash-algorithm blake3 --worker-reap-timeout-seconds 30 --isolated-ipc"
 	for _, tc := range []struct {
 		name string
 		mod  func(*render.MPServer)
@@ -58,16 +58,4 @@ func TestMPResources(t *testing.T) {
 		assert.Equal(t, tc.request, mem.String(), "L1 %d GiB", tc.l1)
 		assert.Equal(t, tc.limit, lim.String(), "L1 %d GiB: ceil(1.5 × request)", tc.l1)
 	}
-}
-
-// TestMPWorkloadGolden: the MP server's DaemonSet and node-local Service
-// for a backend with RESP and a disk tier (testdata/multiprocess.golden.yaml;
-// go test -update rewrites it).
-func TestMPWorkloadGolden(t *testing.T) {
-	cb := load(t, "testdata/minimal.yaml")
-	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 20, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20,
-		RESP: &render.MPRESP{Host: "redis.cache.svc", Port: 6379, CapacityGiB: 100, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"},
-		Disk: &render.MPDisk{Path: "/var/lib/lmcache/l2", CapacityGiB: 500}}
-	class := "local-nvme"
-	matchGolden(t, "multiprocess.golden.yaml", true, render.MPService(cb, s), render.MPDaemonSet(cb, s, &class))
 }

@@ -25,6 +25,9 @@ func Objects(c Children) ([]*unstructured.Unstructured, error) {
 	if c.StatefulSet != nil {
 		acs = append(acs, c.StatefulSet)
 	}
+	if c.DaemonSet != nil {
+		acs = append(acs, c.DaemonSet)
+	}
 	if c.HPA != nil {
 		acs = append(acs, c.HPA)
 	}

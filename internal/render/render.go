@@ -71,17 +71,21 @@ const (
 type Children struct {
 	Deployment  *appsv1ac.DeploymentApplyConfiguration
 	StatefulSet *appsv1ac.StatefulSetApplyConfiguration
-	Service     *corev1ac.ServiceApplyConfiguration
-	HPA         *autoscalingv2ac.HorizontalPodAutoscalerApplyConfiguration
-	PVC         *corev1ac.PersistentVolumeClaimApplyConfiguration
+	// DaemonSet is the node-local servers of multiprocess mode.
+	DaemonSet *appsv1ac.DaemonSetApplyConfiguration
+	Service   *corev1ac.ServiceApplyConfiguration
+	HPA       *autoscalingv2ac.HorizontalPodAutoscalerApplyConfiguration
+	PVC       *corev1ac.PersistentVolumeClaimApplyConfiguration
 }
 
 // HasWorkload reports whether c holds the server workload.
-func (c Children) HasWorkload() bool { return c.Deployment != nil || c.StatefulSet != nil }
+func (c Children) HasWorkload() bool {
+	return c.Deployment != nil || c.StatefulSet != nil || c.DaemonSet != nil
+}
 
 // WithoutWorkload is c without its server workload (held by the plan).
 func (c Children) WithoutWorkload() Children {
-	c.Deployment, c.StatefulSet = nil, nil
+	c.Deployment, c.StatefulSet, c.DaemonSet = nil, nil, nil
 	return c
 }
 
@@ -151,8 +155,12 @@ func ServiceName(cb *v1alpha1.CacheBackend) string { return cb.Name }
 // PVCName is the name of the shared PVC of a Deployment-kind backend.
 func PVCName(cb *v1alpha1.CacheBackend) string { return cb.Name + "-data" }
 
-// Port is the cache server's TCP port.
+// Port is the cache server's TCP port (in multiprocess mode, its ZMQ
+// request port).
 func Port(cb *v1alpha1.CacheBackend) int32 {
+	if IsMultiprocess(cb) {
+		return MPServerFor(cb).Port
+	}
 	if s := server(cb); s != nil && s.Port != 0 {
 		return s.Port
 	}
@@ -180,9 +188,15 @@ func Host(cb *v1alpha1.CacheBackend, domain string) string {
 
 // Endpoint is the LMCache remote URL of cb's cache server,
 // lm://<Host>:<port>: what the webhook injects and, once the server is
-// available, status.endpoint. It is derived from the spec only.
+// available, status.endpoint. In multiprocess mode it is the node-local
+// Service's ZMQ address, tcp://<Host>:<port>, which reaches the server of
+// the engine's own node. It is derived from the spec only.
 func Endpoint(cb *v1alpha1.CacheBackend, domain string) string {
-	return "lm://" + Host(cb, domain) + ":" + strconv.Itoa(int(Port(cb)))
+	scheme := "lm://"
+	if IsMultiprocess(cb) {
+		scheme = "tcp://"
+	}
+	return scheme + Host(cb, domain) + ":" + strconv.Itoa(int(Port(cb)))
 }
 
 // Replicas is the replica count the operator applies to the workload when no
@@ -224,6 +238,10 @@ func Render(cb *v1alpha1.CacheBackend) Children { return RenderWith(cb, Options{
 func RenderWith(cb *v1alpha1.CacheBackend, o Options) Children {
 	if cb.Spec.Type != v1alpha1.BackendTypeLMCache {
 		return Children{}
+	}
+	if IsMultiprocess(cb) {
+		s := MPServerFor(cb)
+		return Children{Service: MPService(cb, s), DaemonSet: MPDaemonSet(cb, s)}
 	}
 	c := Children{Service: service(cb)}
 	if IsStatefulSet(cb) {

@@ -49,7 +49,7 @@ func TestRenderGolden(t *testing.T) {
 			t.Run(name+mode.suffix, func(t *testing.T) {
 				children := render.RenderWith(load(t, in), mode.opts)
 				// A legacy file is written only for a new case.
-				matchGolden(t, name+mode.suffix, !mode.opts.LegacyPod, children.PVC, children.Service, children.Deployment, children.StatefulSet, children.HPA)
+				matchGolden(t, name+mode.suffix, !mode.opts.LegacyPod, children.PVC, children.Service, children.Deployment, children.StatefulSet, children.DaemonSet, children.HPA)
 			})
 		}
 	}

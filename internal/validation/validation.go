@@ -37,6 +37,7 @@ func Validate(cb *v1alpha1.CacheBackend) field.ErrorList { return validate(nil, 
 func validate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
 	errs := serverErrors(old, cb)
 	errs = append(errs, serverPodErrors(cb)...)
+	errs = append(errs, multiprocessErrors(cb)...)
 	spec := field.NewPath("spec")
 
 	sel := spec.Child("engineSelector", "matchLabels")

@@ -22,6 +22,8 @@ func (w *deployment) GroupVersionKind() schema.GroupVersionKind {
 	return appsv1.SchemeGroupVersion.WithKind(w.Kind())
 }
 
+func (w *deployment) PerNode() bool { return false }
+
 func (w *deployment) ClaimsPerReplica() bool { return false }
 
 func (w *deployment) New() client.Object { return &appsv1.Deployment{} }

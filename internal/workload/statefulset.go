@@ -19,6 +19,8 @@ func (w *statefulSet) GroupVersionKind() schema.GroupVersionKind {
 	return appsv1.SchemeGroupVersion.WithKind(w.Kind())
 }
 
+func (w *statefulSet) PerNode() bool { return false }
+
 func (w *statefulSet) ClaimsPerReplica() bool { return true }
 
 func (w *statefulSet) New() client.Object { return &appsv1.StatefulSet{} }

@@ -1,5 +1,5 @@
 // Package workload is the one place that knows the kinds of workload the
-// operator runs or rolls (Deployment, StatefulSet): each kind is one
+// operator runs or rolls (Deployment, StatefulSet, DaemonSet): each kind is one
 // implementation of Server, chosen once, from the spec, by For (or by its
 // kind's name, ByKind). Every other package asks the interface (its
 // replicas, claim templates, rollout state, serving pods, pod template)
@@ -32,6 +32,10 @@ type Server interface {
 	// of its own (from claim templates) rather than mounting one shared
 	// claim.
 	ClaimsPerReplica() bool
+	// PerNode reports whether the kind runs one pod per node (engines
+	// reach the server of their own node), so that a server change
+	// concerns the engines of its node only.
+	PerNode() bool
 	// New and NewList return an empty object and list of the kind, to
 	// read into.
 	New() client.Object
@@ -95,7 +99,7 @@ type Rollout struct {
 
 // kinds are the workload kinds, by name. The first is the default of a
 // spec that names none.
-var kinds = []Server{&deployment{}, &statefulSet{}}
+var kinds = []Server{&deployment{}, &statefulSet{}, &daemonSet{}}
 
 // ClaimOwner reports whether ref, a claim's controller reference, names the
 // workload called name of a kind that makes per-replica claims: such
@@ -131,10 +135,14 @@ func ByKind(kind string) (Server, bool) {
 	return nil, false
 }
 
-// For returns the (absent) server workload of the kind cb's spec asks for
-// (spec.deploymentKind, Deployment when unset). It is the one decision on
+// For returns the (absent) server workload of the kind cb's spec asks for:
+// a DaemonSet in multiprocess mode (spec.multiprocess), otherwise
+// spec.deploymentKind (Deployment when unset). It is the one decision on
 // the workload kind.
 func For(cb *v1alpha1.CacheBackend) Server {
+	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Spec.Multiprocess != nil {
+		return &daemonSet{}
+	}
 	if s, ok := ByKind(string(cb.Spec.DeploymentKind)); ok {
 		return s
 	}

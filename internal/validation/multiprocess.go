@@ -1,0 +1,128 @@
+package validation
+
+import (
+	"fmt"
+	"net"
+	"path"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/render"
+)
+
+// Why the in-process server's fields are refused next to
+// spec.multiprocess: they configure a server that multiprocess mode does
+// not run.
+const (
+	mpInProcess = "belongs to the in-process lmcache_server, which multiprocess mode does not run"
+	// MPTLSRefused is why spec.multiprocess.l2.resp.tls is refused.
+	MPTLSRefused = "LMCache 0.5.6's resp adapter has no TLS (its valkey adapter has, but needs valkey-glide, which LMCache does not install): " +
+		"the server would talk to Redis in clear text; use a Redis reachable inside the cluster network, or leave tls unset"
+)
+
+var mpPath = field.NewPath("spec", "multiprocess")
+
+// multiprocessErrors are the rules of multiprocess mode (absent: none):
+// what LMCache's own `lmcache server` refuses or silently accepts wrong
+// (research §1d: watermark 1.5, ratio -1 and an L1 of 0 start a server
+// that cannot work), and the in-process server's fields, which the mode
+// does not use.
+func multiprocessErrors(cb *v1alpha1.CacheBackend) field.ErrorList {
+	mp := cb.Spec.Multiprocess
+	if mp == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	if cb.Spec.DeploymentKind == v1alpha1.DeploymentKindStatefulSet {
+		errs = append(errs, field.Forbidden(spec.Child("deploymentKind"), "StatefulSet "+mpInProcess+": multiprocess mode runs one server per node as a DaemonSet"))
+	}
+	if cb.Spec.Storage != nil {
+		errs = append(errs, field.Forbidden(spec.Child("storage"), mpInProcess+": use spec.multiprocess.l2.disk for KV on disk"))
+	}
+	if cb.Spec.Autoscaling != nil {
+		errs = append(errs, field.Forbidden(spec.Child("autoscaling"), mpInProcess+": multiprocess mode runs one server per selected node"))
+	}
+	if cb.Spec.LMCache != nil {
+		errs = append(errs, field.Forbidden(spec.Child("lmCache"), "configures the engines' in-process LMCache, which LMCacheMPConnector does not use: the node's server holds the tiers (spec.multiprocess.l1, .l2)"))
+	}
+	if s := server(cb); s != nil {
+		srv := spec.Child("remoteStorage", "lmCacheServer")
+		if s.Replicas != nil {
+			errs = append(errs, field.Forbidden(srv.Child("replicas"), mpInProcess+": multiprocess mode runs one server per selected node"))
+		}
+		if s.Port != 0 && s.Port != render.DefaultPort {
+			errs = append(errs, field.Forbidden(srv.Child("port"), mpInProcess+": set spec.multiprocess.port"))
+		}
+	}
+	if mp.Port != 0 && mp.Port == mp.HTTPPort {
+		errs = append(errs, field.Duplicate(mpPath.Child("httpPort"), mp.HTTPPort))
+	}
+	errs = append(errs, wholeGiB(mpPath.Child("l1", "size"), mp.L1.Size)...)
+	if mp.L2 == nil {
+		return errs
+	}
+	if r := mp.L2.RESP; r != nil {
+		resp := mpPath.Child("l2", "resp")
+		if r.TLS {
+			errs = append(errs, field.Forbidden(resp.Child("tls"), MPTLSRefused))
+		}
+		if net.ParseIP(r.Host) == nil {
+			for _, msg := range validation.IsDNS1123Subdomain(r.Host) {
+				errs = append(errs, field.Invalid(resp.Child("host"), r.Host, "a DNS name or IP address: "+msg))
+			}
+		}
+		if c := r.CredentialsSecretRef; c != nil {
+			for _, msg := range validation.IsDNS1123Subdomain(c.Name) {
+				errs = append(errs, field.Invalid(resp.Child("credentialsSecretRef", "name"), c.Name, msg))
+			}
+			for k, v := range map[string]string{"usernameKey": c.UsernameKey, "passwordKey": c.PasswordKey} {
+				if v == "" {
+					continue
+				}
+				for _, msg := range validation.IsConfigMapKey(v) {
+					errs = append(errs, field.Invalid(resp.Child("credentialsSecretRef", k), v, msg))
+				}
+			}
+		}
+		errs = append(errs, wholeGiB(resp.Child("capacity"), r.Capacity)...)
+	}
+	if d := mp.L2.Disk; d != nil {
+		disk := mpPath.Child("l2", "disk")
+		p := d.Path
+		switch {
+		case p == "":
+			// defaulted by the schema; an object decoded without defaults
+			// renders render.DefaultMPDiskPath
+		case !path.IsAbs(p) || path.Clean(p) != p:
+			errs = append(errs, field.Invalid(disk.Child("path"), p, "must be an absolute, clean path (no trailing '/', '.' or '..')"))
+		case p == "/":
+			errs = append(errs, field.Invalid(disk.Child("path"), p, "must not be the root folder: the tier's volume is mounted there"))
+		case p == render.ScratchPath || strings.HasPrefix(p, render.ScratchPath+"/"):
+			errs = append(errs, field.Invalid(disk.Child("path"), p, fmt.Sprintf("must not be in %s, the server's scratch space", render.ScratchPath)))
+		}
+		errs = append(errs, wholeGiB(disk.Child("capacity"), d.Capacity)...)
+	}
+	return errs
+}
+
+// wholeGiB refuses a size that is not a whole number of GiB of at least
+// one: LMCache's --l1-size-gb and max_capacity_gb are GiB, and the
+// operator derives the container's memory and the volume from them.
+func wholeGiB(p *field.Path, q resource.Quantity) field.ErrorList {
+	if q.Cmp(resource.MustParse("1Gi")) < 0 || q.Value()%(1<<30) != 0 {
+		return field.ErrorList{field.Invalid(p, q.String(), "must be a whole number of GiB of at least 1Gi (LMCache takes the size in GiB)")}
+	}
+	return nil
+}
+
+func server(cb *v1alpha1.CacheBackend) *v1alpha1.LMCacheServer {
+	if cb.Spec.RemoteStorage == nil {
+		return nil
+	}
+	return cb.Spec.RemoteStorage.LMCacheServer
+}
