@@ -4,6 +4,11 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -32,6 +37,26 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 			return done, fmt.Errorf("rolling engine %s: %w", r.Workload, err)
 		}
 		done = append(done, r)
+	}
+	return done, nil
+}
+
+// Evict executes the evictions of a per-node cascade (plan.RollsPerNode):
+// each engine pod is evicted through the Eviction API, so that its
+// PodDisruptionBudget is respected and its controller re-creates it, wired
+// again at its CREATE. A pod already gone counts as evicted. It returns
+// the evictions done, in order, up to the first failure (a budget that
+// allows no disruption now answers 429: the reconcile retries, and the
+// plan never evicts a pod created after its node's server started).
+func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.Eviction) ([]plan.Eviction, error) {
+	done := make([]plan.Eviction, 0, len(evictions))
+	for _, e := range evictions {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
+		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
+		if err := a.client.SubResource("eviction").Create(ctx, pod, ev); err != nil && !apierrors.IsNotFound(err) {
+			return done, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, err)
+		}
+		done = append(done, e)
 	}
 	return done, nil
 }

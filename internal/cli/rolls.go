@@ -37,7 +37,7 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 	if err != nil {
 		return plan.RollPlan{}, err
 	}
-	change := evaluate.ObserveServer(live.Status.ObservedServerInstance, evaluate.ServerPods(pods))
+	change := evaluate.ObserveServer(live.Status.ObservedServerInstance, evaluate.ServerPods(pods, w.PerNode()))
 	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
 	isReady := ready != nil && ready.Status == metav1.ConditionTrue
 	var engines []metav1.PartialObjectMetadata

@@ -361,7 +361,7 @@ func (r *CacheBackendReconciler) serve(s *pass) evaluate.Verdict {
 // the whole status to publish.
 func (r *CacheBackendReconciler) evaluate(s *pass) {
 	cb, v, seen := s.cb, s.verdict, &s.seen
-	s.rolls = plan.Rolls(seen.roll, seen.wired, seen.early)
+	s.rolls = plan.RollsPerNode(seen.roll, seen.wired, seen.early, seen.pods)
 	endpoint := ""
 	if v.Available && !s.plan.EngineLocal {
 		endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
@@ -378,16 +378,21 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 		Probed: s.probed, ProbeErr: seen.facts.ProbeErr,
 		Endpoint: endpoint, FirstAvailableAt: seen.facts.FirstAvailableAt, Capacity: s.plan.Capacity,
 		ServerInstance: seen.roll.Instance, Record: s.rolls.Record,
+		Multiprocess: evaluate.NodeServers(seen.facts.Workload, seen.serverPods, render.Port(cb)),
 	}
 }
 
 // roll executes the engine rolls the pass planned, and records them.
 func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
-	if len(s.rolls.Rolls) == 0 {
+	if len(s.rolls.Rolls) == 0 && len(s.rolls.Evictions) == 0 {
 		return nil
 	}
 	done, err := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
-	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done})
+	var evicted []plan.Eviction
+	if err == nil {
+		evicted, err = r.Applier.Evict(ctx, s.cb.Namespace, s.rolls.Evictions)
+	}
+	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done, Evictions: evicted})
 	return err
 }
 

@@ -37,7 +37,14 @@ var Heals = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Engine Deployments and StatefulSets rolled because their pods were admitted before the cache endpoint existed, by namespace and CacheBackend.",
 }, []string{"namespace", "cachebackend"})
 
-func init() { metrics.Registry.MustRegister(Cascades, Heals) }
+// Evictions counts engine pods evicted by the per-node cascade of
+// multiprocess mode.
+var Evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_engine_evictions_total",
+	Help: "Engine pods evicted because the node-local cache server of their node (multiprocess mode) was replaced or restarted, by namespace and CacheBackend.",
+}, []string{"namespace", "cachebackend"})
+
+func init() { metrics.Registry.MustRegister(Cascades, Heals, Evictions) }
 
 // observation is what a reconcile reads before it plans.
 type observation struct {
@@ -135,6 +142,10 @@ type observed struct {
 	// candidates, read only when the cascade or the heal needs them.
 	roll         plan.RollState
 	wired, early []plan.Candidate
+	// serverPods are the serving cache-server pods; pods the wired engine
+	// pods of a per-node cascade, read only when it runs.
+	serverPods []corev1.Pod
+	pods       []plan.EnginePod
 }
 
 // observe makes every read after the apply: the workload of the kind the
@@ -165,6 +176,10 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 		Instance: change.Instance, Changed: change.Changed,
 		ServerAvailable: seen.facts.StorageHold == "" && evaluate.Health(seen.facts.Workload).Available,
 		Ready:           s.verdict.Ready, Early: len(seen.wiring.Early) > 0, KeysUnavailable: seen.wiring.KeysUnavailable,
+	}
+	if w := seen.facts.Workload; w != nil && w.PerNode() {
+		seen.roll.PerNode, seen.roll.ChangedNodes = true, change.ChangedNodes
+		seen.roll.NodeServers = nodeServers(evaluate.ServerPods(seen.serverPods, true))
 	}
 	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
 		// The cache may lag a status write: read the live status.
@@ -199,7 +214,8 @@ func (r *CacheBackendReconciler) observeServer(ctx context.Context, s *pass) (ev
 	if err != nil {
 		return evaluate.ServerChange{}, err
 	}
-	change := evaluate.ObserveServer(cb.Status.ObservedServerInstance, evaluate.ServerPods(pods))
+	s.seen.serverPods = pods
+	change := evaluate.ObserveServer(cb.Status.ObservedServerInstance, evaluate.ServerPods(pods, w.PerNode()))
 	// Multiprocess mode has no functional probe: its node-local Service
 	// reaches only the manager's own node, and each server pod's readiness
 	// is its kubelet's GET /healthcheck (render.MPProbe).
@@ -220,7 +236,11 @@ func (r *CacheBackendReconciler) observeRolls(ctx context.Context, s *pass) erro
 		if err != nil {
 			return fmt.Errorf("reading receipt keys to verify the wired engines: %w", err)
 		}
-		if seen.wired, err = plan.WiredWorkloads(ctx, r.Client, r.APIReader, s.cb, keys); err != nil {
+		if seen.roll.PerNode {
+			if seen.pods, err = plan.WiredPods(ctx, r.Client, r.APIReader, s.cb, keys); err != nil {
+				return err
+			}
+		} else if seen.wired, err = plan.WiredWorkloads(ctx, r.Client, r.APIReader, s.cb, keys); err != nil {
 			return err
 		}
 	}
@@ -240,4 +260,16 @@ func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend
 	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
 	return live.Status.Endpoint == render.Endpoint(cb, r.Inject.ClusterDomain) && ready != nil && ready.Status == metav1.ConditionTrue &&
 		r.Now().Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime
+}
+
+// nodeServers are the per-node cascade's server of each node, from the
+// serving pods of a per-node workload.
+func nodeServers(pods []evaluate.ServerPod) map[string]plan.NodeServer {
+	out := map[string]plan.NodeServer{}
+	for _, p := range pods {
+		if p.Node != "" {
+			out[p.Node] = plan.NodeServer{Ready: p.Ready, Since: p.Since}
+		}
+	}
+	return out
 }

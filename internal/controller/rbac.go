@@ -15,6 +15,11 @@ package controller
 //     authenticates and authorizes its scrapers through the API server.
 //   - Pods: read only (get, list, watch). The receipt controller records
 //     one event per pod and never writes to the pod (docs/security.md).
+//     pods/eviction create: the per-node restart cascade of multiprocess
+//     mode evicts the wired engine pods of a node whose server was
+//     replaced (a Deployment spans nodes: rolling it would restart the
+//     engines of every node); an eviction respects the pod's
+//     PodDisruptionBudget, and never changes the pod.
 
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch;update
@@ -26,6 +31,7 @@ package controller
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=inferencecache-system,resources=leases,verbs=get;list;watch;create;update;patch;delete

@@ -25,6 +25,24 @@ func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.C
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Rollout",
 			"cache server replaced or restarted: rolled engine workload(s) %s so they reconnect", joinWorkloads(ws))
 	}
+	if len(done.Evictions) > 0 {
+		Evictions.WithLabelValues(cb.Namespace, cb.Name).Add(float64(len(done.Evictions)))
+		byNode := map[string][]string{}
+		var nodes []string
+		for _, e := range done.Evictions {
+			if _, ok := byNode[e.Node]; !ok {
+				nodes = append(nodes, e.Node)
+			}
+			byNode[e.Node] = append(byNode[e.Node], e.Pod)
+		}
+		parts := make([]string, len(nodes))
+		for i, n := range nodes {
+			parts[i] = "node " + n + ": " + strings.Join(byNode[n], ", ")
+		}
+		log.FromContext(ctx).Info("evicted engine pods after their node's cache server changed", "pods", strings.Join(parts, "; "))
+		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Evict",
+			"node-local cache server replaced or restarted: evicted the engine pods wired to it so they reconnect (%s)", strings.Join(parts, "; "))
+	}
 	if ws := done.Workloads(plan.CauseAdmittedBeforeEndpoint); len(ws) > 0 {
 		Heals.WithLabelValues(cb.Namespace, cb.Name).Add(float64(len(ws)))
 		log.FromContext(ctx).Info("rolled engines admitted before the endpoint existed", "workloads", joinWorkloads(ws))

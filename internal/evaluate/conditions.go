@@ -40,6 +40,9 @@ type Outcome struct {
 	// status.observedServerInstance.
 	ServerInstance string
 	Record         bool
+	// Multiprocess is status.multiprocess (NodeServers; nil without
+	// per-node servers).
+	Multiprocess *v1alpha1.MultiprocessStatus
 }
 
 // Publish writes o into st as the status of generation gen. It is the one
@@ -53,6 +56,7 @@ func Publish(st *v1alpha1.CacheBackendStatus, gen int64, o Outcome) {
 	st.ObservedGeneration = gen
 	st.Capacity = o.Capacity
 	st.Endpoint = o.Endpoint
+	st.Multiprocess = o.Multiprocess
 	if o.Endpoint != "" && st.FirstAvailableAt == nil {
 		st.FirstAvailableAt = o.FirstAvailableAt
 	}

@@ -134,3 +134,29 @@ func TestStatefulSetHealth(t *testing.T) {
 		})
 	}
 }
+
+// TestObserveServerPerNode: a per-node workload's identity names each
+// pod's node, and a change says which nodes' servers were replaced or
+// restarted; an identity recorded without nodes (a Deployment's) reads as
+// before.
+func TestObserveServerPerNode(t *testing.T) {
+	on := func(uid, node string, restarts int32) ServerPod {
+		return ServerPod{UID: uid, Node: node, Restarts: restarts, Ready: true}
+	}
+	c := ObserveServer("", []ServerPod{on("b", "y", 0), on("a", "x", 0)})
+	assert.Equal(t, "a:0@x,b:0@y", c.Instance)
+	assert.False(t, c.Changed)
+
+	c = ObserveServer("a:0@x,b:0@y", []ServerPod{on("a2", "x", 0), on("b", "y", 0)})
+	assert.True(t, c.Changed)
+	assert.Equal(t, []string{"x"}, c.ChangedNodes, "only x's server was replaced")
+	assert.Equal(t, "a2:0@x,b:0@y", c.Instance)
+
+	c = ObserveServer("a:0@x,b:0@y,z1:0@z", []ServerPod{on("a", "x", 1), on("b", "y", 0), on("c", "w", 0)})
+	assert.Equal(t, []string{"x", "z"}, c.ChangedNodes, "x restarted, z's server gone; a new node w changes nothing")
+
+	c = ObserveServer("a:0,b:0", []ServerPod{{UID: "a", Ready: true}, {UID: "b", Ready: true}})
+	assert.False(t, c.Changed)
+	assert.Empty(t, c.ChangedNodes)
+	assert.Equal(t, "a:0,b:0", c.Instance)
+}

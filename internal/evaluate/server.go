@@ -2,9 +2,11 @@ package evaluate
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -15,33 +17,49 @@ type ServerPod struct {
 	UID      string
 	Restarts int32
 	Ready    bool
+	// Node is the pod's node for a per-node workload (a DaemonSet: the
+	// engines of that node reach this pod only), "" otherwise.
+	Node string
+	// Since is when the pod's server last started: the pod's creation, or
+	// a container's later (re)start.
+	Since time.Time
 }
 
 // ServerChange is the server observer's reading of the cache-server pods
 // against the identity recorded before.
 type ServerChange struct {
 	// Instance is the identity to record: sorted <uid>:<restarts> of the
-	// serving pods, keeping a pod that was serving and is only not Ready
-	// right now under its recorded entry.
+	// serving pods (<uid>:<restarts>@<node> for a per-node workload),
+	// keeping a pod that was serving and is only not Ready right now under
+	// its recorded entry.
 	Instance string
 	// Changed reports whether a serving pod of the recorded identity was
 	// replaced (its UID is gone) or restarted (its restart count grew): the
 	// engines connected to it lost their connection.
 	Changed bool
+	// ChangedNodes are the nodes of the recorded pods that were replaced
+	// or restarted (per-node workloads only), sorted.
+	ChangedNodes []string
 }
 
 // ObserveServer compares the pods of the workload with the recorded
 // identity prev. A pod that is merely not Ready (a StatefulSet replica
 // failing its readiness probe, for instance) is neither a replacement nor
-// a restart: it changes nothing. New pods alone (a scale-up) break no
-// connection. The first observation (prev empty) never counts as a change.
+// a restart: it changes nothing. New pods alone (a scale-up, a new node)
+// break no connection. The first observation (prev empty) never counts as
+// a change.
 func ObserveServer(prev string, pods []ServerPod) ServerChange {
-	recorded := map[string]int32{}
+	type entry struct {
+		restarts int32
+		node     string
+	}
+	recorded := map[string]entry{}
 	if prev != "" {
 		for _, id := range strings.Split(prev, ",") {
+			id, node, _ := strings.Cut(id, "@")
 			uid, n, _ := strings.Cut(id, ":")
 			r, _ := strconv.ParseInt(n, 10, 32)
-			recorded[uid] = int32(r)
+			recorded[uid] = entry{int32(r), node}
 		}
 	}
 	live := map[string]ServerPod{}
@@ -49,20 +67,28 @@ func ObserveServer(prev string, pods []ServerPod) ServerChange {
 		live[p.UID] = p
 	}
 	var c ServerChange
-	for uid, r := range recorded {
+	for uid, e := range recorded {
 		p, ok := live[uid]
-		if !ok || p.Restarts > r {
+		if !ok || p.Restarts > e.restarts {
 			c.Changed = true
+			if e.node != "" && !slices.Contains(c.ChangedNodes, e.node) {
+				c.ChangedNodes = append(c.ChangedNodes, e.node)
+			}
 		}
 	}
+	slices.Sort(c.ChangedNodes)
 	var ids []string
 	for _, p := range pods {
-		r, wasServing := recorded[p.UID]
+		e, wasServing := recorded[p.UID]
+		at := ""
+		if p.Node != "" {
+			at = "@" + p.Node
+		}
 		switch {
 		case p.Ready:
-			ids = append(ids, fmt.Sprintf("%s:%d", p.UID, p.Restarts))
-		case wasServing && p.Restarts == r:
-			ids = append(ids, fmt.Sprintf("%s:%d", p.UID, r))
+			ids = append(ids, fmt.Sprintf("%s:%d%s", p.UID, p.Restarts, at))
+		case wasServing && p.Restarts == e.restarts:
+			ids = append(ids, fmt.Sprintf("%s:%d%s", p.UID, e.restarts, at))
 		}
 	}
 	sort.Strings(ids)
@@ -71,16 +97,23 @@ func ObserveServer(prev string, pods []ServerPod) ServerChange {
 }
 
 // ServerPods is what the server observer sees of pods: identity, restart
-// count, readiness.
-func ServerPods(pods []corev1.Pod) []ServerPod {
+// count, readiness, the time the server last started and, for a per-node
+// workload (perNode), the node.
+func ServerPods(pods []corev1.Pod, perNode bool) []ServerPod {
 	out := make([]ServerPod, 0, len(pods))
 	for i := range pods {
 		p := &pods[i]
-		var restarts int32
+		sp := ServerPod{UID: string(p.UID), Ready: PodReady(p), Since: p.CreationTimestamp.Time}
 		for _, c := range p.Status.ContainerStatuses {
-			restarts += c.RestartCount
+			sp.Restarts += c.RestartCount
+			if r := c.State.Running; r != nil && r.StartedAt.After(sp.Since) {
+				sp.Since = r.StartedAt.Time
+			}
 		}
-		out = append(out, ServerPod{UID: string(p.UID), Restarts: restarts, Ready: PodReady(p)})
+		if perNode {
+			sp.Node = p.Spec.NodeName
+		}
+		out = append(out, sp)
 	}
 	return out
 }

@@ -25,22 +25,57 @@ import (
 // candidates whose metadata already fails the signature are not read in
 // full.
 func WiredWorkloads(ctx context.Context, pods, live client.Reader, cb *v1alpha1.CacheBackend, keys []receipt.Key) ([]Candidate, error) {
+	set := map[Workload]bool{}
+	var cur Workload // the workload of the pod being judged
+	err := wiredPods(ctx, pods, live, cb, keys, func(p *metav1.PartialObjectMetadata) (bool, error) {
+		w, ok, err := engineWorkload(ctx, live, p)
+		if err != nil || !ok || set[w] {
+			return false, err
+		}
+		cur = w
+		return true, nil
+	}, func(*metav1.PartialObjectMetadata, *corev1.Pod) { set[cur] = true })
+	if err != nil {
+		return nil, err
+	}
+	return readCandidates(ctx, live, cb.Namespace, set)
+}
+
+// WiredPods reads the per-node cascade's candidates: the pods of cb's
+// namespace wired to cb (receipts verified as WiredWorkloads does), with
+// their nodes. Pods not scheduled yet have no server to lose and are left
+// out.
+func WiredPods(ctx context.Context, pods, live client.Reader, cb *v1alpha1.CacheBackend, keys []receipt.Key) ([]EnginePod, error) {
+	var out []EnginePod
+	err := wiredPods(ctx, pods, live, cb, keys, func(*metav1.PartialObjectMetadata) (bool, error) { return true, nil },
+		func(_ *metav1.PartialObjectMetadata, full *corev1.Pod) {
+			if full.Spec.NodeName != "" {
+				out = append(out, EnginePod{Name: full.Name, Node: full.Spec.NodeName, Created: full.CreationTimestamp.Time})
+			}
+		})
+	return out, err
+}
+
+// wiredPods calls found with each non-terminating pod of cb's namespace
+// whose receipt verifies against cb and keys: first on its metadata (from
+// pods), then, when want says the pod is worth it, on the full pod read
+// through live.
+func wiredPods(ctx context.Context, pods, live client.Reader, cb *v1alpha1.CacheBackend, keys []receipt.Key,
+	want func(*metav1.PartialObjectMetadata) (bool, error), found func(*metav1.PartialObjectMetadata, *corev1.Pod)) error {
 	list := &metav1.PartialObjectMetadataList{}
 	list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
 	if err := pods.List(ctx, list, client.InNamespace(cb.Namespace)); err != nil {
-		return nil, fmt.Errorf("listing engine pods: %w", err)
+		return fmt.Errorf("listing engine pods: %w", err)
 	}
-	set := map[Workload]bool{}
 	for i := range list.Items {
 		p := &list.Items[i]
 		if !p.DeletionTimestamp.IsZero() || receipt.JudgeMetadata(p.Namespace, p.Annotations, cb, keys).Verdict != receipt.Valid {
 			continue
 		}
-		w, ok, err := engineWorkload(ctx, live, p)
-		if err != nil {
-			return nil, err
-		}
-		if !ok || set[w] {
+		if ok, err := want(p); err != nil || !ok {
+			if err != nil {
+				return err
+			}
 			continue
 		}
 		full := &corev1.Pod{}
@@ -48,13 +83,13 @@ func WiredWorkloads(ctx context.Context, pods, live client.Reader, cb *v1alpha1.
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return nil, fmt.Errorf("reading engine pod %s: %w", p.Name, err)
+			return fmt.Errorf("reading engine pod %s: %w", p.Name, err)
 		}
-		if receipt.Judge(full, cb, keys).Verdict == receipt.Valid {
-			set[w] = true
+		if full.DeletionTimestamp.IsZero() && receipt.Judge(full, cb, keys).Verdict == receipt.Valid {
+			found(p, full)
 		}
 	}
-	return readCandidates(ctx, live, cb.Namespace, set)
+	return nil
 }
 
 // EarlyWorkloads reads the heal's candidates: the workloads (resolved

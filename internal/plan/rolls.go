@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
@@ -77,6 +78,15 @@ type RollState struct {
 	// long enough for the webhook's cache to hold it (engines rolled now
 	// are wired).
 	Settled bool
+	// PerNode: the server runs one pod per node (multiprocess mode) and
+	// each engine reaches its own node's server only: a server change
+	// evicts the wired engine pods of its node (Evictions) instead of
+	// rolling whole engine workloads, which span nodes. ChangedNodes are
+	// the nodes whose recorded server was replaced or restarted, and
+	// NodeServers the serving pod of each node now.
+	PerNode      bool
+	ChangedNodes []string
+	NodeServers  map[string]NodeServer
 	// Early: some matched pods were admitted before the endpoint existed;
 	// KeysUnavailable: some receipts could not be verified for want of
 	// keys (the tally is not trustworthy).
@@ -98,10 +108,36 @@ func (s RollState) Heal() bool {
 		s.Early && !s.KeysUnavailable && s.Ready
 }
 
+// NodeServer is the server pod of one node: whether it is ready, and
+// since when its server runs (its creation, or its container's last
+// start).
+type NodeServer struct {
+	Ready bool
+	Since time.Time
+}
+
+// EnginePod is a wired engine pod of a per-node backend, as read: its
+// node and creation time.
+type EnginePod struct {
+	Name    string
+	Node    string
+	Created time.Time
+}
+
+// Eviction is an engine pod to evict: its node's server was replaced or
+// restarted after the pod was created.
+type Eviction struct {
+	Pod  string
+	Node string
+}
+
 // RollPlan is the engine rolls of one reconcile, or the wait before them.
 type RollPlan struct {
 	// Rolls are the workloads to roll, sorted, each once.
 	Rolls []Roll
+	// Evictions are the engine pods to evict (per-node servers), sorted
+	// by node and pod.
+	Evictions []Eviction
 	// Wait is how soon to look again (0: not needed): a server change or
 	// a heal waits for the endpoint to settle.
 	Wait time.Duration
@@ -141,8 +177,21 @@ func InstanceHash(inst string) string {
 // candidates (read only when s.Cascade()), early the heal's (read only
 // when s.Heal()). Both roll with InstanceHash(s.Instance), so a workload
 // rolled by either is not rolled again for the same server instance, nor
-// after a manager restart.
+// after a manager restart. For a per-node server the cascade is
+// PerNodeEvictions of pods instead (their candidates are in the
+// EnginePods argument of RollsPerNode).
 func Rolls(s RollState, wired, early []Candidate) RollPlan {
+	return RollsPerNode(s, wired, early, nil)
+}
+
+// RollsPerNode is Rolls with the wired engine pods of a per-node server
+// (read only when s.Cascade() and s.PerNode): a server replaced or
+// restarted on node X evicts the wired engine pods on X created before
+// X's server started, once X's new server is ready, and nothing else. A
+// pod created after it (a replacement, or one evicted already and
+// re-created) is not evicted again, so the cascade happens once per node
+// and server, also across manager restarts and failed evictions.
+func RollsPerNode(s RollState, wired, early []Candidate, pods []EnginePod) RollPlan {
 	var p RollPlan
 	if s.EngineLocal || s.ApplyFailed || s.Instance == "" {
 		return p
@@ -162,8 +211,12 @@ func Rolls(s RollState, wired, early []Candidate) RollPlan {
 			// settled; until then the recorded identity stays.
 			p.Record, p.Wait = false, SettleWait
 		}
-		for _, c := range wired {
-			add(c, CauseServerChange)
+		if s.PerNode {
+			p.perNode(s, pods)
+		} else {
+			for _, c := range wired {
+				add(c, CauseServerChange)
+			}
 		}
 	}
 	if s.Heal() {
@@ -180,4 +233,32 @@ func Rolls(s RollState, wired, early []Candidate) RollPlan {
 	}
 	slices.SortFunc(p.Rolls, func(a, b Roll) int { return strings.Compare(a.Workload.String(), b.Workload.String()) })
 	return p
+}
+
+// perNode plans the evictions of a per-node cascade (s.Changed). A node
+// whose new server is not ready yet makes the plan wait (the recorded
+// identity stays, so the node is followed later); a node without a server
+// any more (deleted, or no longer selected) has nothing to reconnect to.
+func (p *RollPlan) perNode(s RollState, pods []EnginePod) {
+	if !s.Cascade() {
+		return
+	}
+	for _, node := range s.ChangedNodes {
+		srv, ok := s.NodeServers[node]
+		switch {
+		case !ok:
+			continue
+		case !srv.Ready:
+			p.Record, p.Wait = false, SettleWait
+			continue
+		}
+		for _, e := range pods {
+			if e.Node == node && e.Created.Before(srv.Since) {
+				p.Evictions = append(p.Evictions, Eviction{Pod: e.Name, Node: node})
+			}
+		}
+	}
+	slices.SortFunc(p.Evictions, func(a, b Eviction) int {
+		return cmp.Or(strings.Compare(a.Node, b.Node), strings.Compare(a.Pod, b.Pod))
+	})
 }

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -69,6 +70,55 @@ func TestRolls(t *testing.T) {
 			assert.Equal(t, tc.wait, p.Wait > 0, "wait")
 			assert.Equal(t, tc.record, p.Record, "record")
 			assert.Equal(t, tc.healing, p.Healing, "healing")
+		})
+	}
+}
+
+// TestRollsPerNode is the per-node cascade's table (multiprocess mode): a
+// server replaced or restarted on a node evicts the wired engine pods of
+// that node created before its new server started, once it is ready;
+// engines of other nodes, pods created after, and workloads are left
+// alone.
+func TestRollsPerNode(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 8, 0, 0, 0, time.UTC)
+	since := t0.Add(time.Minute)
+	ready := RollState{Policy: v1alpha1.EngineRestartOnServerChange, Instance: "new:0@x,b:0@y", ServerAvailable: true, Ready: true, Settled: true,
+		PerNode: true, Changed: true, ChangedNodes: []string{"x"},
+		NodeServers: map[string]NodeServer{"x": {Ready: true, Since: since}, "y": {Ready: true, Since: t0}}}
+	with := func(f func(*RollState)) RollState { s := ready; f(&s); return s }
+	pods := []EnginePod{
+		{Name: "e-2", Node: "x", Created: t0}, {Name: "e-1", Node: "x", Created: t0},
+		{Name: "e-y", Node: "y", Created: t0},
+		{Name: "e-new", Node: "x", Created: since.Add(time.Second)},
+	}
+	wired := []Candidate{{Workload: Workload{"Deployment", "engine"}, Found: true}}
+	for _, tc := range []struct {
+		name         string
+		state        RollState
+		evict        []string
+		wait, record bool
+	}{
+		{name: "node x replaced: its older engine pods go, sorted", state: ready, evict: []string{"x/e-1", "x/e-2"}, record: true},
+		{name: "x's new server not ready: wait, keep the recorded instance", state: with(func(s *RollState) {
+			s.NodeServers = map[string]NodeServer{"x": {Since: since}, "y": {Ready: true, Since: t0}}
+		}), wait: true},
+		{name: "x has no server any more: nothing to reconnect to", state: with(func(s *RollState) {
+			s.NodeServers = map[string]NodeServer{"y": {Ready: true, Since: t0}}
+		}), record: true},
+		{name: "not settled: wait", state: with(func(s *RollState) { s.Settled = false }), wait: true},
+		{name: "policy Never: recorded, nothing evicted", state: with(func(s *RollState) { s.Policy = v1alpha1.EngineRestartNever }), record: true},
+		{name: "no change: nothing", state: with(func(s *RollState) { s.Changed, s.ChangedNodes = false, nil }), record: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := RollsPerNode(tc.state, wired, nil, pods)
+			var got []string
+			for _, e := range p.Evictions {
+				got = append(got, e.Node+"/"+e.Pod)
+			}
+			assert.Equal(t, tc.evict, got)
+			assert.Empty(t, p.Rolls, "per-node servers roll no workload")
+			assert.Equal(t, tc.wait, p.Wait > 0, "wait")
+			assert.Equal(t, tc.record, p.Record, "record")
 		})
 	}
 }
