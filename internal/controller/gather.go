@@ -178,8 +178,11 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 		Ready:           s.verdict.Ready, Early: len(seen.wiring.Early) > 0, KeysUnavailable: seen.wiring.KeysUnavailable,
 	}
 	if w := seen.facts.Workload; w != nil && w.PerNode() {
-		seen.roll.PerNode, seen.roll.ChangedNodes = true, change.ChangedNodes
+		seen.roll.PerNode, seen.roll.ChangedNodes, seen.roll.Now = true, change.ChangedNodes, r.Now().Time
 		seen.roll.NodeServers = nodeServers(evaluate.ServerPods(seen.serverPods, true))
+		if r := w.Rollout(); r != nil {
+			seen.roll.ServersMissing = int32(len(seen.roll.NodeServers)) < r.Desired
+		}
 	}
 	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
 		// The cache may lag a status write: read the live status.

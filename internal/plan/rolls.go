@@ -84,9 +84,16 @@ type RollState struct {
 	// rolling whole engine workloads, which span nodes. ChangedNodes are
 	// the nodes whose recorded server was replaced or restarted, and
 	// NodeServers the serving pod of each node now.
-	PerNode      bool
-	ChangedNodes []string
-	NodeServers  map[string]NodeServer
+	// ServersMissing: fewer nodes have a server pod than the workload
+	// wants (a replacement not created yet), so a changed node without one
+	// is waited for rather than taken as gone.
+	// Now is the reconcile's clock (the per-node cascade waits a second
+	// past a server's start: API times have a resolution of a second).
+	PerNode        bool
+	ChangedNodes   []string
+	NodeServers    map[string]NodeServer
+	ServersMissing bool
+	Now            time.Time
 	// Early: some matched pods were admitted before the endpoint existed;
 	// KeysUnavailable: some receipts could not be verified for want of
 	// keys (the tally is not trustworthy).
@@ -125,7 +132,7 @@ type EnginePod struct {
 }
 
 // Eviction is an engine pod to evict: its node's server was replaced or
-// restarted after the pod was created.
+// restarted after the pod was created (or in the same second).
 type Eviction struct {
 	Pod  string
 	Node string
@@ -187,9 +194,10 @@ func Rolls(s RollState, wired, early []Candidate) RollPlan {
 // RollsPerNode is Rolls with the wired engine pods of a per-node server
 // (read only when s.Cascade() and s.PerNode): a server replaced or
 // restarted on node X evicts the wired engine pods on X created before
-// X's server started, once X's new server is ready, and nothing else. A
-// pod created after it (a replacement, or one evicted already and
-// re-created) is not evicted again, so the cascade happens once per node
+// X's server started (at the API's resolution of a second: in the same
+// second too), once X's new server is ready and a second has passed since
+// it started, and nothing else. A pod created after that (a replacement,
+// or one evicted already and re-created) is not evicted again, so the cascade happens once per node
 // and server, also across manager restarts and failed evictions.
 func RollsPerNode(s RollState, wired, early []Candidate, pods []EnginePod) RollPlan {
 	var p RollPlan
@@ -236,9 +244,11 @@ func RollsPerNode(s RollState, wired, early []Candidate, pods []EnginePod) RollP
 }
 
 // perNode plans the evictions of a per-node cascade (s.Changed). A node
-// whose new server is not ready yet makes the plan wait (the recorded
-// identity stays, so the node is followed later); a node without a server
-// any more (deleted, or no longer selected) has nothing to reconnect to.
+// whose new server is not ready yet, or not created yet while the
+// workload misses servers, makes the plan wait (the recorded identity
+// stays, so the node is followed later); a node without a server while
+// none is missing (deleted, or no longer selected) has nothing to
+// reconnect to.
 func (p *RollPlan) perNode(s RollState, pods []EnginePod) {
 	if !s.Cascade() {
 		return
@@ -246,14 +256,17 @@ func (p *RollPlan) perNode(s RollState, pods []EnginePod) {
 	for _, node := range s.ChangedNodes {
 		srv, ok := s.NodeServers[node]
 		switch {
-		case !ok:
+		case !ok && !s.ServersMissing:
 			continue
-		case !srv.Ready:
+		case !ok, !srv.Ready, s.Now.Before(srv.Since.Add(time.Second)):
+			// API times are whole seconds: once a second has passed since
+			// the server started, every pod created from now on reads as
+			// created after it, and is never evicted for it.
 			p.Record, p.Wait = false, SettleWait
 			continue
 		}
 		for _, e := range pods {
-			if e.Node == node && e.Created.Before(srv.Since) {
+			if e.Node == node && !e.Created.After(srv.Since) {
 				p.Evictions = append(p.Evictions, Eviction{Pod: e.Name, Node: node})
 			}
 		}

@@ -83,12 +83,13 @@ func TestRollsPerNode(t *testing.T) {
 	t0 := time.Date(2026, 12, 5, 8, 0, 0, 0, time.UTC)
 	since := t0.Add(time.Minute)
 	ready := RollState{Policy: v1alpha1.EngineRestartOnServerChange, Instance: "new:0@x,b:0@y", ServerAvailable: true, Ready: true, Settled: true,
-		PerNode: true, Changed: true, ChangedNodes: []string{"x"},
+		PerNode: true, Changed: true, ChangedNodes: []string{"x"}, Now: since.Add(2 * time.Second),
 		NodeServers: map[string]NodeServer{"x": {Ready: true, Since: since}, "y": {Ready: true, Since: t0}}}
 	with := func(f func(*RollState)) RollState { s := ready; f(&s); return s }
 	pods := []EnginePod{
 		{Name: "e-2", Node: "x", Created: t0}, {Name: "e-1", Node: "x", Created: t0},
 		{Name: "e-y", Node: "y", Created: t0},
+		{Name: "e-same-second", Node: "x", Created: since},
 		{Name: "e-new", Node: "x", Created: since.Add(time.Second)},
 	}
 	wired := []Candidate{{Workload: Workload{"Deployment", "engine"}, Found: true}}
@@ -98,9 +99,14 @@ func TestRollsPerNode(t *testing.T) {
 		evict        []string
 		wait, record bool
 	}{
-		{name: "node x replaced: its older engine pods go, sorted", state: ready, evict: []string{"x/e-1", "x/e-2"}, record: true},
+		{name: "node x replaced: its older engine pods go, sorted", state: ready, evict: []string{"x/e-1", "x/e-2", "x/e-same-second"}, record: true},
+		{name: "less than a second since x's server started: wait", state: with(func(s *RollState) { s.Now = since.Add(999 * time.Millisecond) }), wait: true},
 		{name: "x's new server not ready: wait, keep the recorded instance", state: with(func(s *RollState) {
 			s.NodeServers = map[string]NodeServer{"x": {Since: since}, "y": {Ready: true, Since: t0}}
+		}), wait: true},
+		{name: "x's new server not created yet: wait", state: with(func(s *RollState) {
+			s.NodeServers = map[string]NodeServer{"y": {Ready: true, Since: t0}}
+			s.ServersMissing = true
 		}), wait: true},
 		{name: "x has no server any more: nothing to reconnect to", state: with(func(s *RollState) {
 			s.NodeServers = map[string]NodeServer{"y": {Ready: true, Since: t0}}

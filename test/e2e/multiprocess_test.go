@@ -1,0 +1,273 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil"
+)
+
+// gpuTaint keeps every pod but those that tolerate it off the GPU nodes of
+// the multiprocess test, as on a real cluster, so the other tests' pods
+// stay on kwok-node-0.
+var gpuTaint = corev1.Taint{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule}
+
+// gpuNodes adds kwok nodes labelled gpu=true and tainted gpuTaint, waits
+// until they are Ready and untainted by the node-lifecycle controller, and
+// removes them when the test ends.
+func gpuNodes(t *testing.T, names ...string) {
+	t.Helper()
+	ctx := context.Background()
+	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("32"), corev1.ResourceMemory: resource.MustParse("256Gi"), corev1.ResourcePods: resource.MustParse("110")}
+	for _, n := range names {
+		node := &corev1.Node{
+			ObjectMeta: metav1.ObjectMeta{Name: n,
+				Annotations: map[string]string{"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+				Labels:      map[string]string{"type": "kwok", "gpu": "true", "kubernetes.io/hostname": n, "kubernetes.io/os": "linux"}},
+			Spec:   corev1.NodeSpec{Taints: []corev1.Taint{gpuTaint}},
+			Status: corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+		}
+		require.NoError(t, k8s.Create(ctx, node))
+		t.Cleanup(func() { _ = k8s.Delete(context.Background(), node) })
+	}
+	testutil.Eventually(t, 60*time.Second, func() error {
+		for _, n := range names {
+			node := &corev1.Node{}
+			if err := k8s.Get(ctx, client.ObjectKey{Name: n}, node); err != nil {
+				return err
+			}
+			for _, taint := range node.Spec.Taints {
+				if taint.Key != gpuTaint.Key {
+					return fmt.Errorf("node %s still tainted %s", n, taint.Key)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// mpBackend is a multiprocess CacheBackend whose servers run on the GPU
+// nodes (nodeSelector gpu=true, tolerating gpuTaint) and wire the pods
+// labelled app=mp-engine.
+const mpBackend = `apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata:
+  name: mp-cache
+spec:
+  type: LMCache
+  engineSelector:
+    matchLabels: {app: mp-engine}
+  multiprocess:
+    l1: {size: 1Gi}
+    engineSharedMemory: 2Gi
+  remoteStorage:
+    lmCacheServer:
+      pod:
+        nodeSelector: {gpu: "true"}
+        tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+`
+
+// mpEngine is one vLLM engine Deployment spread over both GPU nodes, one
+// pod on each.
+const mpEngine = `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: mp-engine
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {app: mp-engine}
+  template:
+    metadata:
+      labels: {app: mp-engine}
+    spec:
+      nodeSelector: {gpu: "true"}
+      tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: mp-engine}}}
+      containers:
+      - name: vllm
+        image: vllm/vllm-openai:v0.33.0
+        command: [vllm, serve]
+        args: [Qwen/Qwen2.5-0.5B-Instruct]
+`
+
+// TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines: in a namespace
+// that enforces Pod Security baseline, a multiprocess CacheBackend gets one
+// server pod per selected GPU node (the DaemonSet, admitted by baseline),
+// reports each node's server in status.multiprocess and publishes the
+// node-local Service's tcp:// endpoint; the webhook wires the engine pods
+// (admitted by baseline too: a private /dev/shm, no host IPC). Replacing
+// the server pod of node gpu-a evicts only gpu-a's engine pod, once: the
+// engine on gpu-b keeps running, the engine Deployment is not rolled, and
+// a manager that sees the same change again (the old identity put back)
+// evicts nothing more.
+func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
+	ctx := context.Background()
+	gpuNodes(t, "gpu-a", "gpu-b")
+	ns := "mp-baseline"
+	require.NoError(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
+		"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "latest"}}}))
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+		return p
+	}
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", write("cachebackend.yaml", mpBackend))
+	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/mp-cache", "--timeout=90s")
+	key := client.ObjectKey{Namespace: ns, Name: "mp-cache"}
+
+	cb := &v1alpha1.CacheBackend{}
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if m := cb.Status.Multiprocess; m == nil || m.DesiredServers != 2 || m.ReadyServers != 2 || len(m.Nodes) != 2 {
+			return fmt.Errorf("status.multiprocess %+v, want 2 of 2 servers on 2 nodes", cb.Status.Multiprocess)
+		}
+		return nil
+	})
+	assert.Equal(t, "tcp://mp-cache."+ns+".svc.cluster.local:5555", cb.Status.Endpoint)
+	for i, n := range []string{"gpu-a", "gpu-b"} {
+		got := cb.Status.Multiprocess.Nodes[i]
+		assert.Equal(t, n, got.Node, "one server per GPU node, none on kwok-node-0")
+		assert.True(t, got.Ready)
+		assert.True(t, strings.HasPrefix(got.Endpoint, "tcp://") && strings.HasSuffix(got.Endpoint, ":5555"), got.Endpoint)
+	}
+	ds := &appsv1.DaemonSet{}
+	require.NoError(t, k8s.Get(ctx, key, ds))
+	assert.Equal(t, int32(2), ds.Status.NumberReady, "baseline admitted both server pods")
+	svc := &corev1.Service{}
+	require.NoError(t, k8s.Get(ctx, key, svc))
+	require.NotNil(t, svc.Spec.InternalTrafficPolicy)
+	assert.Equal(t, corev1.ServiceInternalTrafficPolicyLocal, *svc.Spec.InternalTrafficPolicy)
+
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", write("engine.yaml", mpEngine))
+	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/mp-engine", "--timeout=90s")
+	engines := func() map[string]corev1.Pod {
+		var pods corev1.PodList
+		require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}))
+		out := map[string]corev1.Pod{}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp.IsZero() && p.Spec.NodeName != "" {
+				out[p.Spec.NodeName] = p
+			}
+		}
+		return out
+	}
+	before := engines()
+	require.Len(t, before, 2, "one engine pod on each GPU node")
+	for node, p := range before {
+		assert.Equal(t, ns+"/mp-cache", p.Annotations[v1alpha1.AnnotationInjectedBy], "the engine on %s is wired (baseline admitted it)", node)
+		assert.Contains(t, strings.Join(p.Spec.Containers[0].Args, " "), "LMCacheMPConnector", "the engine on %s gets the MP connector", node)
+		assert.True(t, mountsMemoryShm(p), "the engine on %s gets a private memory-backed /dev/shm", node)
+	}
+	engine := &appsv1.Deployment{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "mp-engine"}, engine))
+	require.Equal(t, int64(1), engine.Generation)
+	cb = observedBackend(t, key)
+	first := cb.Status.ObservedServerInstance
+	require.Contains(t, first, "@gpu-a")
+
+	// Replace gpu-a's server.
+	var servers corev1.PodList
+	require.NoError(t, k8s.List(ctx, &servers, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": "mp-cache"}))
+	var onA *corev1.Pod
+	for i := range servers.Items {
+		if servers.Items[i].Spec.NodeName == "gpu-a" {
+			onA = &servers.Items[i]
+		}
+	}
+	require.NotNil(t, onA, "a server pod on gpu-a")
+	require.NoError(t, k8s.Delete(ctx, onA))
+
+	testutil.Eventually(t, 90*time.Second, func() error {
+		now := engines()
+		a, ok := now["gpu-a"]
+		if !ok || a.UID == before["gpu-a"].UID {
+			_ = k8s.Get(ctx, key, cb)
+			return fmt.Errorf("gpu-a's engine pod not replaced yet (observedServerInstance %q, conditions %+v, nodes %+v)",
+				cb.Status.ObservedServerInstance, cb.Status.Conditions, cb.Status.Multiprocess)
+		}
+		if a.Annotations[v1alpha1.AnnotationInjectedBy] != ns+"/mp-cache" {
+			return fmt.Errorf("gpu-a's new engine pod %s not wired", a.Name)
+		}
+		return nil
+	})
+	after := engines()
+	assert.Equal(t, before["gpu-b"].UID, after["gpu-b"].UID, "gpu-b's engine keeps running")
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "mp-engine"}, engine))
+	assert.Equal(t, int64(1), engine.Generation, "the engine Deployment is not rolled")
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if cb.Status.ObservedServerInstance == first {
+			return fmt.Errorf("the new instance is not recorded yet")
+		}
+		return nil
+	})
+	for _, e := range strings.Split(first, ",") {
+		if strings.HasSuffix(e, "@gpu-b") {
+			assert.Contains(t, cb.Status.ObservedServerInstance, e, "gpu-b's server is the same pod")
+		} else {
+			assert.NotContains(t, cb.Status.ObservedServerInstance, e, "gpu-a's server was replaced")
+		}
+	}
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted))
+
+	// Once: the change seen again (the old identity put back, as a manager
+	// that crashed before recording it would) evicts nothing more.
+	stale := cb.DeepCopy()
+	stale.Status.ObservedServerInstance = first
+	require.NoError(t, k8s.Status().Patch(ctx, stale, client.MergeFrom(cb)))
+	bystander := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bystander", Labels: map[string]string{"app": "mp-engine", "role": "bystander"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai:v0.33.0"}}},
+	}
+	require.NoError(t, k8s.Create(ctx, bystander))
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if cb.Status.ObservedServerInstance == first {
+			return fmt.Errorf("the change was not seen again")
+		}
+		return nil
+	})
+	final := engines()
+	assert.Equal(t, after["gpu-a"].UID, final["gpu-a"].UID, "gpu-a's new engine is not evicted again")
+	assert.Equal(t, after["gpu-b"].UID, final["gpu-b"].UID)
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted))
+}
+
+// mountsMemoryShm reports whether p's engine container mounts a volume of
+// medium Memory at /dev/shm.
+func mountsMemoryShm(p corev1.Pod) bool {
+	for _, m := range p.Spec.Containers[0].VolumeMounts {
+		if m.MountPath != "/dev/shm" {
+			continue
+		}
+		for _, v := range p.Spec.Volumes {
+			if v.Name == m.Name && v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory {
+				return true
+			}
+		}
+	}
+	return false
+}
