@@ -30,7 +30,20 @@ type AuditRow struct {
 	Receipt string `json:"receipt"`
 	// Generation is current or stale when the receipt names the live
 	// CacheBackend, empty otherwise.
-	Generation string   `json:"generation,omitempty"`
+	Generation string `json:"generation,omitempty"`
+	// Mode is the CacheBackend's mode (in-process, multiprocess, hicache).
+	Mode string `json:"mode,omitempty"`
+	// Connector is the kv_connector of the pod's --kv-transfer-config.
+	Connector string `json:"connector,omitempty"`
+	// WiringMismatch: the pod is wired with another connector than its
+	// CacheBackend's mode wires (LMCacheConnectorV1 where the backend now
+	// runs in multiprocess mode, or the reverse): roll its workload.
+	WiringMismatch bool `json:"wiringMismatch,omitempty"`
+	// Node and NodeServer: in multiprocess mode, the pod's node and the
+	// state of that node's server (ready, not-ready, none, not-listed,
+	// unknown, unscheduled).
+	Node       string   `json:"node,omitempty"`
+	NodeServer string   `json:"nodeServer,omitempty"`
 	Details    []string `json:"details,omitempty"`
 }
 
@@ -59,7 +72,9 @@ func Audit(ctx context.Context, c client.Reader, ns string, keys []receipt.Key, 
 		}
 		e := explain(p, backends, keys, keysErr)
 		rows = append(rows, AuditRow{Namespace: p.Namespace, Pod: p.Name, CacheBackend: e.Backend,
-			Outcome: e.Outcome, Receipt: e.Receipt, Generation: e.Generation, Details: e.Lines})
+			Outcome: e.Outcome, Receipt: e.Receipt, Generation: e.Generation,
+			Mode: e.Mode, Connector: e.Connector, WiringMismatch: e.WiringMismatch, Node: e.Node, NodeServer: e.NodeServer,
+			Details: e.Lines})
 	}
 	sort.Slice(rows, func(i, j int) bool {
 		if rows[i].Namespace != rows[j].Namespace {
@@ -101,18 +116,65 @@ func IsEnginePod(p *corev1.Pod, backends []v1alpha1.CacheBackend) bool {
 
 // PrintAuditTable writes rows as a kubectl-style table.
 func PrintAuditTable(w io.Writer, rows []AuditRow, withNamespace bool) error {
+	return printAudit(w, rows, withNamespace, false)
+}
+
+// PrintAuditWide writes rows as PrintAuditTable does, with the columns of
+// the modes (-o wide): MODE, CONNECTOR (the pod's kv_connector, with "!"
+// when the backend's mode wires another), NODE and NODE-SERVER (in
+// multiprocess mode, the state of the server of the pod's node).
+func PrintAuditWide(w io.Writer, rows []AuditRow, withNamespace bool) error {
+	return printAudit(w, rows, withNamespace, true)
+}
+
+func printAudit(w io.Writer, rows []AuditRow, withNamespace, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
 	if withNamespace {
 		fmt.Fprint(tw, "NAMESPACE\t")
 	}
-	fmt.Fprintln(tw, "POD\tCACHEBACKEND\tOUTCOME\tRECEIPT\tGENERATION")
+	fmt.Fprint(tw, "POD\tCACHEBACKEND\tOUTCOME\tRECEIPT\tGENERATION")
+	if wide {
+		fmt.Fprint(tw, "\tMODE\tCONNECTOR\tNODE\tNODE-SERVER")
+	}
+	fmt.Fprintln(tw)
 	for _, r := range rows {
 		if withNamespace {
 			fmt.Fprintf(tw, "%s\t", r.Namespace)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", r.Pod, dash(r.CacheBackend), r.Outcome, r.Receipt, dash(r.Generation))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s", r.Pod, dash(r.CacheBackend), r.Outcome, r.Receipt, dash(r.Generation))
+		if wide {
+			connector := dash(r.Connector)
+			if r.WiringMismatch {
+				connector += "!"
+			}
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%s", dash(r.Mode), connector, dash(r.Node), dash(r.NodeServer))
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
+}
+
+// AuditWarnings are the warnings a table of rows is printed with: the
+// pods wired with another connector than their backend's mode, and the
+// multiprocess engine pods whose node has no ready server.
+func AuditWarnings(rows []AuditRow) []string {
+	var mismatched, serverless []string
+	for _, r := range rows {
+		if r.WiringMismatch {
+			mismatched = append(mismatched, r.Namespace+"/"+r.Pod)
+		}
+		if r.NodeServer == NodeServerNone || r.NodeServer == NodeServerNotReady {
+			serverless = append(serverless, r.Namespace+"/"+r.Pod+" (node "+r.Node+": "+r.NodeServer+")")
+		}
+	}
+	var out []string
+	if len(mismatched) > 0 {
+		out = append(out, fmt.Sprintf("%d pod(s) wired with another connector than their CacheBackend's mode wires; roll their workloads: %s", len(mismatched), strings.Join(mismatched, ", ")))
+	}
+	if len(serverless) > 0 {
+		out = append(out, fmt.Sprintf("%d multiprocess engine pod(s) on a node without a ready server: %s", len(serverless), strings.Join(serverless, ", ")))
+	}
+	return out
 }
 
 func dash(s string) string {

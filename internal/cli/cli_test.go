@@ -3,18 +3,23 @@ package cli
 import (
 	"bytes"
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/version"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/render"
 )
 
 func TestBadInput(t *testing.T) {
@@ -255,4 +260,169 @@ func TestExplainIndexState(t *testing.T) {
 			assert.Contains(t, buf.String(), tc.line)
 		})
 	}
+}
+
+// mpBackend is a CacheBackend in multiprocess mode with a RESP and a disk
+// tier, and its status.multiprocess as the controller publishes it.
+func mpBackend() v1alpha1.CacheBackend {
+	class := "local-nvme"
+	return v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", UID: types.UID("uid-mp"), Generation: 3},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Runtime: v1alpha1.RuntimeVLLM,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen"}},
+			Multiprocess: &v1alpha1.Multiprocess{Port: 5555, HTTPPort: 8080,
+				L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("20Gi"), EvictionPolicy: v1alpha1.MPEvictionLRU, EvictionWatermarkPercent: 80, EvictionRatioPercent: 20},
+				L2: &v1alpha1.MultiprocessL2{
+					RESP: &v1alpha1.MultiprocessRESP{Host: "redis.cache.svc", Port: 6379, Capacity: resource.MustParse("100Gi"),
+						CredentialsSecretRef: &v1alpha1.RESPCredentials{Name: "redis-auth", PasswordKey: "password"}},
+					Disk: &v1alpha1.MultiprocessDisk{Path: "/var/lib/lmcache", Capacity: resource.MustParse("500Gi"), StorageClassName: &class}}}},
+		Status: v1alpha1.CacheBackendStatus{Endpoint: "tcp://cache.llm.svc.cluster.local:5555",
+			Multiprocess: &v1alpha1.MultiprocessStatus{DesiredServers: 2, ReadyServers: 1, Nodes: []v1alpha1.MultiprocessNode{
+				{Node: "gpu-b", Pod: "cache-bbbbb", Ready: false}, {Node: "gpu-a", Pod: "cache-aaaaa", Ready: true, Endpoint: "tcp://10.0.0.5:5555"}}}},
+	}
+}
+
+// stamp writes the webhook's receipt on pod for cb, signed with key, over
+// the pod's containers as they are (the webhook's own stamp, without its
+// wiring: the tests choose the wiring).
+func stamp(pod *corev1.Pod, cb v1alpha1.CacheBackend, key receipt.Key) *corev1.Pod {
+	p := pod.DeepCopy()
+	c := receipt.Claim{Backend: cb.Namespace + "/" + cb.Name, UID: string(cb.UID), Generation: strconv.FormatInt(cb.Generation, 10), Digest: receipt.Digest(p)}
+	p.Annotations = map[string]string{
+		v1alpha1.AnnotationInjectedBy: c.Backend, v1alpha1.AnnotationInjectedByUID: c.UID,
+		v1alpha1.AnnotationInjectedGeneration: c.Generation, v1alpha1.AnnotationInjectedConfigDigest: c.Digest,
+		v1alpha1.AnnotationReceiptSignature: receipt.Sign(key, c)}
+	return p
+}
+
+// TestRenderMultiprocess: render of a multiprocess CacheBackend prints its
+// node-local Service and the DaemonSet, nothing of the in-process server.
+func TestRenderMultiprocess(t *testing.T) {
+	objs, err := ReadFile("../../examples/multiprocess", true)
+	require.NoError(t, err)
+	cbs, err := Backends(objs)
+	require.NoError(t, err)
+	require.Len(t, cbs, 1)
+	var buf bytes.Buffer
+	require.NoError(t, RenderYAML(&buf, cbs[0]))
+	docs, err := Documents(buf.Bytes())
+	require.NoError(t, err)
+	var kinds []string
+	for _, d := range docs {
+		kinds = append(kinds, d.GetKind())
+	}
+	require.Equal(t, []string{"Service", "DaemonSet"}, kinds)
+	policy, _, _ := unstructured.NestedString(docs[0].Object, "spec", "internalTrafficPolicy")
+	assert.Equal(t, "Local", policy)
+	ports, _, _ := unstructured.NestedSlice(docs[0].Object, "spec", "ports")
+	require.Len(t, ports, 2)
+	assert.EqualValues(t, 5555, ports[0].(map[string]any)["port"])
+	assert.EqualValues(t, 8080, ports[1].(map[string]any)["port"])
+	containers, _, _ := unstructured.NestedSlice(docs[1].Object, "spec", "template", "spec", "containers")
+	require.Len(t, containers, 1)
+	assert.Equal(t, []any{"lmcache", "server"}, containers[0].(map[string]any)["command"])
+	assert.Contains(t, containers[0].(map[string]any)["args"], "--isolated-ipc")
+	assert.Equal(t, "tcp://qwen-mp-cache.default.svc.cluster.local:5555", render.Endpoint(cbs[0], ""))
+}
+
+// TestExplainMultiprocess: explain (and so audit) of the engine pods of a
+// multiprocess CacheBackend: the mode, the server of the pod's node from
+// status.multiprocess, the connector against the one the mode wires, the
+// private /dev/shm and the server's tiers.
+func TestExplainMultiprocess(t *testing.T) {
+	key := receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	cb := mpBackend()
+	mpConfig := inject.MPKVTransferConfig("cache.llm.svc.cluster.local", 5555, v1alpha1.RoleReadWrite)
+	v1Config := `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`
+	pod := func(node, config string, shm bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "p", Labels: map[string]string{"app": "qwen"}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
+		if config != "" {
+			p.Spec.Containers[0].Args = []string{"--model", "m", inject.KVTransferConfigFlag, config}
+		}
+		if shm {
+			size := resource.MustParse("1Gi")
+			p.Spec.Volumes = []corev1.Volume{{Name: "dshm", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &size}}}}
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "dshm", MountPath: "/dev/shm"}}
+		}
+		return p
+	}
+	noStatus := cb.DeepCopy()
+	noStatus.Status.Multiprocess = nil
+	inProcess := cb.DeepCopy()
+	inProcess.Spec.Multiprocess = nil
+	cases := map[string]struct {
+		pod        *corev1.Pod
+		backend    v1alpha1.CacheBackend
+		outcome    string
+		nodeServer string
+		mismatch   bool
+		lines      []string
+	}{
+		"wired, server ready": {stamp(pod("gpu-a", mpConfig, true), cb, key), cb, ExplainInjected, NodeServerReady, false, []string{
+			"Mode:         multiprocess", "Node server:  ready",
+			"one lmcache server per node (DaemonSet llm/cache), reached through the node-local Service cache (internalTrafficPolicy Local) at tcp://cache.llm.svc.cluster.local:5555",
+			"server of node gpu-a: pod cache-aaaaa, ready (1 of 2 node servers ready)",
+			`engine wiring: container "vllm", --kv-transfer-config LMCacheMPConnector to tcp://cache.llm.svc.cluster.local:5555, isolated IPC`,
+			"private /dev/shm: volume dshm (emptyDir, medium Memory, sizeLimit 1Gi)",
+			"server tiers: L1 20 GiB of host memory (LRU, eviction from 80% full, frees 20%); L2: RESP (Redis/Valkey) redis.cache.svc:6379, 100 GiB, credentials from Secret redis-auth, no TLS; " +
+				"disk /var/lib/lmcache, 500 GiB, a generic ephemeral volume of class local-nvme (kept over a container restart, empty after the server pod is replaced)"}},
+		"server not ready": {stamp(pod("gpu-b", mpConfig, true), cb, key), cb, ExplainInjected, NodeServerNotReady, false, []string{
+			"server of node gpu-b: pod cache-bbbbb, NOT ready (1 of 2 node servers ready)"}},
+		"no server on the node": {stamp(pod("cpu-1", mpConfig, true), cb, key), cb, ExplainInjected, NodeServerNone, false, []string{
+			"server of node cpu-1: none: no server pod runs on the node"}},
+		"status not published": {stamp(pod("gpu-a", mpConfig, true), *noStatus, key), *noStatus, ExplainInjected, NodeServerUnknown, false, []string{
+			"status.multiprocess is not published yet"}},
+		"unscheduled": {stamp(pod("", mpConfig, true), cb, key), cb, ExplainInjected, NodeServerUnscheduled, false, []string{"Node server:  unscheduled"}},
+		"no /dev/shm": {stamp(pod("gpu-a", mpConfig, false), cb, key), cb, ExplainInjected, NodeServerReady, false, []string{
+			`no private /dev/shm mounted in container "vllm"`}},
+		// Wired by an in-process generation, before spec.multiprocess.
+		"wired in-process": {stamp(pod("gpu-a", v1Config, false), cb, key), cb, ExplainInjected, NodeServerReady, true, []string{
+			`connector mismatch: container "vllm" is wired with LMCacheConnectorV1, but the backend runs in multiprocess mode, which wires LMCacheMPConnector`}},
+		// The reverse: multiprocess wiring left after the mode was removed.
+		"wired multiprocess, backend in-process": {stamp(pod("gpu-a", mpConfig, true), *inProcess, key), *inProcess, ExplainInjected, "", true, []string{
+			"Mode:         in-process", "which wires LMCacheConnectorV1"}},
+		"fail-open": {pod("gpu-a", "", true), cb, ExplainFailOpen, NodeServerReady, false, []string{
+			"admitted unwired", "server of node gpu-a: pod cache-aaaaa, ready"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			e := explain(tc.pod, []v1alpha1.CacheBackend{tc.backend}, []receipt.Key{key}, nil)
+			assert.Equal(t, tc.outcome, e.Outcome, e.Lines)
+			assert.Equal(t, tc.nodeServer, e.NodeServer)
+			assert.Equal(t, tc.mismatch, e.WiringMismatch)
+			var buf bytes.Buffer
+			e.Print(&buf)
+			for _, l := range tc.lines {
+				assert.Contains(t, buf.String(), l)
+			}
+			if tc.outcome == ExplainFailOpen {
+				assert.NotContains(t, buf.String(), "engine wiring:", "an unwired pod has no wiring to describe")
+			}
+		})
+	}
+}
+
+// TestAuditMultiprocessColumns: -o wide's columns and the warnings of the
+// multiprocess rows.
+func TestAuditMultiprocessColumns(t *testing.T) {
+	rows := []AuditRow{
+		{Namespace: "llm", Pod: "a", CacheBackend: "llm/cache", Outcome: ExplainInjected, Receipt: ReceiptVerified, Generation: GenerationCurrent,
+			Mode: ModeMultiprocess, Connector: inject.LMCacheMPConnector, Node: "gpu-a", NodeServer: NodeServerReady},
+		{Namespace: "llm", Pod: "b", CacheBackend: "llm/cache", Outcome: ExplainInjected, Receipt: ReceiptVerified, Generation: GenerationStale,
+			Mode: ModeMultiprocess, Connector: inject.LMCacheConnector, WiringMismatch: true, Node: "cpu-1", NodeServer: NodeServerNone},
+	}
+	var buf bytes.Buffer
+	require.NoError(t, PrintAuditWide(&buf, rows, false))
+	assert.Equal(t, `POD   CACHEBACKEND   OUTCOME    RECEIPT    GENERATION   MODE           CONNECTOR             NODE    NODE-SERVER
+a     llm/cache      injected   verified   current      multiprocess   LMCacheMPConnector    gpu-a   ready
+b     llm/cache      injected   verified   stale        multiprocess   LMCacheConnectorV1!   cpu-1   none
+`, buf.String())
+	buf.Reset()
+	require.NoError(t, PrintAuditTable(&buf, rows, false))
+	assert.Equal(t, "POD   CACHEBACKEND   OUTCOME    RECEIPT    GENERATION\n", strings.SplitAfter(buf.String(), "\n")[0], "the default table keeps its columns")
+	assert.Equal(t, []string{
+		"1 pod(s) wired with another connector than their CacheBackend's mode wires; roll their workloads: llm/b",
+		"1 multiprocess engine pod(s) on a node without a ready server: llm/b (node cpu-1: none)",
+	}, AuditWarnings(rows))
 }

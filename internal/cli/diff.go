@@ -13,7 +13,12 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/render"
 )
+
+// MPRollsNote is why diff previews no engine roll for a CacheBackend in
+// (or entering) multiprocess mode.
+const MPRollsNote = "multiprocess mode: the restart cascade evicts the engine pods of the node whose server was replaced (PDB-respecting), per node; diff does not preview it"
 
 // DiffResult is what a reconcile of a CacheBackend, as written in a file,
 // would change in the cluster.
@@ -114,6 +119,16 @@ func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend, keys 
 	}
 	if res.Preview, err = apply.New(c).Preview(ctx, p); err != nil {
 		return res, err
+	}
+	if render.IsMultiprocess(live) || render.IsMultiprocess(cb) {
+		// The reconcile's roll plan is the in-process server's: one
+		// server-instance hash for the backend, Deployments rolled. In
+		// multiprocess mode the restart cascade is per node and evicts
+		// pods (docs/design/multiprocess-mode.md), which the plan this
+		// CLI is built from does not preview: say so rather than show a
+		// roll the controller does not make.
+		res.RollsNote = MPRollsNote
+		return res, nil
 	}
 	rolls, err := previewRolls(ctx, c, live, p.WorkloadHold() != nil, keys, time.Now())
 	if err != nil {

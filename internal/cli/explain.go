@@ -65,7 +65,19 @@ type Explanation struct {
 	// IndexState is the pod's state in the KV-block index, from the
 	// backend's status.indexParticipation (empty without observation).
 	IndexState string
-	Lines      []string
+	// Mode is the backend's mode (Mode* values), empty without a backend.
+	Mode string
+	// Connector is the kv_connector the pod's --kv-transfer-config names,
+	// empty when it sets none.
+	Connector string
+	// WiringMismatch: the pod is wired with another connector than its
+	// backend's mode wires (e.g. LMCacheConnectorV1 for a multiprocess
+	// backend): it was wired before the mode changed.
+	WiringMismatch bool
+	// Node and NodeServer (NodeServer* values) are, in multiprocess mode,
+	// the pod's node and the state of that node's server.
+	Node, NodeServer string
+	Lines            []string
 }
 
 // Print writes the explanation for a person.
@@ -73,6 +85,12 @@ func (e Explanation) Print(w io.Writer) {
 	fmt.Fprintf(w, "Outcome:      %s\n", e.Outcome)
 	if e.Backend != "" {
 		fmt.Fprintf(w, "CacheBackend: %s\n", e.Backend)
+	}
+	if e.Mode != "" {
+		fmt.Fprintf(w, "Mode:         %s\n", e.Mode)
+	}
+	if e.NodeServer != "" {
+		fmt.Fprintf(w, "Node server:  %s\n", e.NodeServer)
 	}
 	if e.IndexState != "" {
 		fmt.Fprintf(w, "Index:        %s\n", e.IndexState)
@@ -109,7 +127,23 @@ func Explain(ctx context.Context, c client.Reader, ns, name string, keys []recei
 	return e, nil
 }
 
+// explain classifies pod (explainAdmission) and, for a pod of a known
+// backend that was not forged, says what the backend's mode means for it
+// (describeMode).
 func explain(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.Key, keysErr error) Explanation {
+	e := explainAdmission(pod, backends, keys, keysErr)
+	if e.Backend == "" || e.Outcome == ExplainForged {
+		return e
+	}
+	for i := range backends {
+		if backends[i].Namespace+"/"+backends[i].Name == e.Backend {
+			describeMode(pod, &backends[i], &e)
+		}
+	}
+	return e
+}
+
+func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []receipt.Key, keysErr error) Explanation {
 	a := pod.Annotations
 	if c := receipt.ClaimOf(a); c.Backend != "" || c.UID != "" {
 		var cb *v1alpha1.CacheBackend

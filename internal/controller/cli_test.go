@@ -274,3 +274,57 @@ func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 		})
 	}
 }
+
+// mpBackend is a CacheBackend of ns in multiprocess mode.
+func mpBackend(ns, name string) *v1alpha1.CacheBackend {
+	cb := newBackend(ns, name)
+	cb.Spec.Multiprocess = &v1alpha1.Multiprocess{L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("4Gi")}}
+	return cb
+}
+
+// TestRenderAndDiffOfAMultiprocessBackend: render of a multiprocess
+// CacheBackend prints the node-local Service and the DaemonSet the
+// controller applied, object by object; diff shows no change after the
+// reconcile, the exact fields of an L1 change, and previews no engine
+// roll (the per-node cascade), saying so.
+func TestRenderAndDiffOfAMultiprocessBackend(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	key := testutil.StartBackend(t, k8s, mpBackend(ns, "mp"))
+	live := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		if cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
+		}
+		return nil
+	})
+
+	var buf bytes.Buffer
+	require.NoError(t, cli.RenderYAML(&buf, live))
+	docs, err := cli.Documents(buf.Bytes())
+	require.NoError(t, err)
+	var kinds []string
+	for _, want := range docs {
+		kinds = append(kinds, want.GetKind())
+		got := &unstructured.Unstructured{}
+		got.SetGroupVersionKind(want.GroupVersionKind())
+		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(want), got), "%s %s", want.GetKind(), want.GetName())
+		assert.Empty(t, subset(want.GetKind(), want.Object, got.Object), "%s differs from the live object", want.GetKind())
+	}
+	assert.Equal(t, []string{"Service", "DaemonSet"}, kinds)
+
+	waitNoDiff(t, key)
+	d, err := cli.Diff(ctx, k8s, getBackend(t, key), nil)
+	require.NoError(t, err)
+	assert.Equal(t, cli.MPRollsNote, d.RollsNote)
+	assert.Contains(t, d.String(), "no changes")
+
+	edited := getBackend(t, key)
+	edited.Spec.Multiprocess.L1.Size = resource.MustParse("6Gi")
+	d, err = cli.Diff(ctx, k8s, edited, nil)
+	require.NoError(t, err)
+	assert.True(t, d.HasChanges())
+	out := d.String()
+	assert.Contains(t, out, fmt.Sprintf("DaemonSet/%s/mp would be changed", ns))
+	assert.Contains(t, out, `"6"`, "the --l1-size-gb argument")
+	assert.NotContains(t, out, "Service/", "the Service does not change with L1")
+}

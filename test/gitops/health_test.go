@@ -109,6 +109,11 @@ func TestKstatusOfTheSameStates(t *testing.T) {
 		// EnginesWired=False is a report: kstatus reads Ready, Reconciling
 		// and Stalled only.
 		"testdata/ready-engines-unwired.yaml": status.CurrentStatus,
+		// Multiprocess mode: the same conditions; kstatus does not read
+		// status.multiprocess.
+		"testdata/mp-ready.yaml":           status.CurrentStatus,
+		"testdata/mp-partially-ready.yaml": status.InProgressStatus,
+		"testdata/mp-no-nodes.yaml":        status.CurrentStatus,
 	}
 	for path, st := range want {
 		t.Run(path, func(t *testing.T) {

@@ -150,7 +150,7 @@ func newAudit(o *options) *cobra.Command {
 	var all bool
 	var output string
 	c := &cobra.Command{
-		Use:   "audit [-A] [-o json|yaml]",
+		Use:   "audit [-A] [-o wide|json|yaml]",
 		Short: "List every engine pod with what the webhook did with it",
 		Long: `List every engine pod of the namespace (or of all namespaces with -A) with
 the CacheBackend it matched, the outcome of its admission (injected,
@@ -159,16 +159,26 @@ its receipt verifies (verified, failed, unchecked when the receipt key
 Secret cannot be read, none), and whether its receipt's generation is the
 CacheBackend's current one or stale (the pod needs a rollout).
 
+-o wide adds the CacheBackend's mode (in-process, multiprocess, hicache),
+the kv_connector the pod is wired with (marked "!" when the mode wires
+another: LMCacheConnectorV1 in-process, LMCacheMPConnector in
+multiprocess mode) and, in multiprocess mode, the pod's node and the
+state of that node's lmcache server (ready, not-ready, none, not-listed,
+unknown, unscheduled), from the CacheBackend's status.multiprocess.
+Pods wired with the wrong connector, and multiprocess engines on a node
+without a ready server, are also named in warnings on stderr.
+
 An engine pod is one a CacheBackend selects, one with an injection
 annotation, or one running a vLLM or SGLang image or command.`,
 		Example: `  kubectl cachebackend audit -n llm
+  kubectl cachebackend audit -n llm -o wide
   kubectl cachebackend audit -A -o yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			switch output {
-			case "", "json", "yaml":
+			case "", "wide", "json", "yaml":
 			default:
-				return fmt.Errorf("-o must be json or yaml, not %q", output)
+				return fmt.Errorf("-o must be wide, json or yaml, not %q", output)
 			}
 			k, err := o.client()
 			if err != nil {
@@ -212,12 +222,18 @@ annotation, or one running a vLLM or SGLang image or command.`,
 				fmt.Fprintf(o.streams.ErrOut, "No engine pods found %s.\n", where)
 				return nil
 			}
+			for _, w := range cli.AuditWarnings(rows) {
+				fmt.Fprintf(o.streams.ErrOut, "warning: %s\n", w)
+			}
+			if output == "wide" {
+				return cli.PrintAuditWide(o.streams.Out, rows, all)
+			}
 			return cli.PrintAuditTable(o.streams.Out, rows, all)
 		},
 	}
 	c.Flags().BoolVarP(&all, "all-namespaces", "A", false, "audit the engine pods of every namespace")
-	c.Flags().StringVarP(&output, "output", "o", "", "output format: json or yaml (default: a table)")
-	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]cobra.Completion{"json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
+	c.Flags().StringVarP(&output, "output", "o", "", "output format: wide (with the mode, connector and node server), json or yaml (default: a table)")
+	_ = c.RegisterFlagCompletionFunc("output", cobra.FixedCompletions([]cobra.Completion{"wide", "json", "yaml"}, cobra.ShellCompDirectiveNoFileComp))
 	return c
 }
 
