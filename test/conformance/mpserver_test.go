@@ -17,21 +17,27 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 	"github.com/inferencecache/operator/test/testutil/redisserver"
 )
 
-// TestMPServerStartsWithTheRenderedCommandLine: the multiprocess-mode server
-// (issue 23's groundwork; no CacheBackend renders it yet) started as a real
-// process of the installed LMCache with exactly render.MPServerArgs and
-// render.MPServerEnv, for each L2 shape: none, RESP against a real
-// redis-server that requires a password (an ACL user; the credentials
-// come from the env the Secret fills), a bounded local disk (fs_native),
-// and both. fs_native takes the rendered eviction block (it does not log
-// that the capacity "will NOT bound disk usage"). Each answers the rendered probe (GET /healthcheck on the HTTP
+// TestMPServerStartsWithTheRenderedCommandLine: the multiprocess-mode
+// server started as a real process of the installed LMCache with exactly
+// the command, arguments and env of the container the reconcile applies
+// (render.MPDaemonSet of render.MPServerFor a CacheBackend's
+// spec.multiprocess, which the validating webhook admits), for each L2
+// shape: none, RESP against a real redis-server that requires a password
+// (an ACL user; the credentials come from the env the Secret fills), a
+// bounded local disk (fs_native), and both. fs_native takes the rendered
+// eviction block (it does not log that the capacity "will NOT bound disk
+// usage"). Each answers the rendered probe (GET /healthcheck on the HTTP
 // port) with 200; with RESP, redis-server sees the server's connections
 // authenticated as the ACL user, and the server's unauthenticated GET
 // /config does not carry the password. Only the listen addresses (0.0.0.0
@@ -44,29 +50,44 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 	redisPort, err := strconv.Atoi(portText)
 	require.NoError(t, err)
 	secret := map[string]string{"username": user, "password": password}
-	resp := func() *render.MPRESP {
-		return &render.MPRESP{Host: host, Port: int32(redisPort), CapacityGiB: 1, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"}
+	resp := func() *v1alpha1.MultiprocessRESP {
+		return &v1alpha1.MultiprocessRESP{Host: host, Port: int32(redisPort), Capacity: resource.MustParse("1Gi"),
+			CredentialsSecretRef: &v1alpha1.RESPCredentials{Name: "redis-auth", UsernameKey: "username", PasswordKey: "password"}}
+	}
+	disk := func() *v1alpha1.MultiprocessDisk {
+		// Not under /tmp: the webhook keeps the tier out of the server's
+		// scratch space.
+		dir, err := os.MkdirTemp("/var/tmp", "lmcache-l2-")
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		return &v1alpha1.MultiprocessDisk{Path: dir, Capacity: resource.MustParse("1Gi")}
 	}
 	for _, tc := range []struct {
 		name string
-		s    render.MPServer
+		l2   *v1alpha1.MultiprocessL2
 	}{
-		{"l1 only", render.MPServer{}},
-		{"resp with a password", render.MPServer{RESP: resp()}},
-		{"local disk", render.MPServer{Disk: &render.MPDisk{Path: t.TempDir(), CapacityGiB: 1}}},
-		{"resp and local disk", render.MPServer{RESP: resp(), Disk: &render.MPDisk{Path: t.TempDir(), CapacityGiB: 1}}},
+		{"l1 only", nil},
+		{"resp with a password", &v1alpha1.MultiprocessL2{RESP: resp()}},
+		{"local disk", &v1alpha1.MultiprocessL2{Disk: disk()}},
+		{"resp and local disk", &v1alpha1.MultiprocessL2{RESP: resp(), Disk: disk()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := tc.s
-			s.Port, s.HTTPPort, s.L1SizeGiB, s.EvictionPolicy, s.WatermarkPercent, s.RatioPercent = 5555, 8080, 1, "LRU", 80, 20
-			args := render.MPServerArgs(s)
+			cb := mpBackend(tc.l2)
+			require.Empty(t, validation.Validate(cb), "the validating webhook admits the backend")
+			s := render.MPServerFor(cb)
+			c := render.MPDaemonSet(cb, s).Spec.Template.Spec.Containers[0]
+			require.Equal(t, render.MPServerCommand, c.Command)
 			zmq, httpPort := freePort(t), freePort(t)
-			local := localMPArgs(t, args, s, zmq, httpPort)
+			local := localMPArgs(t, c.Args, s, zmq, httpPort)
 
-			cmd := exec.Command(pyenv.Bin(t, pyenv.VLLM, render.MPServerCommand[0]), append(render.MPServerCommand[1:], local...)...)
+			cmd := exec.Command(pyenv.Bin(t, pyenv.VLLM, c.Command[0]), append(c.Command[1:], local...)...)
 			cmd.Env = pyenv.Env()
-			for _, e := range render.MPServerEnv(s) {
+			for _, e := range c.Env {
 				switch {
+				case e.Name == nil:
+					t.Fatal("an env var without a name")
+				case *e.Name == "NUMBA_CACHE_DIR":
+					cmd.Env = append(cmd.Env, *e.Name+"="+filepath.Join(t.TempDir(), "numba")) // the pod's scratch emptyDir
 				case e.Value != nil:
 					cmd.Env = append(cmd.Env, *e.Name+"="+*e.Value)
 				case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
@@ -78,11 +99,11 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 			}
 			srv := startCmd(t, zmq, cmd)
 
-			probe := render.MPProbe(s)
+			probe := c.ReadinessProbe
 			require.NotNil(t, probe.HTTPGet)
 			require.Equal(t, int(s.HTTPPort), probe.HTTPGet.Port.IntValue(), "the probe asks the HTTP port")
 			took := waitHealthy(t, srv, fmt.Sprintf("http://127.0.0.1:%d%s", httpPort, *probe.HTTPGet.Path))
-			t.Logf("lmcache server %s healthy after %s", strings.Join(args, " "), took.Round(100*time.Millisecond))
+			t.Logf("lmcache server %s healthy after %s", strings.Join(c.Args, " "), took.Round(100*time.Millisecond))
 
 			if s.RESP != nil {
 				testutil.Eventually(t, 60*time.Second, func() error {
@@ -105,6 +126,21 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 			}
 			require.False(t, srv.exited(), "the server keeps running:\n%s", tail(srv.out.String(), 4000))
 		})
+	}
+}
+
+// mpBackend is a multiprocess CacheBackend with a 1 GiB L1 (LRU, the
+// CRD's default watermark and ratio) and l2.
+func mpBackend(l2 *v1alpha1.MultiprocessL2) *v1alpha1.CacheBackend {
+	return &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: "cache", Namespace: "llm", UID: "00000000-0000-0000-0000-000000000001"},
+		Spec: v1alpha1.CacheBackendSpec{
+			Type: v1alpha1.BackendTypeLMCache, Runtime: v1alpha1.RuntimeVLLM,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "engine"}},
+			Multiprocess: &v1alpha1.Multiprocess{Port: 5555, HTTPPort: 8080,
+				L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("1Gi"), EvictionPolicy: v1alpha1.MPEvictionLRU, EvictionWatermarkPercent: 80, EvictionRatioPercent: 20},
+				L2: l2},
+		},
 	}
 }
 
@@ -198,8 +234,9 @@ func clientsOf(addr, user, password string) (int, error) {
 // TestManagedServerRunsAsItsPodsUser) with its container's command line
 // and env, and answers its probe.
 func TestMPServerRunsAsItsPodsUser(t *testing.T) {
-	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 1, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20}
-	ds := render.MPDaemonSet(serverShapes()[0].cb.DeepCopy(), s, nil)
+	cb := mpBackend(nil)
+	s := render.MPServerFor(cb)
+	ds := render.MPDaemonSet(cb, s)
 	spec := ds.Spec.Template.Spec
 	wrap, env, _, _ := asPodUser(t, spec)
 	c := spec.Containers[0]
