@@ -13,12 +13,7 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/internal/render"
 )
-
-// MPRollsNote is why diff previews no engine roll for a CacheBackend in
-// (or entering) multiprocess mode.
-const MPRollsNote = "multiprocess mode: the restart cascade evicts the engine pods of the node whose server was replaced (PDB-respecting), per node; diff does not preview it"
 
 // DiffResult is what a reconcile of a CacheBackend, as written in a file,
 // would change in the cluster.
@@ -41,7 +36,7 @@ type DiffResult struct {
 // anything. A held child (a StatefulSet whose storage cannot change) is
 // not a change: the reconcile leaves it alone and reports it.
 func (d DiffResult) HasChanges() bool {
-	return d.Missing || d.Preview.HasChanges() || len(d.Rolls.Rolls) > 0
+	return d.Missing || d.Preview.HasChanges() || len(d.Rolls.Rolls) > 0 || len(d.Rolls.Evictions) > 0
 }
 
 // String renders the result for a person: one line per child that would
@@ -70,7 +65,11 @@ func (d DiffResult) String() string {
 		fmt.Fprintf(&out, "%s/%s would be rolled (pod template annotation %s=%s): %s\n",
 			r.Workload.Kind, d.namespace()+"/"+r.Workload.Name, v1alpha1.AnnotationServerInstance, r.Value, rollCause(r.Cause))
 	}
-	if len(d.Rolls.Rolls) == 0 && d.Rolls.Wait > 0 {
+	for _, e := range d.Rolls.Evictions {
+		fmt.Fprintf(&out, "Pod/%s on node %s would be evicted: the node-local cache server of its node was replaced or restarted, and it is wired to it\n",
+			d.namespace()+"/"+e.Pod, e.Node)
+	}
+	if len(d.Rolls.Rolls) == 0 && len(d.Rolls.Evictions) == 0 && d.Rolls.Wait > 0 {
 		out.WriteString("engine rolls wait for the endpoint to settle: a reconcile rolls them shortly\n")
 	}
 	if d.RollsNote != "" {
@@ -119,16 +118,6 @@ func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend, keys 
 	}
 	if res.Preview, err = apply.New(c).Preview(ctx, p); err != nil {
 		return res, err
-	}
-	if render.IsMultiprocess(live) || render.IsMultiprocess(cb) {
-		// The reconcile's roll plan is the in-process server's: one
-		// server-instance hash for the backend, Deployments rolled. In
-		// multiprocess mode the restart cascade is per node and evicts
-		// pods (docs/design/multiprocess-mode.md), which the plan this
-		// CLI is built from does not preview: say so rather than show a
-		// roll the controller does not make.
-		res.RollsNote = MPRollsNote
-		return res, nil
 	}
 	rolls, err := previewRolls(ctx, c, live, p.WorkloadHold() != nil, keys, time.Now())
 	if err != nil {

@@ -19,8 +19,9 @@ import (
 )
 
 // previewRolls plans the engine rolls a reconcile of live would make now,
-// with the controller's own roll plan (plan.Rolls over the candidates
-// plan.WiredWorkloads and plan.EarlyWorkloads read), from the live status
+// with the controller's own roll plan (plan.RollsPerNode over the
+// candidates plan.WiredWorkloads or, for per-node servers, plan.WiredPods,
+// and plan.EarlyWorkloads read), from the live status
 // and the cluster as the controller observes them. hold is the plan's
 // StatefulSet hold (its storage cannot change: nothing rolls). keys are
 // the receipt keys (nil: receipts naming the backend are not verified, and
@@ -37,7 +38,8 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 	if err != nil {
 		return plan.RollPlan{}, err
 	}
-	change := evaluate.ObserveServer(live.Status.ObservedServerInstance, evaluate.ServerPods(pods, w.PerNode()))
+	servers := evaluate.ServerPods(pods, w.PerNode())
+	change := evaluate.ObserveServer(live.Status.ObservedServerInstance, servers)
 	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
 	isReady := ready != nil && ready.Status == metav1.ConditionTrue
 	var engines []metav1.PartialObjectMetadata
@@ -56,12 +58,19 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 		Settled: live.Status.Endpoint != "" && isReady && now.Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime,
 		Early:   len(tally.Early) > 0, KeysUnavailable: tally.KeysUnavailable,
 	}
+	state.SetPerNode(w, servers, change.ChangedNodes, now)
 	var wired, early []plan.Candidate
+	var enginePods []plan.EnginePod
 	if state.Cascade() {
 		if keys == nil {
 			return plan.RollPlan{}, fmt.Errorf("a cache-server pod was replaced or restarted, and the receipt keys are needed to find the wired engines")
 		}
-		if wired, err = plan.WiredWorkloads(ctx, c, c, live, keys); err != nil {
+		if state.PerNode {
+			enginePods, err = plan.WiredPods(ctx, c, c, live, keys)
+		} else {
+			wired, err = plan.WiredWorkloads(ctx, c, c, live, keys)
+		}
+		if err != nil {
 			return plan.RollPlan{}, err
 		}
 	}
@@ -70,7 +79,7 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 			return plan.RollPlan{}, err
 		}
 	}
-	return plan.Rolls(state, wired, early), nil
+	return plan.RollsPerNode(state, wired, early, enginePods), nil
 }
 
 // rollCause says why a reconcile rolls a workload, for a person.

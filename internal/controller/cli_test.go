@@ -315,7 +315,7 @@ func TestRenderAndDiffOfAMultiprocessBackend(t *testing.T) {
 	waitNoDiff(t, key)
 	d, err := cli.Diff(ctx, k8s, getBackend(t, key), nil)
 	require.NoError(t, err)
-	assert.Equal(t, cli.MPRollsNote, d.RollsNote)
+	assert.Empty(t, d.RollsNote, "the per-node roll plan is previewed like the others")
 	assert.Contains(t, d.String(), "no changes")
 
 	edited := getBackend(t, key)

@@ -177,13 +177,7 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 		ServerAvailable: seen.facts.StorageHold == "" && evaluate.Health(seen.facts.Workload).Available,
 		Ready:           s.verdict.Ready, Early: len(seen.wiring.Early) > 0, KeysUnavailable: seen.wiring.KeysUnavailable,
 	}
-	if w := seen.facts.Workload; w != nil && w.PerNode() {
-		seen.roll.PerNode, seen.roll.ChangedNodes, seen.roll.Now = true, change.ChangedNodes, r.Now().Time
-		seen.roll.NodeServers = nodeServers(evaluate.ServerPods(seen.serverPods, true))
-		if r := w.Rollout(); r != nil {
-			seen.roll.ServersMissing = int32(len(seen.roll.NodeServers)) < r.Desired
-		}
-	}
+	seen.roll.SetPerNode(seen.facts.Workload, evaluate.ServerPods(seen.serverPods, true), change.ChangedNodes, r.Now().Time)
 	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
 		// The cache may lag a status write: read the live status.
 		live := &v1alpha1.CacheBackend{}
@@ -265,14 +259,3 @@ func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend
 		r.Now().Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime
 }
 
-// nodeServers are the per-node cascade's server of each node, from the
-// serving pods of a per-node workload.
-func nodeServers(pods []evaluate.ServerPod) map[string]plan.NodeServer {
-	out := map[string]plan.NodeServer{}
-	for _, p := range pods {
-		if p.Node != "" {
-			out[p.Node] = plan.NodeServer{Ready: p.Ready, Since: p.Since}
-		}
-	}
-	return out
-}

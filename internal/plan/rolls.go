@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/evaluate"
+	"github.com/inferencecache/operator/internal/workload"
 )
 
 // This file is the engine-roll plan: which engine workloads a reconcile
@@ -113,6 +115,28 @@ func (s RollState) Cascade() bool {
 func (s RollState) Heal() bool {
 	return !s.EngineLocal && !s.ApplyFailed && s.Instance != "" && s.Policy != v1alpha1.EngineRestartNever &&
 		s.Early && !s.KeysUnavailable && s.Ready
+}
+
+// SetPerNode fills s's per-node fields when w runs one server per node
+// (nothing otherwise): the nodes whose recorded server changed
+// (evaluate.ServerChange.ChangedNodes), each node's serving pod from pods
+// (evaluate.ServerPods of w's serving pods, with nodes), whether some node
+// still waits for its server, and the clock. The controller and the CLI's
+// diff set them alike.
+func (s *RollState) SetPerNode(w workload.Server, pods []evaluate.ServerPod, changed []string, now time.Time) {
+	if w == nil || !w.PerNode() {
+		return
+	}
+	s.PerNode, s.ChangedNodes, s.Now = true, changed, now
+	s.NodeServers = map[string]NodeServer{}
+	for _, p := range pods {
+		if p.Node != "" {
+			s.NodeServers[p.Node] = NodeServer{Ready: p.Ready, Since: p.Since}
+		}
+	}
+	if r := w.Rollout(); r != nil {
+		s.ServersMissing = int32(len(s.NodeServers)) < r.Desired
+	}
 }
 
 // NodeServer is the server pod of one node: whether it is ready, and
