@@ -258,4 +258,3 @@ func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend
 	return live.Status.Endpoint == render.Endpoint(cb, r.Inject.ClusterDomain) && ready != nil && ready.Status == metav1.ConditionTrue &&
 		r.Now().Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime
 }
-
