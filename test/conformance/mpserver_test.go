@@ -199,7 +199,7 @@ func clientsOf(addr, user, password string) (int, error) {
 // and env, and answers its probe.
 func TestMPServerRunsAsItsPodsUser(t *testing.T) {
 	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 1, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20}
-	ds := render.MPDaemonSet(serverShapes()[0].cb.DeepCopy(), s, nil)
+	ds := render.MPDaemonSet(serverShapes()[0].cb.DeepCopy(), s)
 	spec := ds.Spec.Template.Spec
 	wrap, env, _, _ := asPodUser(t, spec)
 	c := spec.Containers[0]
