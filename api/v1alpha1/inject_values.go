@@ -21,6 +21,13 @@ const (
 	// env var the guard denies, or read a Secret into a pod that did not
 	// opt in (see overrides.go).
 	SkippedOverrideNotAllowed = "override-not-allowed"
+	// SkippedIsolatedIPCUnsupported: the CacheBackend runs LMCache's
+	// multiprocess mode, whose isolated IPC shares only memory from plain
+	// cudaMalloc, and the engine container allocates otherwise: its env
+	// PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) turns on
+	// expandable_segments, or it turns on vLLM's sleep mode
+	// (--enable-sleep-mode, CuMemAllocator).
+	SkippedIsolatedIPCUnsupported = "isolated-ipc-unsupported"
 )
 
 // Reasons the pod webhook admits a matched pod unwired and without

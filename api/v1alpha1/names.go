@@ -71,6 +71,14 @@ const (
 	IndexHTTPPort = 9401
 )
 
+// Names of the multiprocess-mode engine wiring. They are API.
+const (
+	// VolumeEngineSharedMemory is the pod volume the webhook adds for the
+	// engine container's private memory-backed /dev/shm
+	// (spec.multiprocess.engineSharedMemory).
+	VolumeEngineSharedMemory = "inferencecache-dshm"
+)
+
 // Field managers. They are API: renaming one strands the fields it owns on
 // every existing object.
 const (

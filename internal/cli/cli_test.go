@@ -130,6 +130,7 @@ func TestExplainOutcomes(t *testing.T) {
 		"host-network": {hostNet, *observedCB, []receipt.Key{key}, ExplainInjected, ReceiptVerified, GenerationCurrent,
 			"no KV-event sidecar (inferencecache.io/kv-events-skipped=host-network): the pod uses the node's network"},
 		"skipped":    {pod(map[string]string{"app": "qwen"}, map[string]string{v1alpha1.AnnotationSkipInject: "true", v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedByAnnotation}), cb, []receipt.Key{key}, ExplainSkipped, ReceiptNone, "", "opts out"},
+		"no ipc":     {pod(map[string]string{"app": "qwen"}, map[string]string{v1alpha1.AnnotationInjectSkipped: v1alpha1.SkippedIsolatedIPCUnsupported}), cb, []receipt.Key{key}, ExplainSkipped, ReceiptNone, "", "isolated IPC"},
 		"fail-open":  {pod(map[string]string{"app": "qwen"}, nil), cb, []receipt.Key{key}, ExplainFailOpen, ReceiptNone, "", "admitted unwired"},
 		"no match":   {pod(map[string]string{"app": "other"}, nil), cb, []receipt.Key{key}, ExplainNoMatch, ReceiptNone, "", "CacheBackend cache selects {app=qwen}"},
 		"forged uid": {pod(map[string]string{"app": "qwen"}, map[string]string{v1alpha1.AnnotationInjectedBy: "llm/cache", v1alpha1.AnnotationInjectedByUID: "copied"}), cb, []receipt.Key{key}, ExplainForged, ReceiptFailed, "", "not written by the webhook"},

@@ -194,6 +194,8 @@ func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []
 			e.Lines = append(e.Lines, "the engine container sets its own LMCache/HiCache configuration, which the webhook never overwrites")
 		case v1alpha1.SkippedShellWrapper:
 			e.Lines = append(e.Lines, "the engine container runs a shell command line (sh -c), which the webhook cannot extend")
+		case v1alpha1.SkippedIsolatedIPCUnsupported:
+			e.Lines = append(e.Lines, "the engine container turns on PyTorch's expandable_segments or vLLM's sleep mode, whose memory LMCache's isolated IPC (multiprocess mode) cannot share")
 		default:
 			e.Lines = append(e.Lines, "skipped: "+skipped)
 		}

@@ -27,6 +27,13 @@ func FuzzAdmit(f *testing.F) {
 		enginePod(func(p *corev1.Pod) { p.Spec.Containers = nil }),
 		enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Command = []string{"bash", "-c", "vllm serve"} }),
 		enginePod(func(p *corev1.Pod) { p.Spec.Containers[0].Args = []string{KVTransferConfigFlag} }),
+		// Pods the multiprocess-mode backend selects.
+		enginePod(withMPLabel),
+		enginePod(withMPLabel, func(p *corev1.Pod) {
+			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "shm", MountPath: DevShm}}
+		}),
+		enginePod(withMPLabel, func(p *corev1.Pod) { p.Spec.Volumes = []corev1.Volume{{Name: v1alpha1.VolumeEngineSharedMemory}} }),
+		enginePod(withMPLabel, func(p *corev1.Pod) { p.Spec.Containers[0].Args = []string{"--enable-sleep-mode"} }),
 	} {
 		raw, _ := json.Marshal(p)
 		f.Add(raw, "qwen", false)
@@ -41,7 +48,11 @@ func FuzzAdmit(f *testing.F) {
 			if hicache {
 				cb.Spec.Type, cb.Spec.Runtime = v1alpha1.BackendTypeSGLangHiCache, v1alpha1.RuntimeSGLang
 			}
-		}), backend("a", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "" })}
+		}), backend("a", func(cb *v1alpha1.CacheBackend) { cb.Status.Endpoint = "" }),
+			// Sorted first: it claims the pods labelled mode=mp.
+			mpBackend("0-mp", func(cb *v1alpha1.CacheBackend) {
+				cb.Spec.EngineSelector.MatchLabels = map[string]string{"app": app, "mode": "mp"}
+			})}
 		opts := Options{KVEventSubscriberImage: "sub:v1", Key: &receipt.Key{ID: "k", Secret: []byte("fuzz")}}
 		d, ops, err := Admit(raw, cbs, opts)
 		var full corev1.Pod
@@ -54,6 +65,7 @@ func FuzzAdmit(f *testing.F) {
 			for i, c := range want.Pod.Spec.Containers {
 				require.Equal(t, c.Args, d.Pod.Spec.Containers[i].Args, "containers[%d].args", i)
 				require.Equal(t, c.Env, d.Pod.Spec.Containers[i].Env, "containers[%d].env", i)
+				require.Equal(t, c.VolumeMounts, d.Pod.Spec.Containers[i].VolumeMounts, "containers[%d].volumeMounts", i)
 			}
 		}
 		if err != nil {
@@ -65,6 +77,8 @@ func FuzzAdmit(f *testing.F) {
 		assertPatchApplies(t, raw, ops, d.Pod)
 	})
 }
+
+func withMPLabel(p *corev1.Pod) { p.Labels["mode"] = "mp" }
 
 // BenchmarkAdmit measures one admission (decode, decide, patch) with 1,
 // 100 and 1,000 CacheBackends in the namespace, the last of which selects

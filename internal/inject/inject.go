@@ -51,7 +51,8 @@ type Options struct {
 	Key *receipt.Key
 	// ClusterDomain is the cluster's DNS domain (the manager's
 	// --cluster-domain; cluster.local when empty): LMCACHE_REMOTE_URL is
-	// render.Endpoint of the spec in it.
+	// render.Endpoint of the spec in it, and in multiprocess mode the
+	// connector's lmcache.mp.host is render.Host.
 	ClusterDomain string
 	// Limits bound the admission handler's memory and concurrency.
 	Limits Limits
@@ -207,11 +208,20 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 			return skip(d, v1alpha1.SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
 		}
 	}
+	if render.IsMultiprocess(cb) {
+		if why := isolatedIPCUnsupported(c, cmdline); why != "" {
+			return skip(d, v1alpha1.SkippedIsolatedIPCUnsupported, why+"; the webhook leaves the pod unwired")
+		}
+	}
 	want := Desired(cb, opts)
 	if msg := overridesDenied(cb, pod); msg != "" {
 		return skip(d, v1alpha1.SkippedOverrideNotAllowed, msg)
 	}
-	if conflicts := apply(c, want, Abbreviates(cb.Spec.Runtime)); len(conflicts) > 0 {
+	conflicts := apply(c, want, Abbreviates(cb.Spec.Runtime))
+	if want.SharedMemory != nil {
+		conflicts = append(conflicts, ensureDevShm(out, c, *want.SharedMemory)...)
+	}
+	if len(conflicts) > 0 {
 		// apply changed nothing it reports as a conflict, but it may have
 		// started to: start again from the unmodified pod.
 		d.Pod = pod.DeepCopy()
@@ -329,16 +339,29 @@ type Config struct {
 	// ExtraArgs are engineOverrides.args then engineOverrides.optIn.args,
 	// ensured as one contiguous run.
 	ExtraArgs []string
+	// SharedMemory, when set, is the size of the private memory-backed
+	// /dev/shm the engine container gets (multiprocess mode) unless it
+	// mounts its own there.
+	SharedMemory *resource.Quantity
 }
 
 // Desired computes the configuration cb injects: the canonical settings of
-// its type, then integration.engineOverrides (an override env var replaces
-// a canonical one of the same name). The KV-event wiring depends on the pod
+// its type (for LMCache in multiprocess mode, the MP connector, its env
+// and a private /dev/shm), then integration.engineOverrides (an override
+// env var replaces a canonical one of the same name). The KV-event wiring depends on the pod
 // too: see PlanKVEvents.
 func Desired(cb *v1alpha1.CacheBackend, opts Options) Config {
 	var cfg Config
 	switch cb.Spec.Type {
 	case v1alpha1.BackendTypeLMCache:
+		if render.IsMultiprocess(cb) {
+			// The node's MP server holds the tiers: no in-process LMCache
+			// settings, no LMCACHE_REMOTE_URL.
+			cfg.Flags = append(cfg.Flags, mpTransfer(cb, opts.ClusterDomain))
+			cfg.Env = mpEnv()
+			cfg.SharedMemory = ptr.To(EngineSharedMemory(cb))
+			break
+		}
 		cfg.Flags = append(cfg.Flags, Flag{KVTransferConfigFlag, kvTransferConfig(cb.Spec.Integration.Role)})
 		cfg.Env = lmcacheEnv(cb, opts.ClusterDomain)
 	case v1alpha1.BackendTypeSGLangHiCache:

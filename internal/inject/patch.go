@@ -14,9 +14,9 @@ import (
 // the decided pod: only the paths Decide changes, never a round trip of the
 // whole pod through the compiled Pod type, which would drop fields this
 // build does not know and rewrite ones it does. Decide changes annotations,
-// appends to the args and env of the engine container, and appends
-// containers, init containers (the native sidecar) and volumes; anything
-// else is a bug the patch refuses to hide.
+// appends to the args, env and volume mounts of the engine container, and
+// appends containers, init containers (the native sidecar) and volumes;
+// anything else is a bug the patch refuses to hide.
 func minimalPatch(pod, out *corev1.Pod, hasMetadata bool) ([]jsonpatch.Operation, error) {
 	var ops []jsonpatch.Operation
 	add := func(path string, v any) { ops = append(ops, jsonpatch.NewOperation("add", path, v)) }
@@ -50,6 +50,9 @@ func minimalPatch(pod, out *corev1.Pod, hasMetadata bool) ([]jsonpatch.Operation
 			return nil, err
 		}
 		if err := appendOps(&ops, base+"env", was.Env, now.Env); err != nil {
+			return nil, err
+		}
+		if err := appendOps(&ops, base+"volumeMounts", was.VolumeMounts, now.VolumeMounts); err != nil {
 			return nil, err
 		}
 	}

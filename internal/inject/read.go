@@ -97,8 +97,9 @@ func (o Object) Stripped() bool {
 // containers, all but their resources, which the digest leaves out), the
 // volumes' names (the KV-event wiring appends its token volume after the
 // pod's own) and the source of a volume named like the webhook's
-// index-token volume (the digest covers it; other sources are not read),
-// and hostNetwork. Nothing else is decoded: the rest of the pod, including
+// index-token volume (the digest covers it; other sources are not read)
+// or the whole source of one named like its /dev/shm volume (the digest
+// covers it too), and hostNetwork. Nothing else is decoded: the rest of the pod, including
 // fields this build does not know, stays as the API server sent it, since
 // the patch (minimalPatch) names only the paths the decision changes.
 type podSpec struct {
@@ -107,6 +108,9 @@ type podSpec struct {
 	Volumes        []struct {
 		Name      string         `json:"name"`
 		Projected jsontext.Value `json:"projected"`
+		// Rest are the volume's other members, decoded only for a volume
+		// named like the webhook's /dev/shm volume.
+		Rest jsontext.Value `json:",embed"`
 	} `json:"volumes"`
 	HostNetwork bool `json:"hostNetwork"`
 }
@@ -148,7 +152,12 @@ func (o Object) Pod() (*corev1.Pod, error) {
 		pod.Spec.Volumes = make([]corev1.Volume, len(spec.Volumes))
 		for i, v := range spec.Volumes {
 			pod.Spec.Volumes[i].Name = v.Name
-			if v.Name != v1alpha1.VolumeIndexToken || len(v.Projected) == 0 || v.Projected.Kind() == 'n' {
+			if v.Name == v1alpha1.VolumeEngineSharedMemory && len(v.Rest) > 0 {
+				if err := json.Unmarshal(v.Rest, &pod.Spec.Volumes[i].VolumeSource); err != nil {
+					return nil, fmt.Errorf("decoding pod: spec.volumes[%d]: %w", i, err)
+				}
+			}
+			if (v.Name != v1alpha1.VolumeIndexToken && v.Name != v1alpha1.VolumeEngineSharedMemory) || len(v.Projected) == 0 || v.Projected.Kind() == 'n' {
 				continue
 			}
 			src := &corev1.ProjectedVolumeSource{}

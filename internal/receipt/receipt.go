@@ -83,9 +83,10 @@ func Sign(k Key, c Claim) string {
 // too: an init container can rewrite what the engine reads (a shared
 // volume, a wrapper script), so a receipt copied onto a pod with another
 // init container does not verify. Of the pod's volumes it covers those the
-// webhook adds (v1alpha1.VolumeIndexToken), so that a receipt copied onto a
-// pod whose token volume has another audience or source does not verify;
-// a pod without them digests as before they existed. Of the pod-level
+// webhook adds (v1alpha1.VolumeIndexToken, v1alpha1.VolumeEngineSharedMemory),
+// so that a receipt copied onto a pod whose token volume has another
+// audience or source, or whose /dev/shm volume another source, does not
+// verify; a pod without them digests as before they existed. Of the pod-level
 // fields it covers those that decide where the engine's names resolve
 // (hostAliases, dnsConfig), so that a receipt copied onto a pod that
 // points the cache's host name elsewhere does not verify; a pod without
@@ -101,7 +102,7 @@ func Digest(pod *corev1.Pod) string {
 	}
 	var volumes []corev1.Volume
 	for _, v := range pod.Spec.Volumes {
-		if v.Name == v1alpha1.VolumeIndexToken {
+		if v.Name == v1alpha1.VolumeIndexToken || v.Name == v1alpha1.VolumeEngineSharedMemory {
 			volumes = append(volumes, v)
 		}
 	}

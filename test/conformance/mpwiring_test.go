@@ -1,21 +1,27 @@
 package conformance_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
+	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
 
 // TestVLLMParsesTheMPWiring: the multiprocess-mode --kv-transfer-config
-// (inject.MPKVTransferConfig; issue 23's groundwork, the webhook does not
-// add it yet) for each role, on `vllm serve`, goes through vLLM 0.33's own
+// (inject.MPKVTransferConfig, which the webhook adds; see
+// TestVLLMParsesTheWebhooksMPWiring for the webhook's whole command line)
+// for each role, on `vllm serve`, goes through vLLM 0.33's own
 // parser and EngineArgs; vLLM registers the connector name, loads
 // LMCache's own class for the config (with lmcache installed its registry
 // entry would too: the module path only turns a broken lmcache into an
@@ -65,6 +71,110 @@ func TestVLLMParsesTheMPWiring(t *testing.T) {
 			}
 			assert.Equal(t, true, res.MPExtraConfig["isolated_ipc"], "isolated IPC, as the server's --isolated-ipc")
 			t.Logf("vLLM %s: %s loads %s, dials %s", resp.VLLM, inject.LMCacheMPConnector, res.ConnectorClass, res.MPServerURL)
+		})
+	}
+}
+
+// TestVLLMParsesTheWebhooksMPWiring: the command line vLLM parses is the
+// one the webhook produces. For a CacheBackend in multiprocess mode (its
+// status.endpoint the one the operator publishes) and each role, every
+// shape of vLLM engine container goes through inject.Decide and is started
+// as the kubelet would (startContainer); vLLM 0.33's own parser must accept
+// the wired command line, load LMCache's MP connector class for it, keep
+// the role and dial the node-local Service's address with isolated IPC, and
+// the engine process gets the MP env (no in-process LMCACHE_* variables)
+// and the private /dev/shm mount. The sleep-mode refusal is held to vLLM's
+// own reading of the flag: the webhook leaves unwired exactly the pods
+// whose command line vLLM parses with enable_sleep_mode on.
+func TestVLLMParsesTheWebhooksMPWiring(t *testing.T) {
+	mp := func(r v1alpha1.IntegrationRole) v1alpha1.CacheBackend {
+		return lmcacheVLLM(withRole(r), func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Multiprocess = &v1alpha1.Multiprocess{Port: 5555, L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("8Gi")}}
+		})
+	}
+	type mpCase struct {
+		name    string
+		role    v1alpha1.IntegrationRole
+		pod     *corev1.Pod
+		outcome inject.Outcome
+		reason  string
+		sleep   bool
+	}
+	var cases []mpCase
+	for _, s := range shapes {
+		for _, r := range []v1alpha1.IntegrationRole{v1alpha1.RoleReadWrite, v1alpha1.RoleReadOnly, v1alpha1.RoleWriteOnly} {
+			cases = append(cases, mpCase{name: fmt.Sprintf("%s, role %s", s.name, r), role: r, pod: newEnginePod(s.c(userFlags...)), outcome: inject.Injected})
+		}
+	}
+	plain := shapes[0].c
+	for _, sleep := range [][]string{{"--enable-sleep-mode"}, {"--enable_sleep_mode"}, {"--enable-sleep"}, {"--no-enable-sleep-mode", "--enable-sleep-mode"}} {
+		cases = append(cases, mpCase{name: "sleep mode " + strings.Join(sleep, " "), role: v1alpha1.RoleReadWrite, pod: newEnginePod(plain(sleep...)),
+			outcome: inject.Skipped, reason: v1alpha1.SkippedIsolatedIPCUnsupported, sleep: true})
+	}
+	cases = append(cases, mpCase{name: "sleep mode turned off last", role: v1alpha1.RoleReadWrite,
+		pod: newEnginePod(plain("--enable-sleep-mode", "--no-enable-sleep-mode")), outcome: inject.Injected})
+
+	var req struct {
+		Cases  []argvCase `json:"cases"`
+		Fields []string   `json:"fields"`
+		Models []string   `json:"models"`
+	}
+	req.Models, req.Fields = []string{model}, []string{"model", "enable_sleep_mode", "max_model_len"}
+	decisions := make([]inject.Decision, len(cases))
+	procs := make([]Process, len(cases))
+	for i, tc := range cases {
+		d, c := admit(t, mp(tc.role), tc.pod, inject.Options{})
+		decisions[i] = d
+		procs[i] = startContainer(t, c, vllmEntrypoint, vllmStubs...)
+		req.Cases = append(req.Cases, argvCase{Name: tc.name, Argv: procs[i].Argv})
+	}
+	var resp struct {
+		VLLM    string       `json:"vllm"`
+		Results []vllmResult `json:"results"`
+	}
+	pyenv.RunJSON(t, pyenv.VLLM, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "vllm_args.py"), req, &resp)
+	require.Len(t, resp.Results, len(cases))
+	t.Logf("vLLM %s parsed %d command lines", resp.VLLM, len(cases))
+
+	host := render.Host(ptr.To(mp("")), "")
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d, p, res := decisions[i], procs[i], resp.Results[i]
+			t.Logf("engine argv: %q", p.Argv)
+			require.Equal(t, tc.outcome, d.Outcome, "webhook: %s", d.Message)
+			assert.Equal(t, tc.reason, d.Reason)
+			require.Empty(t, res.Error, "vLLM's parser refused the engine's command line")
+			assert.Equal(t, model, res.Fields["model"], "the model")
+			assert.Equal(t, tc.sleep, res.Fields["enable_sleep_mode"], "vLLM's reading of the sleep-mode flags")
+			if tc.outcome != inject.Injected {
+				assert.Nil(t, res.KVTransferConfig, "an unwired pod gets no kv_transfer_config")
+				assert.Empty(t, d.Pod.Spec.Volumes)
+				return
+			}
+			require.NotNil(t, res.KVTransferConfig, "the engine reads no kv_transfer_config")
+			assert.Equal(t, inject.LMCacheMPConnector, res.KVTransferConfig["kv_connector"])
+			assert.Equal(t, inject.KVRole(tc.role), res.KVTransferConfig["kv_role"])
+			require.NotNil(t, res.ConnectorRegistered)
+			assert.True(t, *res.ConnectorRegistered, "vLLM knows the connector's name")
+			assert.Equal(t, inject.LMCacheMPConnectorModulePath+"."+inject.LMCacheMPConnector, res.ConnectorClass, "LMCache's own class")
+			assert.Equal(t, "tcp://"+host+":5555", res.MPServerURL, "the address LMCache's connector dials")
+			assert.Equal(t, true, res.MPExtraConfig["isolated_ipc"], "isolated IPC, as the server's --isolated-ipc")
+			if tc.name != "sleep mode turned off last" {
+				assert.Equal(t, 4096.0, res.Fields["max_model_len"], "the user's own flags")
+			}
+
+			assert.Equal(t, "0", p.Env["PYTHONHASHSEED"])
+			assert.Equal(t, "false", p.Env["LMCACHE_TRACK_USAGE"])
+			for k := range p.Env {
+				assert.False(t, strings.HasPrefix(k, "LMCACHE_") && k != "LMCACHE_TRACK_USAGE", "in-process LMCache variable %s", k)
+			}
+			engine := d.Pod.Spec.Containers[0]
+			assert.Contains(t, engine.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.VolumeEngineSharedMemory, MountPath: inject.DevShm})
+			require.Len(t, d.Pod.Spec.Volumes, 1)
+			v := d.Pod.Spec.Volumes[0]
+			require.NotNil(t, v.EmptyDir)
+			assert.Equal(t, corev1.StorageMediumMemory, v.EmptyDir.Medium)
+			assert.Equal(t, "1Gi", v.EmptyDir.SizeLimit.String())
 		})
 	}
 }
