@@ -14,6 +14,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,8 +31,9 @@ import (
 // as the bundle ships it, through the API server. Impersonating the
 // bundle's ServiceAccount with the bundle's ClusterRole: an update of a
 // Service no CacheBackend controls is denied, of an owned one allowed; on
-// a Deployment it does not own, the rollout annotation on the pod template
-// is allowed and an image change denied.
+// a Deployment or DaemonSet it does not own, the rollout annotation on the
+// pod template is allowed and an image change denied. The per-node
+// cascade's eviction of an engine pod is allowed by the ClusterRole.
 func TestOperatorWritePolicy(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -128,6 +130,30 @@ func TestOperatorWritePolicy(t *testing.T) {
 	assert.NoError(t, denied(operator.Patch(ctx, engineDep.DeepCopy(),
 		merge(`{"spec":{"template":{"metadata":{"annotations":{"inferencecache.io/server-instance":"def","other":"x"}}}}}`))), "another template annotation")
 	assert.NoError(t, denied(operator.Delete(ctx, foreignSvc.DeepCopy())), "deleting a foreign Service")
+	engineDS := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vllm-per-node"},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "engine-ds"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "engine-ds"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai:v1"}}},
+			},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, engineDS))
+	assert.NoError(t, operator.Patch(ctx, engineDS.DeepCopy(),
+		merge(`{"spec":{"template":{"metadata":{"annotations":{"inferencecache.io/server-instance":"abc"}}}}}`)), "the rollout annotation on a DaemonSet")
+	assert.NoError(t, denied(operator.Patch(ctx, engineDS.DeepCopy(),
+		merge(`{"spec":{"template":{"spec":{"containers":[{"name":"vllm","image":"attacker/vllm:latest"}]}}}}`))), "an image change of a DaemonSet")
+	assert.NoError(t, denied(operator.Delete(ctx, engineDS.DeepCopy())), "deleting a foreign DaemonSet")
+
+	engine := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine-0"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai:v1"}}}}
+	require.NoError(t, k8s.Create(ctx, engine))
+	assert.NoError(t, operator.SubResource("eviction").Create(ctx, engine.DeepCopy(),
+		&policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: engine.Name}}), "evicting an engine pod")
+	assert.True(t, apierrors.IsForbidden(operator.Delete(ctx, engine.DeepCopy())), "but not deleting one")
+
 	dep := &appsv1.Deployment{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(engineDep), dep))
 	assert.Equal(t, "vllm/vllm-openai:v1", dep.Spec.Template.Spec.Containers[0].Image)
