@@ -58,7 +58,7 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 		Settled: live.Status.Endpoint != "" && isReady && now.Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime,
 		Early:   len(tally.Early) > 0, KeysUnavailable: tally.KeysUnavailable,
 	}
-	state.SetPerNode(w, servers, change.ChangedNodes, now)
+	state.SetPerNode(w, servers, change, now)
 	var wired, early []plan.Candidate
 	var enginePods []plan.EnginePod
 	if state.Cascade() {

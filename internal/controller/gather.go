@@ -177,7 +177,7 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 		ServerAvailable: seen.facts.StorageHold == "" && evaluate.Health(seen.facts.Workload).Available,
 		Ready:           s.verdict.Ready, Early: len(seen.wiring.Early) > 0, KeysUnavailable: seen.wiring.KeysUnavailable,
 	}
-	seen.roll.SetPerNode(seen.facts.Workload, evaluate.ServerPods(seen.serverPods, true), change.ChangedNodes, r.Now().Time)
+	seen.roll.SetPerNode(seen.facts.Workload, evaluate.ServerPods(seen.serverPods, true), change, r.Now().Time)
 	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
 		// The cache may lag a status write: read the live status.
 		live := &v1alpha1.CacheBackend{}

@@ -160,3 +160,14 @@ func TestObserveServerPerNode(t *testing.T) {
 	assert.Empty(t, c.ChangedNodes)
 	assert.Equal(t, "a:0,b:0", c.Instance)
 }
+
+// TestObserveServerMovedToPerNode: a backend whose recorded servers had no
+// node (the in-process Deployment) and now runs per-node servers: the
+// change concerns every engine, not a node.
+func TestObserveServerMovedToPerNode(t *testing.T) {
+	c := ObserveServer("dep-pod:0", []ServerPod{{UID: "ds-a", Node: "x", Ready: true}})
+	assert.True(t, c.Changed)
+	assert.True(t, c.ChangedUnplaced)
+	assert.Empty(t, c.ChangedNodes)
+	assert.Equal(t, "ds-a:0@x", c.Instance)
+}

@@ -40,6 +40,11 @@ type ServerChange struct {
 	// ChangedNodes are the nodes of the recorded pods that were replaced
 	// or restarted (per-node workloads only), sorted.
 	ChangedNodes []string
+	// ChangedUnplaced: a recorded pod without a node (a Deployment's or
+	// StatefulSet's) was replaced or restarted, e.g. a backend that moved
+	// from the in-process server to per-node servers: every wired engine
+	// lost its server.
+	ChangedUnplaced bool
 }
 
 // ObserveServer compares the pods of the workload with the recorded
@@ -71,7 +76,10 @@ func ObserveServer(prev string, pods []ServerPod) ServerChange {
 		p, ok := live[uid]
 		if !ok || p.Restarts > e.restarts {
 			c.Changed = true
-			if e.node != "" && !slices.Contains(c.ChangedNodes, e.node) {
+			switch {
+			case e.node == "":
+				c.ChangedUnplaced = true
+			case !slices.Contains(c.ChangedNodes, e.node):
 				c.ChangedNodes = append(c.ChangedNodes, e.node)
 			}
 		}

@@ -118,16 +118,20 @@ func (s RollState) Heal() bool {
 }
 
 // SetPerNode fills s's per-node fields when w runs one server per node
-// (nothing otherwise): the nodes whose recorded server changed
-// (evaluate.ServerChange.ChangedNodes), each node's serving pod from pods
+// and the change concerns per-node servers only (nothing otherwise: a
+// backend that moved from the in-process server to per-node servers rolls
+// its engine workloads, whose pods were wired to a server that is gone):
+// the nodes whose recorded server changed (change.ChangedNodes), each node's serving pod from pods
 // (evaluate.ServerPods of w's serving pods, with nodes), whether some node
 // still waits for its server, and the clock. The controller and the CLI's
 // diff set them alike.
-func (s *RollState) SetPerNode(w workload.Server, pods []evaluate.ServerPod, changed []string, now time.Time) {
-	if w == nil || !w.PerNode() {
+func (s *RollState) SetPerNode(w workload.Server, pods []evaluate.ServerPod, change evaluate.ServerChange, now time.Time) {
+	if w == nil || !w.PerNode() || change.ChangedUnplaced {
+		// Not per node, or the servers the engines were wired to were not
+		// (a move from the in-process server): the whole-workload cascade.
 		return
 	}
-	s.PerNode, s.ChangedNodes, s.Now = true, changed, now
+	s.PerNode, s.ChangedNodes, s.Now = true, change.ChangedNodes, now
 	s.NodeServers = map[string]NodeServer{}
 	for _, p := range pods {
 		if p.Node != "" {

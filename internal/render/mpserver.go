@@ -302,7 +302,10 @@ func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApply
 // MPService is cb's node-local Service for s: each engine pod reaches the
 // server of its own node, or none (internalTrafficPolicy Local: there is
 // no fallback to another node's server, whose CUDA IPC could not reach the
-// engine's GPU memory).
+// engine's GPU memory). It serves the ZMQ port only: the HTTP port is
+// LMCache's unauthenticated admin API (GET /config, /reconfigure, ...),
+// which no client needs through the Service (the kubelet probes the pod,
+// Prometheus scrapes the pods).
 func MPService(cb *v1alpha1.CacheBackend, s MPServer) *corev1ac.ServiceApplyConfiguration {
 	return corev1ac.Service(ServiceName(cb), cb.Namespace).
 		WithLabels(objectLabels(cb)).
@@ -312,6 +315,5 @@ func MPService(cb *v1alpha1.CacheBackend, s MPServer) *corev1ac.ServiceApplyConf
 			WithInternalTrafficPolicy(corev1.ServiceInternalTrafficPolicyLocal).
 			WithSelector(SelectorLabels(cb)).
 			WithPorts(
-				corev1ac.ServicePort().WithName(mpPortName).WithPort(s.Port).WithTargetPort(intstr.FromString(mpPortName)).WithProtocol(corev1.ProtocolTCP),
-				corev1ac.ServicePort().WithName(mpHTTPPortName).WithPort(s.HTTPPort).WithTargetPort(intstr.FromString(mpHTTPPortName)).WithProtocol(corev1.ProtocolTCP)))
+				corev1ac.ServicePort().WithName(mpPortName).WithPort(s.Port).WithTargetPort(intstr.FromString(mpPortName)).WithProtocol(corev1.ProtocolTCP)))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -270,4 +271,67 @@ func mountsMemoryShm(p corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// TestMigrationToMultiprocessRollsEnginesOnce is the migration guide's
+// step through a whole cluster: the quickstart (the in-process server, its
+// engine wired with LMCacheConnectorV1) gets spec.multiprocess applied
+// with kubectl apply --server-side; the operator replaces the Deployment
+// by the DaemonSet, publishes the tcp:// endpoint, and rolls the engine
+// Deployment once (its pods were wired to a server that is gone), whose
+// new pods the webhook wires with LMCacheMPConnector.
+func TestMigrationToMultiprocessRollsEnginesOnce(t *testing.T) {
+	ctx := context.Background()
+	ns := namespace(t, "mp-migrate")
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/cachebackend.yaml")
+	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/qwen-demo-cache", "--timeout=60s")
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", "../../examples/quickstart/engine.yaml")
+	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/qwen-engine", "--timeout=60s")
+	key := client.ObjectKey{Namespace: ns, Name: "qwen-demo-cache"}
+	observedBackend(t, key)
+	engineKey := client.ObjectKey{Namespace: ns, Name: "qwen-engine"}
+	connectors := func() []string {
+		var pods corev1.PodList
+		require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-demo"}))
+		var out []string
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp.IsZero() {
+				args := strings.Join(p.Spec.Containers[0].Args, " ")
+				switch {
+				case strings.Contains(args, "LMCacheMPConnector"):
+					out = append(out, "mp")
+				case strings.Contains(args, "LMCacheConnectorV1"):
+					out = append(out, "in-process")
+				default:
+					out = append(out, "unwired")
+				}
+			}
+		}
+		return out
+	}
+	require.Equal(t, []string{"in-process"}, connectors())
+
+	raw, err := os.ReadFile("../../examples/quickstart/cachebackend.yaml")
+	require.NoError(t, err)
+	mp := filepath.Join(t.TempDir(), "cachebackend.yaml")
+	require.NoError(t, os.WriteFile(mp, append(raw, []byte("  multiprocess:\n    l1: {size: 1Gi}\n")...), 0o600))
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", mp)
+
+	engine := &appsv1.Deployment{}
+	waitGeneration(t, engineKey, engine, 2, 90*time.Second)
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if got := connectors(); len(got) != 1 || got[0] != "mp" {
+			return fmt.Errorf("engine pods wired %v, want one with the MP connector", got)
+		}
+		return nil
+	})
+	cb := &v1alpha1.CacheBackend{}
+	require.NoError(t, k8s.Get(ctx, key, cb))
+	assert.Equal(t, "tcp://qwen-demo-cache."+ns+".svc.cluster.local:5555", cb.Status.Endpoint)
+	assert.NoError(t, k8s.Get(ctx, key, &appsv1.DaemonSet{}), "the DaemonSet runs the servers")
+	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "the in-process server's Deployment is pruned")
+	time.Sleep(5 * time.Second) // a roll that would happen twice has happened by now
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	assert.Equal(t, int64(2), engine.Generation, "rolled once")
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 }
