@@ -14,6 +14,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -453,6 +454,36 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		}, "spec.engineSelector.matchLabels[app]", "label value"},
 		{"invalid engine container", func(cb *v1alpha1.CacheBackend) { cb.Spec.Integration.EngineContainer = "Not_A_Name" },
 			"spec.integration.engineContainer", "container name"},
+		// Multiprocess mode (issue 23): what LMCache's server refuses or
+		// runs wrongly, and the in-process server's fields.
+		{"MP L1 not whole GiB", func(cb *v1alpha1.CacheBackend) { mp(cb).L1.Size = resource.MustParse("1536Mi") },
+			"spec.multiprocess.l1.size", "whole number of GiB"},
+		{"MP L1 watermark above 100 percent", func(cb *v1alpha1.CacheBackend) { mp(cb).L1.EvictionWatermarkPercent = 150 },
+			"spec.multiprocess.l1.evictionWatermarkPercent", "less than or equal to 100"},
+		{"MP eviction policy noop", func(cb *v1alpha1.CacheBackend) { mp(cb).L1.EvictionPolicy = "noop" },
+			"spec.multiprocess.l1.evictionPolicy", `Unsupported value: "noop"`},
+		{"MP RESP with TLS", func(cb *v1alpha1.CacheBackend) {
+			mp(cb).L2 = &v1alpha1.MultiprocessL2{RESP: &v1alpha1.MultiprocessRESP{Host: "redis", TLS: true, Capacity: resource.MustParse("1Gi")}}
+		}, "spec.multiprocess.l2.resp.tls", "no TLS"},
+		{"MP disk at the root", func(cb *v1alpha1.CacheBackend) {
+			mp(cb).L2 = &v1alpha1.MultiprocessL2{Disk: &v1alpha1.MultiprocessDisk{Path: "/", Capacity: resource.MustParse("1Gi")}}
+		}, "spec.multiprocess.l2.disk.path", "root folder"},
+		{"MP with a StatefulSet", func(cb *v1alpha1.CacheBackend) {
+			mp(cb)
+			cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
+		}, "spec.deploymentKind", "DaemonSet"},
+		{"MP with autoscaling", func(cb *v1alpha1.CacheBackend) {
+			mp(cb)
+			cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
+		}, "spec.autoscaling", "in-process lmcache_server"},
+		{"MP with in-process LMCache settings", func(cb *v1alpha1.CacheBackend) {
+			mp(cb)
+			cb.Spec.LMCache = &v1alpha1.LMCacheConfig{ChunkSize: ptr.To(int32(256))}
+		}, "spec.lmCache", "LMCacheMPConnector does not use"},
+		{"MP on an engine-local type", func(cb *v1alpha1.CacheBackend) {
+			mp(cb)
+			cb.Spec.Type, cb.Spec.Runtime = v1alpha1.BackendTypeSGLangHiCache, v1alpha1.RuntimeSGLang
+		}, "spec", "multiprocess is only valid with type LMCache"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -470,6 +501,22 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 	cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{
 		Args: []string{"--trust-remote-code"}, Env: []corev1.EnvVar{{Name: "PYTHONWARNINGS", Value: "default"}}}}
 	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
+	// A multiprocess backend with both L2 tiers is admitted.
+	cb = newBackend(ns, "mp")
+	mp(cb).L2 = &v1alpha1.MultiprocessL2{
+		RESP: &v1alpha1.MultiprocessRESP{Host: "redis.cache.svc", Capacity: resource.MustParse("10Gi"),
+			CredentialsSecretRef: &v1alpha1.RESPCredentials{Name: "redis-auth", UsernameKey: "username"}},
+		Disk: &v1alpha1.MultiprocessDisk{Capacity: resource.MustParse("100Gi")}}
+	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
+}
+
+// mp gives cb a multiprocess block with a 1 GiB L1 (when it has none) and
+// returns it.
+func mp(cb *v1alpha1.CacheBackend) *v1alpha1.Multiprocess {
+	if cb.Spec.Multiprocess == nil {
+		cb.Spec.Multiprocess = &v1alpha1.Multiprocess{L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("1Gi")}}
+	}
+	return cb.Spec.Multiprocess
 }
 
 // TestDeletedBackendLeavesWiringInPlace: the failure-modes row "CacheBackend
