@@ -78,19 +78,15 @@ func (w *daemonSet) ServingPods(ctx context.Context, r client.Reader, selector m
 	if w.d == nil {
 		return nil, nil
 	}
-	pods, err := listPods(ctx, r, w.d.Namespace, selector)
-	if err != nil {
-		return nil, err
-	}
-	return controlled(pods, map[string]bool{string(w.d.UID): true}), nil
+	return directPods(ctx, r, w.d, selector)
 }
 
 // controllerOf: a DaemonSet controls its pods directly.
-func (w *daemonSet) controllerOf(_ context.Context, _ client.Reader, pod metav1.Object, ref *metav1.OwnerReference) (string, bool, error) {
-	name, ok := w.nameOf(pod, ref)
+func (w *daemonSet) controllerOf(_ context.Context, _ client.Reader, _ metav1.Object, ref *metav1.OwnerReference) (string, bool, error) {
+	name, ok := directOwner(w.Kind(), ref)
 	return name, ok, nil
 }
 
 func (w *daemonSet) nameOf(_ metav1.Object, ref *metav1.OwnerReference) (string, bool) {
-	return ref.Name, ref.Kind == w.Kind()
+	return directOwner(w.Kind(), ref)
 }

@@ -86,19 +86,15 @@ func (w *statefulSet) ServingPods(ctx context.Context, r client.Reader, selector
 	if w.s == nil {
 		return nil, nil
 	}
-	pods, err := listPods(ctx, r, w.s.Namespace, selector)
-	if err != nil {
-		return nil, err
-	}
-	return controlled(pods, map[string]bool{string(w.s.UID): true}), nil
+	return directPods(ctx, r, w.s, selector)
 }
 
 // controllerOf: a StatefulSet controls its pods directly.
-func (w *statefulSet) controllerOf(_ context.Context, _ client.Reader, pod metav1.Object, ref *metav1.OwnerReference) (string, bool, error) {
-	name, ok := w.nameOf(pod, ref)
+func (w *statefulSet) controllerOf(_ context.Context, _ client.Reader, _ metav1.Object, ref *metav1.OwnerReference) (string, bool, error) {
+	name, ok := directOwner(w.Kind(), ref)
 	return name, ok, nil
 }
 
 func (w *statefulSet) nameOf(_ metav1.Object, ref *metav1.OwnerReference) (string, bool) {
-	return ref.Name, ref.Kind == w.Kind()
+	return directOwner(w.Kind(), ref)
 }

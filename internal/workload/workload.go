@@ -219,6 +219,22 @@ func controlled(pods []corev1.Pod, owners map[string]bool) []corev1.Pod {
 	return out
 }
 
+// directPods lists the non-terminating pods labelled selector that obj
+// controls directly (a StatefulSet's, a DaemonSet's).
+func directPods(ctx context.Context, r client.Reader, obj client.Object, selector map[string]string) ([]corev1.Pod, error) {
+	pods, err := listPods(ctx, r, obj.GetNamespace(), selector)
+	if err != nil {
+		return nil, err
+	}
+	return controlled(pods, map[string]bool{string(obj.GetUID()): true}), nil
+}
+
+// directOwner names the workload of kind that controls a pod directly
+// (ref is the pod's controller reference).
+func directOwner(kind string, ref *metav1.OwnerReference) (string, bool) {
+	return ref.Name, ref.Kind == kind
+}
+
 func listPods(ctx context.Context, r client.Reader, namespace string, selector map[string]string) ([]corev1.Pod, error) {
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(namespace), client.MatchingLabels(selector)); err != nil {

@@ -374,16 +374,32 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 	// instance (or a new leader with the old status) sees the change again:
 	// it must not roll a second time. Put the old instance back, then wake
 	// a reconcile with a new matching pod.
+	seeChangeAgain(t, key, first, "qwen-demo")
+	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
+}
+
+// seeChangeAgain makes the backend key see its last server change again,
+// as a manager that crashed after following it but before recording the
+// new instance would (or a new leader with the old status): it puts the
+// recorded instance back to first, then wakes a reconcile with a new pod
+// labelled app=app (a bare pod, on no GPU node), and waits until the
+// reconcile recorded the current instance again.
+func seeChangeAgain(t *testing.T, key client.ObjectKey, first, app string) {
+	t.Helper()
+	ctx := context.Background()
+	cb := &v1alpha1.CacheBackend{}
 	require.NoError(t, k8s.Get(ctx, key, cb))
 	stale := cb.DeepCopy()
 	stale.Status.ObservedServerInstance = first
 	require.NoError(t, k8s.Status().Patch(ctx, stale, client.MergeFrom(cb)))
 	bystander := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bystander", Labels: map[string]string{"app": "qwen-demo", "role": "bystander"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: "bystander", Labels: map[string]string{"app": app, "role": "bystander"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
 	require.NoError(t, k8s.Create(ctx, bystander))
-	testutil.Eventually(t, 15*time.Second, func() error {
+	testutil.Eventually(t, 30*time.Second, func() error {
 		if err := k8s.Get(ctx, key, cb); err != nil {
 			return err
 		}
@@ -392,9 +408,6 @@ func TestServerReplacementRollsEnginesOnce(t *testing.T) {
 		}
 		return nil
 	})
-	require.NoError(t, k8s.Get(ctx, engineKey, engine))
-	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
-	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 }
 
 // waitGeneration waits until the Deployment key has generation gen.

@@ -234,23 +234,7 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 
 	// Once: the change seen again (the old identity put back, as a manager
 	// that crashed before recording it would) evicts nothing more.
-	stale := cb.DeepCopy()
-	stale.Status.ObservedServerInstance = first
-	require.NoError(t, k8s.Status().Patch(ctx, stale, client.MergeFrom(cb)))
-	bystander := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bystander", Labels: map[string]string{"app": "mp-engine", "role": "bystander"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai:v0.33.0"}}},
-	}
-	require.NoError(t, k8s.Create(ctx, bystander))
-	testutil.Eventually(t, 30*time.Second, func() error {
-		if err := k8s.Get(ctx, key, cb); err != nil {
-			return err
-		}
-		if cb.Status.ObservedServerInstance == first {
-			return fmt.Errorf("the change was not seen again")
-		}
-		return nil
-	})
+	seeChangeAgain(t, key, first, "mp-engine")
 	final := engines()
 	assert.Equal(t, after["gpu-a"].UID, final["gpu-a"].UID, "gpu-a's new engine is not evicted again")
 	assert.Equal(t, after["gpu-b"].UID, final["gpu-b"].UID)
