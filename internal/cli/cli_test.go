@@ -65,8 +65,12 @@ metadata: {name: a}`, `apiVersion "inferencecache.io/v1"`},
 	}
 }
 
-func TestRenderQuickstart(t *testing.T) {
-	objs, err := ReadFile("../../examples/quickstart", true)
+// renderExample reads examples/<dir>, which holds one CacheBackend, and
+// renders it: the objects read, the backend, the rendered documents and
+// their kinds.
+func renderExample(t *testing.T, dir string) ([]*unstructured.Unstructured, []*v1alpha1.CacheBackend, []*unstructured.Unstructured, []string) {
+	t.Helper()
+	objs, err := ReadFile("../../examples/"+dir, true)
 	require.NoError(t, err)
 	cbs, err := Backends(objs)
 	require.NoError(t, err)
@@ -79,6 +83,11 @@ func TestRenderQuickstart(t *testing.T) {
 	for _, d := range docs {
 		kinds = append(kinds, d.GetKind())
 	}
+	return objs, cbs, docs, kinds
+}
+
+func TestRenderQuickstart(t *testing.T) {
+	objs, cbs, _, kinds := renderExample(t, "quickstart")
 	assert.Equal(t, []string{"Service", "Deployment"}, kinds)
 
 	engines, err := Engines(objs)
@@ -299,19 +308,7 @@ func stamp(pod *corev1.Pod, cb v1alpha1.CacheBackend, key receipt.Key) *corev1.P
 // TestRenderMultiprocess: render of a multiprocess CacheBackend prints its
 // node-local Service and the DaemonSet, nothing of the in-process server.
 func TestRenderMultiprocess(t *testing.T) {
-	objs, err := ReadFile("../../examples/multiprocess", true)
-	require.NoError(t, err)
-	cbs, err := Backends(objs)
-	require.NoError(t, err)
-	require.Len(t, cbs, 1)
-	var buf bytes.Buffer
-	require.NoError(t, RenderYAML(&buf, cbs[0]))
-	docs, err := Documents(buf.Bytes())
-	require.NoError(t, err)
-	var kinds []string
-	for _, d := range docs {
-		kinds = append(kinds, d.GetKind())
-	}
+	_, cbs, docs, kinds := renderExample(t, "multiprocess")
 	require.Equal(t, []string{"Service", "DaemonSet"}, kinds)
 	policy, _, _ := unstructured.NestedString(docs[0].Object, "spec", "internalTrafficPolicy")
 	assert.Equal(t, "Local", policy)
