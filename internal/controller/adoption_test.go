@@ -3,6 +3,7 @@ package controller_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,4 +117,70 @@ func TestRetainedClaimIsTakenBack(t *testing.T) {
 	waitDeployment(t, key, nil)
 	markDeploymentAvailable(t, key)
 	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+}
+
+// TestMultiprocessDaemonSetUnderThePlanRules: the DaemonSet of
+// multiprocess mode follows the plan rules of the other kinds, through the
+// API server. A foreign DaemonSet under the name an MP CacheBackend's
+// server needs stops the backend with Ready=False NameConflict naming it,
+// and is not written; once its owner deletes it the backend applies its
+// own; dropping spec.multiprocess prunes that DaemonSet and applies the
+// in-process Deployment.
+func TestMultiprocessDaemonSetUnderThePlanRules(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	labels := map[string]string{"app": "node-agent"}
+	foreign := &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache", Labels: labels},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "busybox"}}}},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, foreign))
+
+	key := testutil.StartBackend(t, k8s, mpBackend(ns, "cache"))
+	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+	msg := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message
+	assert.Contains(t, msg, "DaemonSet cache exists and is not owned by this CacheBackend")
+	assert.Empty(t, got.Status.Endpoint)
+	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.ReasonNameConflict, 1)
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess.L1.Size = resource.MustParse("5Gi") })
+	waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		if cb.Status.ObservedGeneration != cb.Generation {
+			return fmt.Errorf("generation %d not evaluated yet", cb.Generation)
+		}
+		return testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict)(cb)
+	})
+	live := &appsv1.DaemonSet{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(foreign), live))
+	assert.Equal(t, foreign.ResourceVersion, live.ResourceVersion, "the foreign DaemonSet was not written")
+	assert.Equal(t, labels, live.Labels)
+	assert.Empty(t, live.OwnerReferences)
+	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &corev1.Service{})), "nothing applied while the name conflicts")
+
+	// Its owner deletes it: the backend applies its own DaemonSet.
+	require.NoError(t, k8s.Delete(ctx, live))
+	testutil.Eventually(t, 15*time.Second, func() error {
+		return testutil.Gone(ctx, k8s, client.ObjectKeyFromObject(foreign), &appsv1.DaemonSet{})
+	})
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess.L1.Size = resource.MustParse("6Gi") })
+	waitFor(t, key, &appsv1.DaemonSet{}, func(d *appsv1.DaemonSet) error {
+		if !metav1.IsControlledBy(d, got) {
+			return fmt.Errorf("the DaemonSet is not the backend's")
+		}
+		if !slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "6") {
+			return fmt.Errorf("not the new L1 size yet: %v", d.Spec.Template.Spec.Containers[0].Args)
+		}
+		return nil
+	})
+
+	// Back to the in-process server: the DaemonSet is pruned, the
+	// Deployment applied.
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess = nil })
+	waitDeployment(t, key, nil)
+	testutil.Eventually(t, 15*time.Second, func() error {
+		return testutil.Gone(ctx, k8s, key, &appsv1.DaemonSet{})
+	})
 }
