@@ -47,7 +47,7 @@ var switches = []struct {
 }{
 	{"certManager.enabled", true, "The webhooks' serving certificate from cert-manager (an Issuer and a Certificate; cert-manager injects the CA), as overlays/production; false: the manager provisions and renews its own certificate and publishes the CA, as overlays/dev."},
 	{"namespaceOptIn.enabled", false, "The Pod webhook sees only pods of namespaces labelled inferencecache.io/inject=enabled (kustomize/components/namespace-opt-in)."},
-	{"monitoring.enabled", false, "A ServiceMonitor for the manager, PodMonitors for the cache index and the kvevent-subscriber sidecars, and a PrometheusRule with the operator's alerts (kustomize/components/monitoring; needs the Prometheus Operator's CRDs)."},
+	{"monitoring.enabled", false, "A ServiceMonitor for the manager, PodMonitors for the cache index, the kvevent-subscriber sidecars and the multiprocess LMCache servers, and a PrometheusRule with the operator's alerts (kustomize/components/monitoring; needs the Prometheus Operator's CRDs)."},
 }
 
 // variant is one combination of the switches (bit i = switches[i]).

@@ -134,6 +134,10 @@ var MPServerCommand = []string{"lmcache", "server"}
 // once its ZMQ server and engine are up, 503 before.
 const MPHealthPath = "/healthcheck"
 
+// MPMetricsPath is where the MP server's HTTP port serves its Prometheus
+// series (lmcache_mp_*).
+const MPMetricsPath = "/metrics"
+
 // MPServerArgs are the arguments of MPServerCommand for s. Both listen
 // addresses are 0.0.0.0 (LMCache's defaults are loopback only), L1's size
 // and eviction policy are always given (without them the server exits:
@@ -215,7 +219,10 @@ func mustJSON(v any) string {
 const (
 	mpContainerName = "lmcache-mp-server"
 	mpPortName      = "zmq"
-	mpHTTPPortName  = "http"
+	// MPHTTPPortName names the server's HTTP port: /healthcheck, and
+	// MPMetricsPath, which the monitoring component's PodMonitor
+	// inferencecache-lmcache-mp scrapes by this name.
+	MPHTTPPortName = "http"
 	// MPDiskVolumeName is the generic ephemeral volume of the disk tier.
 	MPDiskVolumeName = "l2-disk"
 )
@@ -269,7 +276,7 @@ func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApply
 		WithEnv(MPServerEnv(s)...).
 		WithPorts(
 			corev1ac.ContainerPort().WithName(mpPortName).WithContainerPort(s.Port).WithProtocol(corev1.ProtocolTCP),
-			corev1ac.ContainerPort().WithName(mpHTTPPortName).WithContainerPort(s.HTTPPort).WithProtocol(corev1.ProtocolTCP)).
+			corev1ac.ContainerPort().WithName(MPHTTPPortName).WithContainerPort(s.HTTPPort).WithProtocol(corev1.ProtocolTCP)).
 		WithStartupProbe(probe().WithFailureThreshold(30)).
 		WithReadinessProbe(probe()).
 		WithLivenessProbe(probe()).

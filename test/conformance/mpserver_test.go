@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
@@ -104,6 +105,7 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 			require.Equal(t, int(s.HTTPPort), probe.HTTPGet.Port.IntValue(), "the probe asks the HTTP port")
 			took := waitHealthy(t, srv, fmt.Sprintf("http://127.0.0.1:%d%s", httpPort, *probe.HTTPGet.Path))
 			t.Logf("lmcache server %s healthy after %s", strings.Join(c.Args, " "), took.Round(100*time.Millisecond))
+			requireMetrics(t, c, httpPort)
 
 			if s.RESP != nil {
 				testutil.Eventually(t, 60*time.Second, func() error {
@@ -189,6 +191,38 @@ func waitHealthy(t *testing.T, srv *server, url string) time.Duration {
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// requireMetrics: the port of c named render.MPHTTPPortName (the one the
+// monitoring component's PodMonitor scrapes), here at local, serves
+// LMCache's MP series on render.MPMetricsPath in a text format Prometheus'
+// promtool accepts, and no series carries a namespace or pod label of its
+// own (so the PodMonitor keeps the target's, without honorLabels).
+func requireMetrics(t *testing.T, c corev1ac.ContainerApplyConfiguration, local int) {
+	t.Helper()
+	var named bool
+	for _, p := range c.Ports {
+		named = named || (*p.Name == render.MPHTTPPortName && *p.ContainerPort == c.ReadinessProbe.HTTPGet.Port.IntVal)
+	}
+	require.True(t, named, "the HTTP port is named %q", render.MPHTTPPortName)
+	code, body := get(fmt.Sprintf("http://127.0.0.1:%d%s", local, render.MPMetricsPath))
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, "lmcache_mp_l1_memory_usage_bytes")
+	_, err := os.Stat(promtool)
+	require.NoError(t, err, "promtool comes from Debian's prometheus package: run `make packages` (test/tools/install-packages.sh)")
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(body)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "promtool check metrics:\n%s", out)
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		assert.NotRegexp(t, `[{,](namespace|pod)="`, line)
+	}
+}
+
+// promtool is Debian's (package prometheus).
+const promtool = "/usr/bin/promtool"
 
 func get(url string) (int, string) {
 	c := &http.Client{Timeout: 3 * time.Second}

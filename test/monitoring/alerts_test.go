@@ -21,12 +21,15 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/inject/injecttest"
+	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/manifests"
 )
 
@@ -262,7 +265,7 @@ func TestComponentOnProductionOverlay(t *testing.T) {
 	}
 	assert.True(t, rule, "a PrometheusRule")
 	require.Len(t, serviceMonitors, 1)
-	require.Len(t, podMonitors, 2)
+	require.Len(t, podMonitors, 3)
 
 	// The manager's metrics Service.
 	sm, ok := serviceMonitors["inferencecache-operator"]
@@ -321,6 +324,44 @@ func TestComponentOnProductionOverlay(t *testing.T) {
 		assert.NotContains(t, ports, sc.ports[0], "%s of the bundle has no port the sidecar monitor would scrape", key)
 	}
 	assert.Equal(t, []bool{false}, sc.honorLabels, "the sidecar's series carry no namespace: the engine pod's is kept")
+
+	// The multiprocess servers of every namespace, on their HTTP port
+	// (test/conformance checks that the real server serves its series
+	// there); the in-process servers match the selector but have no port
+	// of that name, so they give no target.
+	mp, ok := podMonitors["inferencecache-lmcache-mp"]
+	require.True(t, ok, "PodMonitor inferencecache-lmcache-mp")
+	assert.True(t, mp.anyNamespace, "CacheBackends live in the users' namespaces")
+	require.NotEmpty(t, mp.selector)
+	require.Len(t, mp.ports, 1)
+	assert.Equal(t, render.MPHTTPPortName, mp.ports[0])
+	assert.Equal(t, []bool{false}, mp.honorLabels, "the server's series carry no namespace: the CacheBackend's is kept")
+	cb := injecttest.Backend("cache", func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Multiprocess = &v1alpha1.Multiprocess{Port: 5555, HTTPPort: 8080, L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("4Gi")}}
+	})
+	ds := render.MPDaemonSet(&cb, render.MPServerFor(&cb))
+	assert.True(t, matches(mp.selector, ds.Spec.Template.Labels), "the selector %v matches the MP server pods' labels %v", mp.selector, ds.Spec.Template.Labels)
+	assert.Contains(t, portNames(ds.Spec.Template.Spec.Containers), mp.ports[0])
+	plain := injecttest.Backend("cache")
+	inProcess := render.Render(&plain).Deployment
+	assert.True(t, matches(mp.selector, inProcess.Spec.Template.Labels), "the in-process server pods match too")
+	assert.NotContains(t, portNames(inProcess.Spec.Template.Spec.Containers), mp.ports[0], "but give no target")
+	for key, labels := range podLabels {
+		assert.False(t, matches(mp.selector, labels), "%s of the bundle is no MP server", key)
+	}
+}
+
+// portNames lists the names of the containers' ports.
+func portNames(cs []corev1ac.ContainerApplyConfiguration) []string {
+	var out []string
+	for _, c := range cs {
+		for _, p := range c.Ports {
+			if p.Name != nil {
+				out = append(out, *p.Name)
+			}
+		}
+	}
+	return out
 }
 
 // wiredEnginePod is an engine pod as the webhook wires it for a backend
