@@ -104,6 +104,10 @@ const (
 const (
 	// EventEnginesRestarted: engine Deployments were rolled after a server change.
 	EventEnginesRestarted = "EnginesRestarted"
+	// EventEngineEvictionBlocked (Warning): the per-node cascade of
+	// multiprocess mode could not evict an engine pod because its
+	// PodDisruptionBudget allows no disruption now; the reconcile retries.
+	EventEngineEvictionBlocked = "EngineEvictionBlocked"
 	// EventSharedPVCRetained: a Deployment backend's shared claim is kept,
 	// unmounted, after a switch to StatefulSet with per-replica claims.
 	EventSharedPVCRetained = "SharedPVCRetained"

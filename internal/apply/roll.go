@@ -2,6 +2,7 @@ package apply
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,19 +45,24 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 // Evict executes the evictions of a per-node cascade (plan.RollsPerNode):
 // each engine pod is evicted through the Eviction API, so that its
 // PodDisruptionBudget is respected and its controller re-creates it, wired
-// again at its CREATE. A pod already gone counts as evicted. It returns
-// the evictions done, in order, up to the first failure (a budget that
-// allows no disruption now answers 429: the reconcile retries, and the
-// plan never evicts a pod created after its node's server started).
+// again at its CREATE. A pod already gone counts as evicted. Every
+// eviction is tried, so a budget that blocks one node's engines delays no
+// other's; it returns the evictions done, in order, and the refusals
+// joined (a budget that allows no disruption now answers 429
+// TooManyRequests, apierrors.IsTooManyRequests): the reconcile retries,
+// and the plan never evicts a pod created after its node's server
+// started.
 func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.Eviction) ([]plan.Eviction, error) {
 	done := make([]plan.Eviction, 0, len(evictions))
+	var errs []error
 	for _, e := range evictions {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
 		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
 		if err := a.client.SubResource("eviction").Create(ctx, pod, ev); err != nil && !apierrors.IsNotFound(err) {
-			return done, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, err)
+			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, err))
+			continue
 		}
 		done = append(done, e)
 	}
-	return done, nil
+	return done, errors.Join(errs...)
 }

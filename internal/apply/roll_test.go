@@ -8,6 +8,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -46,4 +49,34 @@ func TestRollWritesTheValue(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, rolls, done)
 	assert.Equal(t, []string{"Deployment", "StatefulSet"}, kinds)
+}
+
+// TestEvictTriesEveryPod: a budget that refuses one engine's eviction
+// (429) delays no other node's; a pod already gone counts as evicted; the
+// refusal comes back as TooManyRequests, naming the pod and node.
+func TestEvictTriesEveryPod(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, corev1.AddToScheme(s))
+	var tried []string
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).Build(), interceptor.Funcs{
+		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj client.Object, subObj client.Object, opts ...client.SubResourceCreateOption) error {
+			require.Equal(t, "eviction", sub)
+			require.IsType(t, &policyv1.Eviction{}, subObj)
+			tried = append(tried, obj.GetName())
+			switch obj.GetName() {
+			case "engine-a":
+				return apierrors.NewTooManyRequestsError("Cannot evict pod as it would violate the pod's disruption budget.")
+			case "engine-gone":
+				return apierrors.NewNotFound(corev1.Resource("pods"), obj.GetName())
+			}
+			return nil
+		},
+	})
+	evictions := []plan.Eviction{{Pod: "engine-a", Node: "gpu-a"}, {Pod: "engine-b", Node: "gpu-b"}, {Pod: "engine-gone", Node: "gpu-c"}}
+	done, err := New(c).Evict(context.Background(), "llm", evictions)
+	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone"}, tried)
+	assert.Equal(t, evictions[1:], done)
+	require.Error(t, err)
+	assert.True(t, apierrors.IsTooManyRequests(err), "%v", err)
+	assert.Contains(t, err.Error(), "engine pod engine-a on node gpu-a")
 }

@@ -13,9 +13,13 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -239,6 +243,61 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	assert.Equal(t, after["gpu-a"].UID, final["gpu-a"].UID, "gpu-a's new engine is not evicted again")
 	assert.Equal(t, after["gpu-b"].UID, final["gpu-b"].UID)
 	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted))
+
+	// A PodDisruptionBudget that allows no disruption holds gpu-b's engine
+	// when gpu-b's server is replaced: the pod keeps running, a Warning
+	// event and the Reconciling condition say why; once the budget allows
+	// it, the engine is evicted, once, and gpu-a's is left alone.
+	pdb := &policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "mp-engine"},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptr.To(intstr.FromInt32(2)),
+			// the two engines, not seeChangeAgain's bystander
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "mp-engine"},
+				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "role", Operator: metav1.LabelSelectorOpDoesNotExist}}}},
+	}
+	require.NoError(t, k8s.Create(ctx, pdb))
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(pdb), pdb); err != nil {
+			return err
+		}
+		if pdb.Status.ObservedGeneration != pdb.Generation || pdb.Status.CurrentHealthy != 2 || pdb.Status.DisruptionsAllowed != 0 {
+			return fmt.Errorf("the disruption controller has not computed the budget yet: %+v", pdb.Status)
+		}
+		return nil
+	})
+	require.NoError(t, k8s.List(ctx, &servers, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": "mp-cache"}))
+	var onB *corev1.Pod
+	for i := range servers.Items {
+		if servers.Items[i].Spec.NodeName == "gpu-b" {
+			onB = &servers.Items[i]
+		}
+	}
+	require.NotNil(t, onB, "a server pod on gpu-b")
+	require.NoError(t, k8s.Delete(ctx, onB))
+	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionBlocked, 1)
+	require.NoError(t, k8s.Get(ctx, key, cb))
+	reconciling := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReconciling)
+	require.NotNil(t, reconciling)
+	assert.Contains(t, reconciling.Message, "disruption budget")
+	assert.Contains(t, reconciling.Message, final["gpu-b"].Name)
+	assert.Equal(t, final["gpu-b"].UID, engines()["gpu-b"].UID, "the budget holds gpu-b's engine")
+
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(pdb), pdb))
+	pdb.Spec.MinAvailable = ptr.To(intstr.FromInt32(1))
+	require.NoError(t, k8s.Update(ctx, pdb))
+	testutil.Eventually(t, 90*time.Second, func() error {
+		b, ok := engines()["gpu-b"]
+		if !ok || b.UID == final["gpu-b"].UID {
+			return fmt.Errorf("gpu-b's engine pod not replaced yet")
+		}
+		if b.Annotations[v1alpha1.AnnotationInjectedBy] != ns+"/mp-cache" {
+			return fmt.Errorf("gpu-b's new engine pod %s not wired", b.Name)
+		}
+		return nil
+	})
+	assert.Equal(t, final["gpu-a"].UID, engines()["gpu-a"].UID, "gpu-a's engine keeps running")
+	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted, 2)
+	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted), "gpu-b's engine evicted once")
 }
 
 // mountsMemoryShm reports whether p's engine container mounts a volume of
