@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,6 +13,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -51,7 +53,8 @@ func TestRollWritesTheValue(t *testing.T) {
 	assert.Equal(t, []string{"Deployment", "StatefulSet"}, kinds)
 }
 
-// TestEvictTriesEveryPod: a budget that refuses one engine's eviction
+// TestEvictTriesEveryPod: each eviction is conditional on the pod's UID
+// (another pod under the name is left alone, no error); a budget that refuses one engine's eviction
 // (429) delays no other node's; a pod already gone counts as evicted; the
 // refusal comes back as TooManyRequests, naming the pod and node.
 func TestEvictTriesEveryPod(t *testing.T) {
@@ -61,21 +64,26 @@ func TestEvictTriesEveryPod(t *testing.T) {
 	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).Build(), interceptor.Funcs{
 		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj client.Object, subObj client.Object, opts ...client.SubResourceCreateOption) error {
 			require.Equal(t, "eviction", sub)
-			require.IsType(t, &policyv1.Eviction{}, subObj)
+			ev := subObj.(*policyv1.Eviction)
+			require.NotNil(t, ev.DeleteOptions, "the pod's UID is the eviction's precondition")
+			assert.Equal(t, types.UID("uid-"+obj.GetName()), *ev.DeleteOptions.Preconditions.UID)
 			tried = append(tried, obj.GetName())
 			switch obj.GetName() {
 			case "engine-a":
 				return apierrors.NewTooManyRequestsError("Cannot evict pod as it would violate the pod's disruption budget.")
 			case "engine-gone":
 				return apierrors.NewNotFound(corev1.Resource("pods"), obj.GetName())
+			case "engine-renamed":
+				return apierrors.NewConflict(corev1.Resource("pods"), obj.GetName(), errors.New("Precondition failed: UID in precondition: uid-engine-renamed, UID in object meta: uid-other"))
 			}
 			return nil
 		},
 	})
-	evictions := []plan.Eviction{{Pod: "engine-a", Node: "gpu-a"}, {Pod: "engine-b", Node: "gpu-b"}, {Pod: "engine-gone", Node: "gpu-c"}}
+	evictions := []plan.Eviction{{Pod: "engine-a", UID: "uid-engine-a", Node: "gpu-a"}, {Pod: "engine-b", UID: "uid-engine-b", Node: "gpu-b"},
+		{Pod: "engine-gone", UID: "uid-engine-gone", Node: "gpu-c"}, {Pod: "engine-renamed", UID: "uid-engine-renamed", Node: "gpu-d"}}
 	done, err := New(c).Evict(context.Background(), "llm", evictions)
-	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone"}, tried)
-	assert.Equal(t, evictions[1:], done)
+	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone", "engine-renamed"}, tried)
+	assert.Equal(t, evictions[1:3], done, "a pod re-created under the planned name is neither evicted nor an error")
 	require.Error(t, err)
 	assert.True(t, apierrors.IsTooManyRequests(err), "%v", err)
 	assert.Contains(t, err.Error(), "engine pod engine-a on node gpu-a")

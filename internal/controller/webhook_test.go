@@ -468,6 +468,11 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		{"MP disk at the root", func(cb *v1alpha1.CacheBackend) {
 			mp(cb).L2 = &v1alpha1.MultiprocessL2{Disk: &v1alpha1.MultiprocessDisk{Path: "/", Capacity: resource.MustParse("1Gi")}}
 		}, "spec.multiprocess.l2.disk.path", "root folder"},
+		{"MP server memory limit below L1", func(cb *v1alpha1.CacheBackend) {
+			mp(cb).L1.Size = resource.MustParse("20Gi")
+			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Resources: &corev1.ResourceRequirements{
+				Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi")}}}}
+		}, "spec.remoteStorage.lmCacheServer.resources.limits.memory", "at least 21Gi"},
 		{"MP with a StatefulSet", func(cb *v1alpha1.CacheBackend) {
 			mp(cb)
 			cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet

@@ -43,14 +43,16 @@ func WiredWorkloads(ctx context.Context, pods, live client.Reader, cb *v1alpha1.
 
 // WiredPods reads the per-node cascade's candidates: the pods of cb's
 // namespace wired to cb (receipts verified as WiredWorkloads does), with
-// their nodes. Pods not scheduled yet have no server to lose and are left
-// out.
+// their nodes. Pods not scheduled yet have no server to lose, and a pod
+// without a controller (a bare pod) would be gone for good once evicted:
+// both are left out.
 func WiredPods(ctx context.Context, pods, live client.Reader, cb *v1alpha1.CacheBackend, keys []receipt.Key) ([]EnginePod, error) {
 	var out []EnginePod
-	err := wiredPods(ctx, pods, live, cb, keys, func(*metav1.PartialObjectMetadata) (bool, error) { return true, nil },
+	err := wiredPods(ctx, pods, live, cb, keys,
+		func(p *metav1.PartialObjectMetadata) (bool, error) { return metav1.GetControllerOf(p) != nil, nil },
 		func(_ *metav1.PartialObjectMetadata, full *corev1.Pod) {
 			if full.Spec.NodeName != "" {
-				out = append(out, EnginePod{Name: full.Name, Node: full.Spec.NodeName, Created: full.CreationTimestamp.Time})
+				out = append(out, EnginePod{Name: full.Name, UID: full.UID, Node: full.Spec.NodeName, Created: full.CreationTimestamp.Time})
 			}
 		})
 	return out, err

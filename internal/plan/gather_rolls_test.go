@@ -102,3 +102,37 @@ func TestRollOncePerValue(t *testing.T) {
 	assert.Empty(t, p.Rolls)
 	assert.True(t, p.Healing, "every early workload carries the value: its pods are being replaced")
 }
+
+// TestWiredPodsLeaveOutBarePods: the per-node cascade's candidates are the
+// scheduled wired pods with a controller, each with its UID (the
+// eviction's precondition) and node; a bare pod (gone for good once
+// evicted) and a pod not scheduled yet are left out.
+func TestWiredPodsLeaveOutBarePods(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, corev1.AddToScheme(s))
+	key := receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", UID: "uid-cb", Generation: 1}}
+	ctrl := true
+	pod := func(name, node string, controlled bool) client.Object {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{}},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
+		if controlled {
+			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "engine-abc", UID: "uid-rs", Controller: &ctrl}}
+		}
+		c := receipt.Claim{Backend: "llm/cache", UID: "uid-cb", Generation: "1", Digest: receipt.Digest(p)}
+		p.Annotations[v1alpha1.AnnotationInjectedBy] = c.Backend
+		p.Annotations[v1alpha1.AnnotationInjectedByUID] = c.UID
+		p.Annotations[v1alpha1.AnnotationInjectedGeneration] = c.Generation
+		p.Annotations[v1alpha1.AnnotationInjectedConfigDigest] = c.Digest
+		p.Annotations[v1alpha1.AnnotationReceiptSignature] = receipt.Sign(key, c)
+		return p
+	}
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(
+		pod("engine-abc-x", "gpu-a", true), pod("bare", "gpu-a", false), pod("engine-abc-pending", "", true)).Build()
+	got, err := WiredPods(context.Background(), c, c, cb, []receipt.Key{key})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	assert.Equal(t, "engine-abc-x", got[0].Name)
+	assert.Equal(t, types.UID("uid-engine-abc-x"), got[0].UID)
+	assert.Equal(t, "gpu-a", got[0].Node)
+}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/workload"
@@ -155,6 +157,7 @@ type NodeServer struct {
 // node and creation time.
 type EnginePod struct {
 	Name    string
+	UID     types.UID
 	Node    string
 	Created time.Time
 }
@@ -162,7 +165,11 @@ type EnginePod struct {
 // Eviction is an engine pod to evict: its node's server was replaced or
 // restarted after the pod was created (or in the same second).
 type Eviction struct {
-	Pod  string
+	Pod string
+	// UID is the pod's, a precondition of the eviction: a pod re-created
+	// under the same name (a StatefulSet's) is not evicted for its
+	// predecessor.
+	UID  types.UID
 	Node string
 }
 
@@ -295,7 +302,7 @@ func (p *RollPlan) perNode(s RollState, pods []EnginePod) {
 		}
 		for _, e := range pods {
 			if e.Node == node && !e.Created.After(srv.Since) {
-				p.Evictions = append(p.Evictions, Eviction{Pod: e.Name, Node: node})
+				p.Evictions = append(p.Evictions, Eviction{Pod: e.Name, UID: e.UID, Node: node})
 			}
 		}
 	}
