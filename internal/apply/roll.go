@@ -45,26 +45,23 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 // Evict executes the evictions of a per-node cascade (plan.RollsPerNode):
 // each engine pod is evicted through the Eviction API, so that its
 // PodDisruptionBudget is respected and its controller re-creates it, wired
-// again at its CREATE. Each eviction is conditional on the pod's UID. A
-// pod already gone counts as evicted; a pod re-created under the same name
-// is left alone. Every
-// eviction is tried, so a budget that blocks one node's engines delays no
-// other's; it returns the evictions done, in order, and the refusals
-// joined (a budget that allows no disruption now answers 429
-// TooManyRequests, apierrors.IsTooManyRequests): the reconcile retries,
-// and the plan never evicts a pod created after its node's server
-// started.
+// again at its CREATE, and only if it is still the pod planned (its UID,
+// a precondition). A pod already gone counts as evicted; a pod re-created
+// under the same name is left alone. Every eviction is tried, so a budget
+// that blocks one node's engines delays no other's: it returns the
+// evictions done, in order, and the refusals joined (a budget that allows
+// no disruption now answers 429, apierrors.IsTooManyRequests). The
+// reconcile retries, and the plan never evicts a pod created after its
+// node's server started.
 func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.Eviction) ([]plan.Eviction, error) {
 	done := make([]plan.Eviction, 0, len(evictions))
 	var errs []error
 	for _, e := range evictions {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
-		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
-		if e.UID != "" {
-			ev.DeleteOptions = &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &e.UID}}
-		}
+		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod},
+			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &e.UID}}}
 		switch err := a.client.SubResource("eviction").Create(ctx, pod, ev); {
-		case apierrors.IsConflict(err) && e.UID != "":
+		case apierrors.IsConflict(err):
 			// Another pod under that name (the UID precondition failed):
 			// the planned one is gone, and the new one is not evicted.
 			continue

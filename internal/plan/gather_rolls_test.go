@@ -43,14 +43,7 @@ func TestWiredWorkloadsVerifyReceipts(t *testing.T) {
 		objs = append(objs, d, rs, p)
 	}
 	sign := func(k receipt.Key) func(*corev1.Pod) {
-		return func(p *corev1.Pod) {
-			c := receipt.Claim{Backend: "llm/cache", UID: "uid-cb", Generation: "1", Digest: receipt.Digest(p)}
-			p.Annotations[v1alpha1.AnnotationInjectedBy] = c.Backend
-			p.Annotations[v1alpha1.AnnotationInjectedByUID] = c.UID
-			p.Annotations[v1alpha1.AnnotationInjectedGeneration] = c.Generation
-			p.Annotations[v1alpha1.AnnotationInjectedConfigDigest] = c.Digest
-			p.Annotations[v1alpha1.AnnotationReceiptSignature] = receipt.Sign(k, c)
-		}
+		return func(p *corev1.Pod) { signReceipt(p, k) }
 	}
 	var wiredAnnotations map[string]string
 	engine("wired", func(p *corev1.Pod) { sign(key)(p); wiredAnnotations = p.Annotations })
@@ -68,6 +61,17 @@ func TestWiredWorkloadsVerifyReceipts(t *testing.T) {
 	got, err := WiredWorkloads(context.Background(), c, c, cb, []receipt.Key{key})
 	require.NoError(t, err)
 	assert.Equal(t, []Candidate{{Workload: Workload{Kind: "Deployment", Name: "wired"}, Found: true}}, got, "one candidate, the verified pod's workload only")
+}
+
+// signReceipt gives p the receipt of generation 1 of the CacheBackend
+// llm/cache (UID uid-cb), signed with k, as the webhook writes it.
+func signReceipt(p *corev1.Pod, k receipt.Key) {
+	c := receipt.Claim{Backend: "llm/cache", UID: "uid-cb", Generation: "1", Digest: receipt.Digest(p)}
+	p.Annotations[v1alpha1.AnnotationInjectedBy] = c.Backend
+	p.Annotations[v1alpha1.AnnotationInjectedByUID] = c.UID
+	p.Annotations[v1alpha1.AnnotationInjectedGeneration] = c.Generation
+	p.Annotations[v1alpha1.AnnotationInjectedConfigDigest] = c.Digest
+	p.Annotations[v1alpha1.AnnotationReceiptSignature] = receipt.Sign(k, c)
 }
 
 // TestRollOncePerValue: a workload whose pod template carries the current
@@ -119,12 +123,7 @@ func TestWiredPodsLeaveOutBarePods(t *testing.T) {
 		if controlled {
 			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "engine-abc", UID: "uid-rs", Controller: &ctrl}}
 		}
-		c := receipt.Claim{Backend: "llm/cache", UID: "uid-cb", Generation: "1", Digest: receipt.Digest(p)}
-		p.Annotations[v1alpha1.AnnotationInjectedBy] = c.Backend
-		p.Annotations[v1alpha1.AnnotationInjectedByUID] = c.UID
-		p.Annotations[v1alpha1.AnnotationInjectedGeneration] = c.Generation
-		p.Annotations[v1alpha1.AnnotationInjectedConfigDigest] = c.Digest
-		p.Annotations[v1alpha1.AnnotationReceiptSignature] = receipt.Sign(key, c)
+		signReceipt(p, key)
 		return p
 	}
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(

@@ -190,16 +190,7 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	require.Contains(t, first, "@gpu-a")
 
 	// Replace gpu-a's server.
-	var servers corev1.PodList
-	require.NoError(t, k8s.List(ctx, &servers, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": "mp-cache"}))
-	var onA *corev1.Pod
-	for i := range servers.Items {
-		if servers.Items[i].Spec.NodeName == "gpu-a" {
-			onA = &servers.Items[i]
-		}
-	}
-	require.NotNil(t, onA, "a server pod on gpu-a")
-	require.NoError(t, k8s.Delete(ctx, onA))
+	deleteServerOn(t, ns, "mp-cache", "gpu-a")
 
 	testutil.Eventually(t, 90*time.Second, func() error {
 		now := engines()
@@ -265,15 +256,7 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 		}
 		return nil
 	})
-	require.NoError(t, k8s.List(ctx, &servers, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": "mp-cache"}))
-	var onB *corev1.Pod
-	for i := range servers.Items {
-		if servers.Items[i].Spec.NodeName == "gpu-b" {
-			onB = &servers.Items[i]
-		}
-	}
-	require.NotNil(t, onB, "a server pod on gpu-b")
-	require.NoError(t, k8s.Delete(ctx, onB))
+	deleteServerOn(t, ns, "mp-cache", "gpu-b")
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionBlocked, 1)
 	require.NoError(t, k8s.Get(ctx, key, cb))
 	reconciling := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReconciling)
@@ -298,6 +281,22 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	assert.Equal(t, final["gpu-a"].UID, engines()["gpu-a"].UID, "gpu-a's engine keeps running")
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted, 2)
 	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted), "gpu-b's engine evicted once")
+}
+
+// deleteServerOn deletes the server pod of backend name on node, as a
+// node's server replaced (a crash, a drain, an upgrade) would be.
+func deleteServerOn(t *testing.T, ns, name, node string) {
+	t.Helper()
+	ctx := context.Background()
+	var servers corev1.PodList
+	require.NoError(t, k8s.List(ctx, &servers, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": name}))
+	for i := range servers.Items {
+		if servers.Items[i].Spec.NodeName == node {
+			require.NoError(t, k8s.Delete(ctx, &servers.Items[i]))
+			return
+		}
+	}
+	t.Fatalf("no server pod of %s on %s", name, node)
 }
 
 // mountsMemoryShm reports whether p's engine container mounts a volume of
