@@ -108,6 +108,11 @@ const (
 	// multiprocess mode could not evict an engine pod because its
 	// PodDisruptionBudget allows no disruption now; the reconcile retries.
 	EventEngineEvictionBlocked = "EngineEvictionBlocked"
+	// EventEngineEvictionForbidden (Warning): the per-node cascade of
+	// multiprocess mode may not evict engine pods (the install left out
+	// the engine-eviction grant, docs/security.md); the event names the
+	// pods to restart by hand, and the change is not retried.
+	EventEngineEvictionForbidden = "EngineEvictionForbidden"
 	// EventSharedPVCRetained: a Deployment backend's shared claim is kept,
 	// unmounted, after a switch to StatefulSet with per-replica claims.
 	EventSharedPVCRetained = "SharedPVCRetained"

@@ -48,13 +48,15 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 // again at its CREATE, and only if it is still the pod planned (its UID,
 // a precondition). A pod already gone counts as evicted; a pod re-created
 // under the same name is left alone. Every eviction is tried, so a budget
-// that blocks one node's engines delays no other's: it returns the
-// evictions done, in order, and the refusals joined (a budget that allows
-// no disruption now answers 429, apierrors.IsTooManyRequests). The
-// reconcile retries, and the plan never evicts a pod created after its
-// node's server started.
-func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.Eviction) ([]plan.Eviction, error) {
-	done := make([]plan.Eviction, 0, len(evictions))
+// that blocks one node's engines delays no other's. It returns the
+// evictions done, in order; those the operator may not make (403: an
+// install without the engine-eviction grant, docs/security.md), which no
+// retry would change; and the other refusals joined (a budget that allows
+// no disruption now answers 429, apierrors.IsTooManyRequests), which the
+// reconcile retries: the plan never evicts a pod created after its node's
+// server started.
+func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.Eviction) (done, forbidden []plan.Eviction, err error) {
+	done = make([]plan.Eviction, 0, len(evictions))
 	var errs []error
 	for _, e := range evictions {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
@@ -65,11 +67,14 @@ func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.
 			// Another pod under that name (the UID precondition failed):
 			// the planned one is gone, and the new one is not evicted.
 			continue
+		case apierrors.IsForbidden(err):
+			forbidden = append(forbidden, e)
+			continue
 		case err != nil && !apierrors.IsNotFound(err):
 			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, err))
 			continue
 		}
 		done = append(done, e)
 	}
-	return done, errors.Join(errs...)
+	return done, forbidden, errors.Join(errs...)
 }

@@ -56,7 +56,8 @@ func TestRollWritesTheValue(t *testing.T) {
 // TestEvictTriesEveryPod: each eviction is conditional on the pod's UID
 // (another pod under the name is left alone, no error); a budget that refuses one engine's eviction
 // (429) delays no other node's; a pod already gone counts as evicted; the
-// refusal comes back as TooManyRequests, naming the pod and node.
+// refusal comes back as TooManyRequests, naming the pod and node; a
+// refusal of RBAC (403) comes back apart, as no error.
 func TestEvictTriesEveryPod(t *testing.T) {
 	s := runtime.NewScheme()
 	require.NoError(t, corev1.AddToScheme(s))
@@ -73,6 +74,8 @@ func TestEvictTriesEveryPod(t *testing.T) {
 				return apierrors.NewTooManyRequestsError("Cannot evict pod as it would violate the pod's disruption budget.")
 			case "engine-gone":
 				return apierrors.NewNotFound(corev1.Resource("pods"), obj.GetName())
+			case "engine-forbidden":
+				return apierrors.NewForbidden(corev1.Resource("pods/eviction"), obj.GetName(), errors.New(`User "system:serviceaccount:inferencecache-system:inferencecache-operator" cannot create resource "pods/eviction"`))
 			case "engine-renamed":
 				return apierrors.NewConflict(corev1.Resource("pods"), obj.GetName(), errors.New("Precondition failed: UID in precondition: uid-engine-renamed, UID in object meta: uid-other"))
 			}
@@ -80,11 +83,14 @@ func TestEvictTriesEveryPod(t *testing.T) {
 		},
 	})
 	evictions := []plan.Eviction{{Pod: "engine-a", UID: "uid-engine-a", Node: "gpu-a"}, {Pod: "engine-b", UID: "uid-engine-b", Node: "gpu-b"},
-		{Pod: "engine-gone", UID: "uid-engine-gone", Node: "gpu-c"}, {Pod: "engine-renamed", UID: "uid-engine-renamed", Node: "gpu-d"}}
-	done, err := New(c).Evict(context.Background(), "llm", evictions)
-	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone", "engine-renamed"}, tried)
+		{Pod: "engine-gone", UID: "uid-engine-gone", Node: "gpu-c"}, {Pod: "engine-renamed", UID: "uid-engine-renamed", Node: "gpu-d"},
+		{Pod: "engine-forbidden", UID: "uid-engine-forbidden", Node: "gpu-e"}}
+	done, forbidden, err := New(c).Evict(context.Background(), "llm", evictions)
+	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone", "engine-renamed", "engine-forbidden"}, tried)
 	assert.Equal(t, evictions[1:3], done, "a pod re-created under the planned name is neither evicted nor an error")
+	assert.Equal(t, evictions[4:], forbidden, "a refusal of RBAC is reported apart: no retry changes it")
 	require.Error(t, err)
+	assert.False(t, apierrors.IsForbidden(err), "%v", err)
 	assert.True(t, apierrors.IsTooManyRequests(err), "%v", err)
 	assert.Contains(t, err.Error(), "engine pod engine-a on node gpu-a")
 }

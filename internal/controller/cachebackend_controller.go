@@ -388,15 +388,16 @@ func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
 		return nil
 	}
 	done, err := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
-	var evicted []plan.Eviction
+	var evicted, forbidden []plan.Eviction
 	if err == nil {
-		evicted, err = r.Applier.Evict(ctx, s.cb.Namespace, s.rolls.Evictions)
+		evicted, forbidden, err = r.Applier.Evict(ctx, s.cb.Namespace, s.rolls.Evictions)
 		if apierrors.IsTooManyRequests(err) {
 			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
 				"a PodDisruptionBudget allows no disruption now; retrying: %v", err)
 		}
 	}
 	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done, Evictions: evicted})
+	r.recordForbidden(ctx, s.cb, forbidden)
 	return err
 }
 

@@ -44,7 +44,15 @@ var Evictions = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Engine pods evicted because the node-local cache server of their node (multiprocess mode) was replaced or restarted, by namespace and CacheBackend.",
 }, []string{"namespace", "cachebackend"})
 
-func init() { metrics.Registry.MustRegister(Cascades, Heals, Evictions) }
+// EvictionsForbidden counts engine pods the per-node cascade could not
+// evict because the operator may not (an install without the
+// engine-eviction grant): they need a restart by hand.
+var EvictionsForbidden = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "inferencecache_engine_evictions_forbidden_total",
+	Help: "Engine pods the per-node cascade of multiprocess mode was not allowed to evict (no pods/eviction grant), to be restarted by hand, by namespace and CacheBackend.",
+}, []string{"namespace", "cachebackend"})
+
+func init() { metrics.Registry.MustRegister(Cascades, Heals, Evictions, EvictionsForbidden) }
 
 // observation is what a reconcile reads before it plans.
 type observation struct {

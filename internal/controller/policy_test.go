@@ -14,7 +14,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +23,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -33,7 +35,9 @@ import (
 // Service no CacheBackend controls is denied, of an owned one allowed; on
 // a Deployment or DaemonSet it does not own, the rollout annotation on the
 // pod template is allowed and an image change denied. The per-node
-// cascade's eviction of an engine pod is allowed by the ClusterRole.
+// cascade's eviction of an engine pod is forbidden by role.yaml alone
+// (apply.Evict reports it apart, no error) and allowed once the
+// engine-eviction grant is bound; deleting the pod stays forbidden.
 func TestOperatorWritePolicy(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -150,9 +154,36 @@ func TestOperatorWritePolicy(t *testing.T) {
 	engine := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine-0"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai:v1"}}}}
 	require.NoError(t, k8s.Create(ctx, engine))
-	assert.NoError(t, operator.SubResource("eviction").Create(ctx, engine.DeepCopy(),
-		&policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: engine.Name}}), "evicting an engine pod")
-	assert.True(t, apierrors.IsForbidden(operator.Delete(ctx, engine.DeepCopy())), "but not deleting one")
+	// role.yaml alone does not grant evictions: the cascade's evictions
+	// come back as forbidden, no error (not retried), and the pod stays.
+	evict := []plan.Eviction{{Pod: engine.Name, UID: engine.UID, Node: "gpu-a"}}
+	done, forbidden, err := apply.New(operator).Evict(ctx, ns, evict)
+	require.NoError(t, err)
+	assert.Empty(t, done)
+	assert.Equal(t, evict, forbidden, "without the engine-eviction grant")
+	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(engine), &corev1.Pod{}))
+	// With the engine-eviction grant as the bundle ships it: evicted.
+	grant := &rbacv1.ClusterRole{}
+	raw, err = os.ReadFile(filepath.Join("..", "..", "kustomize", "base", "rbac", "engine_eviction.yaml"))
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal([]byte(strings.Split(string(raw), "\n---\n")[0]), grant))
+	require.Equal(t, controller.EngineEvictionClusterRole, grant.Name)
+	grant.Name = "policy-test-eviction-" + ns
+	require.NoError(t, k8s.Create(ctx, grant))
+	t.Cleanup(func() { _ = k8s.Delete(ctx, grant) })
+	grantBinding := crb.DeepCopy()
+	grantBinding.ObjectMeta = metav1.ObjectMeta{Name: grant.Name}
+	grantBinding.RoleRef.Name = grant.Name
+	require.NoError(t, k8s.Create(ctx, grantBinding))
+	t.Cleanup(func() { _ = k8s.Delete(ctx, grantBinding) })
+	assert.True(t, apierrors.IsForbidden(operator.Delete(ctx, engine.DeepCopy())), "deleting an engine pod stays forbidden")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		done, forbidden, err := apply.New(operator).Evict(ctx, ns, evict)
+		if err != nil || len(forbidden) > 0 || len(done) != 1 {
+			return fmt.Errorf("done %v, forbidden %v, err %w", done, forbidden, err)
+		}
+		return nil
+	})
 
 	dep := &appsv1.Deployment{}
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(engineDep), dep))

@@ -15,11 +15,16 @@ package controller
 //     authenticates and authorizes its scrapers through the API server.
 //   - Pods: read only (get, list, watch). The receipt controller records
 //     one event per pod and never writes to the pod (docs/security.md).
-//     pods/eviction create: the per-node restart cascade of multiprocess
-//     mode evicts the wired engine pods of a node whose server was
-//     replaced (a Deployment spans nodes: rolling it would restart the
-//     engines of every node); an eviction respects the pod's
-//     PodDisruptionBudget, and never changes the pod.
+//   - pods/eviction create is not here: it is a ClusterRole of its own,
+//     inferencecache-operator-engine-eviction
+//     (kustomize/base/rbac/engine_eviction.yaml, written by hand), which an
+//     install may leave out (kustomize/components/without-engine-eviction,
+//     the chart's engineEviction.enabled=false). The per-node restart
+//     cascade of multiprocess mode evicts with it the wired engine pods of
+//     a node whose server was replaced (a Deployment spans nodes: rolling
+//     it would restart the engines of every node); an eviction respects
+//     the pod's PodDisruptionBudget, and never changes the pod. Without
+//     it, the cascade names the pods to restart (EngineEvictionForbidden).
 
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends,verbs=get;list;watch
 // +kubebuilder:rbac:groups=inferencecache.io,resources=cachebackends/status,verbs=get;patch;update
@@ -31,7 +36,6 @@ package controller
 // +kubebuilder:rbac:groups=autoscaling,resources=horizontalpodautoscalers,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=pods/eviction,verbs=create
 // +kubebuilder:rbac:groups=apps,resources=replicasets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=inferencecache-system,resources=leases,verbs=get;list;watch;create;update;patch;delete

@@ -27,21 +27,10 @@ func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.C
 	}
 	if len(done.Evictions) > 0 {
 		Evictions.WithLabelValues(cb.Namespace, cb.Name).Add(float64(len(done.Evictions)))
-		byNode := map[string][]string{}
-		var nodes []string
-		for _, e := range done.Evictions {
-			if _, ok := byNode[e.Node]; !ok {
-				nodes = append(nodes, e.Node)
-			}
-			byNode[e.Node] = append(byNode[e.Node], e.Pod)
-		}
-		parts := make([]string, len(nodes))
-		for i, n := range nodes {
-			parts[i] = "node " + n + ": " + strings.Join(byNode[n], ", ")
-		}
-		log.FromContext(ctx).Info("evicted engine pods after their node's cache server changed", "pods", strings.Join(parts, "; "))
+		pods := podsByNode(done.Evictions)
+		log.FromContext(ctx).Info("evicted engine pods after their node's cache server changed", "pods", pods)
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Evict",
-			"node-local cache server replaced or restarted: evicted the engine pods wired to it so they reconnect (%s)", strings.Join(parts, "; "))
+			"node-local cache server replaced or restarted: evicted the engine pods wired to it so they reconnect (%s)", pods)
 	}
 	if ws := done.Workloads(plan.CauseAdmittedBeforeEndpoint); len(ws) > 0 {
 		Heals.WithLabelValues(cb.Namespace, cb.Name).Add(float64(len(ws)))
@@ -49,6 +38,45 @@ func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.C
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestartedForWiring, "Rollout",
 			"engine pods were admitted before the endpoint existed: rolled %s once so the webhook wires their new pods", joinWorkloads(ws))
 	}
+}
+
+// recordForbidden counts, logs and records the evictions of the per-node
+// cascade that the operator may not make (an install without the
+// engine-eviction grant): the pods to restart by hand. The change is not
+// retried (no retry would be allowed), so the event is recorded once.
+func (r *CacheBackendReconciler) recordForbidden(ctx context.Context, cb *v1alpha1.CacheBackend, forbidden []plan.Eviction) {
+	if len(forbidden) == 0 {
+		return
+	}
+	EvictionsForbidden.WithLabelValues(cb.Namespace, cb.Name).Add(float64(len(forbidden)))
+	pods := podsByNode(forbidden)
+	log.FromContext(ctx).Error(nil, "not allowed to evict the engine pods of a node whose cache server changed; restart them by hand", "pods", pods,
+		"grant", "ClusterRole "+EngineEvictionClusterRole)
+	r.Recorder.Eventf(cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionForbidden, "Evict",
+		"node-local cache server replaced or restarted, and the operator may not evict pods (no pods/eviction create: ClusterRole %s not bound to it): restart these engine pods by hand so they reconnect (%s)",
+		EngineEvictionClusterRole, pods)
+}
+
+// EngineEvictionClusterRole is the ClusterRole that grants the operator
+// pods/eviction create (kustomize/base/rbac/engine_eviction.yaml).
+const EngineEvictionClusterRole = "inferencecache-operator-engine-eviction"
+
+// podsByNode lists evictions as "node X: pod, pod; node Y: pod", nodes in
+// their first order.
+func podsByNode(evictions []plan.Eviction) string {
+	byNode := map[string][]string{}
+	var nodes []string
+	for _, e := range evictions {
+		if _, ok := byNode[e.Node]; !ok {
+			nodes = append(nodes, e.Node)
+		}
+		byNode[e.Node] = append(byNode[e.Node], e.Pod)
+	}
+	parts := make([]string, len(nodes))
+	for i, n := range nodes {
+		parts[i] = "node " + n + ": " + strings.Join(byNode[n], ", ")
+	}
+	return strings.Join(parts, "; ")
 }
 
 // reportUnwired records EnginesUnwired when EnginesWired turns False or

@@ -3,7 +3,7 @@
 // verify` fails when the chart and the overlays drift apart). It builds every combination of the
 // chart's switches with kustomize (krusty): certManager (overlays/production)
 // or not (overlays/dev), the namespace-opt-in component, the monitoring
-// component. Each object of those outputs becomes one template: the objects
+// component, the engine-eviction grant (without-engine-eviction when off). Each object of those outputs becomes one template: the objects
 // as kustomize wrote them, branched with `if` on exactly the switches that
 // change them, and with only these fields turned into values, for whatever
 // workloads the overlays hold (only optionalFlags names one):
@@ -48,6 +48,7 @@ var switches = []struct {
 	{"certManager.enabled", true, "The webhooks' serving certificate from cert-manager (an Issuer and a Certificate; cert-manager injects the CA), as overlays/production; false: the manager provisions and renews its own certificate and publishes the CA, as overlays/dev."},
 	{"namespaceOptIn.enabled", false, "The Pod webhook sees only pods of namespaces labelled inferencecache.io/inject=enabled (kustomize/components/namespace-opt-in)."},
 	{"monitoring.enabled", false, "A ServiceMonitor for the manager, PodMonitors for the cache index, the kvevent-subscriber sidecars and the multiprocess LMCache servers, and a PrometheusRule with the operator's alerts (kustomize/components/monitoring; needs the Prometheus Operator's CRDs)."},
+	{"engineEviction.enabled", true, "The operator's one pod write, pods/eviction create (ClusterRole inferencecache-operator-engine-eviction): multiprocess mode evicts the engines of a node whose LMCache server was replaced. false leaves it out (kustomize/components/without-engine-eviction): the operator then names the pods to restart by hand (Warning event EngineEvictionForbidden)."},
 }
 
 // variant is one combination of the switches (bit i = switches[i]).
@@ -83,6 +84,9 @@ func build(kustomizeDir string, v variant) ([]map[string]any, error) {
 	}
 	if v.on(2) {
 		components = append(components, filepath.Join(root, "components/monitoring"))
+	}
+	if !v.on(3) {
+		components = append(components, filepath.Join(root, "components/without-engine-eviction"))
 	}
 	if len(components) > 0 {
 		k["components"] = components

@@ -41,6 +41,7 @@ func newGenerator() *generator {
 	root.child("certManager").doc = "How the webhooks get their serving certificate."
 	root.child("namespaceOptIn").doc = "Opt-in namespaces for the Pod webhook (docs/security.md)."
 	root.child("monitoring").doc = "Prometheus Operator objects (docs/operations.md#alerts)."
+	root.child("engineEviction").doc = "The per-node restart cascade of multiprocess mode (docs/security.md#engine-eviction)."
 	return &generator{values: root}
 }
 

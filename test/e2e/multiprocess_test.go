@@ -11,8 +11,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -281,6 +283,108 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	assert.Equal(t, final["gpu-a"].UID, engines()["gpu-a"].UID, "gpu-a's engine keeps running")
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted, 2)
 	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted), "gpu-b's engine evicted once")
+
+	// An install without the engine-eviction grant: the API server
+	// refuses the operator's evictions with 403. Here a
+	// ValidatingAdmissionPolicy with reason Forbidden stands in for the
+	// missing RBAC (this suite's operator runs as the cluster's admin; the
+	// RBAC refusal itself is checked in internal/controller's
+	// TestOperatorWritePolicy and in test/security). gpu-a's server
+	// replaced: the Warning event EngineEvictionForbidden names gpu-a's
+	// engine pod, which keeps running; the new server identity is
+	// recorded, and the change is not retried once evictions are allowed
+	// again.
+	engineNow := engines()
+	denyEvictions(t, ns)
+	cb = observedBackend(t, key)
+	recorded := cb.Status.ObservedServerInstance
+	deleteServerOn(t, ns, "mp-cache", "gpu-a")
+	testutil.Eventually(t, 90*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if n := testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionForbidden); n != 1 || cb.Status.ObservedServerInstance == recorded {
+			return fmt.Errorf("%d %s events, observedServerInstance changed: %t", n, v1alpha1.EventEngineEvictionForbidden, cb.Status.ObservedServerInstance != recorded)
+		}
+		return nil
+	})
+	var events eventsv1.EventList
+	require.NoError(t, k8s.List(ctx, &events, client.InNamespace(ns)))
+	for _, e := range events.Items {
+		if e.Reason == v1alpha1.EventEngineEvictionForbidden {
+			assert.Equal(t, corev1.EventTypeWarning, e.Type)
+			assert.Contains(t, e.Note, "node gpu-a: "+engineNow["gpu-a"].Name, "the pod to restart by hand")
+			assert.Contains(t, e.Note, "inferencecache-operator-engine-eviction", "the grant it lacks")
+		}
+	}
+	assert.Equal(t, engineNow["gpu-a"].UID, engines()["gpu-a"].UID, "gpu-a's engine keeps running")
+	allowEvictions(t, ns)
+	reconcileAfter(t, key, map[string]string{"app": "mp-engine"}, time.Now(), 0)
+	assert.Equal(t, engineNow["gpu-a"].UID, engines()["gpu-a"].UID, "the change is not retried")
+	assert.Equal(t, engineNow["gpu-b"].UID, engines()["gpu-b"].UID)
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionForbidden))
+	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted))
+}
+
+// denyEvictions makes the API server refuse every eviction in ns with 403
+// Forbidden (a ValidatingAdmissionPolicy), as it refuses an operator
+// installed without the engine-eviction grant, and waits until it does.
+func denyEvictions(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-evictions-" + ns},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: ptr.To(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods/eviction"}},
+				}}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Reason: ptr.To(metav1.StatusReasonForbidden),
+				Message: "evictions are not allowed (stand-in for an install without the engine-eviction grant)"}},
+		},
+	}
+	require.NoError(t, k8s.Create(ctx, policy))
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}}}},
+	}
+	require.NoError(t, k8s.Create(ctx, binding))
+	t.Cleanup(func() { allowEvictions(t, ns) })
+	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eviction-probe"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	require.NoError(t, k8s.Create(ctx, probe))
+	testutil.Eventually(t, 30*time.Second, func() error {
+		err := k8s.SubResource("eviction").Create(ctx, probe, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: probe.Name}})
+		if !apierrors.IsForbidden(err) {
+			return fmt.Errorf("eviction not refused with 403 yet: %w", err)
+		}
+		return nil
+	})
+}
+
+// allowEvictions removes denyEvictions' policy and waits until an
+// eviction in ns is allowed again.
+func allowEvictions(t *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	name := "deny-evictions-" + ns
+	if err := k8s.Delete(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name}}); apierrors.IsNotFound(err) {
+		return
+	}
+	_ = k8s.Delete(ctx, &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "eviction-probe"}}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		err := k8s.SubResource("eviction").Create(ctx, probe, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: probe.Name}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("eviction still refused: %w", err)
+		}
+		return nil
+	})
 }
 
 // deleteServerOn deletes the server pod of backend name on node, as a

@@ -121,8 +121,8 @@ func TestOverlays(t *testing.T) {
 			assert.True(t, kinds["PodDisruptionBudget"])
 			assert.Equal(t, 1, mwcs)
 			assert.Equal(t, 1, vwcs)
-			assert.Equal(t, 7, roles, "the operator's ClusterRole and Role, three aggregated roles, the metrics reader, the index's CacheBackend reader")
-			assert.Equal(t, 4, bindings, "the operator's two, the index's auth-delegator and CacheBackend reader")
+			assert.Equal(t, 8, roles, "the operator's ClusterRole and Role, its engine-eviction grant, three aggregated roles, the metrics reader, the index's CacheBackend reader")
+			assert.Equal(t, 5, bindings, "the operator's three, the index's auth-delegator and CacheBackend reader")
 		})
 	}
 }

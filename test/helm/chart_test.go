@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -207,12 +208,28 @@ func TestChartEqualsKustomize(t *testing.T) {
 		// The dev overlay does not pin the images (the base's :latest).
 		{"certManager off is the dev overlay", `{createNamespace: true, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}, flags: {kveventSubscriberImage: {tag: latest}}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev", nil},
 		{"monitoring adds the monitoring component", `{createNamespace: true, monitoring: {enabled: true}}`, "overlays/production", []string{"components/monitoring"}},
+		{"engineEviction off adds the without-engine-eviction component", `{createNamespace: true, engineEviction: {enabled: false}}`, "overlays/production", []string{"components/without-engine-eviction"}},
 		{"namespaceOptIn adds the namespace-opt-in component", `{createNamespace: true, namespaceOptIn: {enabled: true}, certManager: {enabled: false}, operator: {manager: {image: {tag: latest}, flags: {kveventSubscriberImage: {tag: latest}}}}, index: {cacheIndex: {image: {tag: latest}}}}`, "overlays/dev", []string{"components/namespace-opt-in"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sameObjects(t, chartDir, "../../kustomize", tc.vals, tc.overlay, tc.components...)
 		})
 	}
+	t.Run("without-engine-eviction removes the eviction grant and nothing else", func(t *testing.T) {
+		with, without := kustomize(t, "overlays/production"), kustomize(t, "overlays/production", "components/without-engine-eviction")
+		var removed []string
+		for k := range with {
+			if _, ok := without[k]; !ok {
+				removed = append(removed, k)
+			} else {
+				assert.Equal(t, with[k], without[k], k)
+			}
+		}
+		slices.Sort(removed)
+		assert.Equal(t, []string{"rbac.authorization.k8s.io/v1 ClusterRole <nil>/inferencecache-operator-engine-eviction",
+			"rbac.authorization.k8s.io/v1 ClusterRoleBinding <nil>/inferencecache-operator-engine-eviction"}, removed)
+		assert.Len(t, without, len(with)-2)
+	})
 	t.Run("without createNamespace there is no Namespace object", func(t *testing.T) {
 		chart := renderObjects(t, nil)
 		want := kustomize(t, "overlays/production")

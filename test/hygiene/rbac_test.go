@@ -20,7 +20,8 @@ import (
 // Issue 23 (multiprocess mode) added apps/daemonsets (the node-local
 // servers) and pods/eviction create (the per-node restart cascade evicts
 // the engine pods of one node; a Deployment spans nodes, so rolling it
-// would restart every node's engines).
+// would restart every node's engines), the latter in a ClusterRole of its
+// own (engine_eviction.yaml) that an install may leave out.
 var operatorPermissions = `
 /persistentvolumeclaims create
 /persistentvolumeclaims get
@@ -69,32 +70,37 @@ apps/statefulsets update
 apps/statefulsets watch
 `
 
-// TestOperatorClusterRoleIsTheReviewedSet: the generated ClusterRole
-// (kustomize/base/rbac/role.yaml) grants the reviewed permissions above
-// among its rules, and nothing on the workload, pod and Service resources
-// beyond them.
+// TestOperatorClusterRoleIsTheReviewedSet: the operator's ClusterRoles
+// (the generated kustomize/base/rbac/role.yaml and the engine-eviction
+// grant beside it) grant the reviewed permissions above among their rules,
+// and nothing on the workload, pod and Service resources beyond them; the
+// generated one does not grant pods/eviction (an install may leave that
+// grant out, and keep every other permission).
 func TestOperatorClusterRoleIsTheReviewedSet(t *testing.T) {
-	raw, err := os.ReadFile("../../kustomize/base/rbac/role.yaml")
-	require.NoError(t, err)
 	var got []string
-	for _, doc := range strings.Split(string(raw), "\n---") {
-		var role rbacv1.ClusterRole
-		require.NoError(t, yaml.Unmarshal([]byte(doc), &role))
-		if role.Kind != "ClusterRole" || role.Name != "inferencecache-operator" {
-			continue
-		}
-		for _, r := range role.Rules {
-			for _, g := range r.APIGroups {
-				if g != "" && g != "apps" && g != "admissionregistration.k8s.io" {
-					continue // the operator's own API, events, leases, reviews: not in the reviewed set
-				}
-				for _, res := range r.Resources {
-					for _, v := range r.Verbs {
-						line := g + "/" + res + " " + v
-						if len(r.ResourceNames) > 0 {
-							line += " #" + strings.Join(r.ResourceNames, ",")
+	for _, f := range []string{"role.yaml", "engine_eviction.yaml"} {
+		raw, err := os.ReadFile("../../kustomize/base/rbac/" + f)
+		require.NoError(t, err)
+		for _, doc := range strings.Split(string(raw), "\n---") {
+			var role rbacv1.ClusterRole
+			require.NoError(t, yaml.Unmarshal([]byte(doc), &role))
+			if role.Kind != "ClusterRole" || (role.Name != "inferencecache-operator" && role.Name != "inferencecache-operator-engine-eviction") {
+				continue
+			}
+			for _, r := range role.Rules {
+				for _, g := range r.APIGroups {
+					if g != "" && g != "apps" && g != "admissionregistration.k8s.io" {
+						continue // the operator's own API, events, leases, reviews: not in the reviewed set
+					}
+					for _, res := range r.Resources {
+						assert.False(t, res == "pods/eviction" && f == "role.yaml", "pods/eviction is granted by engine_eviction.yaml only")
+						for _, v := range r.Verbs {
+							line := g + "/" + res + " " + v
+							if len(r.ResourceNames) > 0 {
+								line += " #" + strings.Join(r.ResourceNames, ",")
+							}
+							got = append(got, line)
 						}
-						got = append(got, line)
 					}
 				}
 			}

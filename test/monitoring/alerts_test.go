@@ -157,7 +157,7 @@ func TestEveryAlertHasAFiringUnitTestAndARunbook(t *testing.T) {
 			assert.True(t, anchors[anchor], "%s: docs/operations.md has a section #%s", r.Alert, anchor)
 		}
 	}
-	assert.Equal(t, 10, alerts, "not Ready, fail-open, webhook errors, cascade storm, IndexSynced, "+
+	assert.Equal(t, 11, alerts, "not Ready, fail-open, webhook errors, cascade storm, engine eviction forbidden, IndexSynced, "+
 		"reconcile errors, operator down, certificate expiry, KV-event lag, index backlog")
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,6 +17,8 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -108,6 +111,25 @@ func TestOperatorRBACThroughTheAPIServer(t *testing.T) {
 	assert.NoError(t, lease(operatorNamespace), "the leader-election Lease in its namespace")
 	assert.True(t, apierrors.IsForbidden(lease("tenant")), "no Lease elsewhere")
 	assert.True(t, apierrors.IsForbidden(lease("kube-system")), "no Lease in kube-system")
+
+	// Multiprocess mode's per-node cascade evicts engine pods (never
+	// deletes them), through the engine-eviction grant; an install without
+	// it (kustomize/components/without-engine-eviction) is refused.
+	evict := func(name string) error {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: name},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
+		require.NoError(t, admin.Create(ctx, pod))
+		return op.SubResource("eviction").Create(ctx, pod, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: name}})
+	}
+	assert.True(t, apierrors.IsForbidden(op.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "engine-0"}})), "no pod delete")
+	assert.NoError(t, evict("engine-0"), "evicts an engine pod")
+	require.NoError(t, admin.Delete(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-operator-engine-eviction"}}))
+	require.Eventually(t, func() bool {
+		err := op.SubResource("eviction").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "engine-1"}},
+			&policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "engine-1"}})
+		return apierrors.IsForbidden(err)
+	}, 10*time.Second, 100*time.Millisecond, "without the engine-eviction binding, evictions are refused")
+	assert.True(t, apierrors.IsForbidden(evict("engine-2")), "without the engine-eviction binding")
 
 	// The KV-block index's ServiceAccount: TokenReview and
 	// SubjectAccessReview for its callers (system:auth-delegator), and
