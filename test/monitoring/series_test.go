@@ -91,7 +91,7 @@ func TestSeriesLabelsFile(t *testing.T) {
 	subscriber.NewMetrics(sidecar)
 	want := map[string]map[string][]string{
 		"manager": labelsOf(t, &metrics.Collector{}, &metrics.CertificateCollector{}, metrics.APIRequests,
-			controller.Cascades, controller.Heals, controller.ProbeResults,
+			controller.Cascades, controller.Heals, controller.Evictions, controller.EvictionsForbidden, controller.ProbeResults,
 			podmutation.Decisions, podmutation.GuardTrips, podmutation.AdmissionDuration, podmutation.AdmissionWait),
 		"index":    labelsOf(t, index.collectors...),
 		"kvevents": labelsOf(t, sidecar.collectors...),
