@@ -1055,6 +1055,14 @@ type CacheBackendStatus struct {
 	// +optional
 	FirstAvailableAt *metav1.Time `json:"firstAvailableAt,omitempty"`
 
+	// EndpointPublishedAt is when status.endpoint was last published: set
+	// when the endpoint appears (or changes), removed with it. The webhook
+	// wires pods with it once its cache holds it, a few seconds later.
+	// Multiprocess mode's per-node cascade waits for that, not for Ready
+	// (every node's server), before it evicts a node's engines.
+	// +optional
+	EndpointPublishedAt *metav1.Time `json:"endpointPublishedAt,omitempty"`
+
 	// IndexParticipation is the KV-block index's view of the engine pods
 	// (KV-event observation). Set only while spec.observation is set.
 	// +optional

@@ -174,6 +174,10 @@ func (in *CacheBackendStatus) DeepCopyInto(out *CacheBackendStatus) {
 		in, out := &in.FirstAvailableAt, &out.FirstAvailableAt
 		*out = (*in).DeepCopy()
 	}
+	if in.EndpointPublishedAt != nil {
+		in, out := &in.EndpointPublishedAt, &out.EndpointPublishedAt
+		*out = (*in).DeepCopy()
+	}
 	if in.IndexParticipation != nil {
 		in, out := &in.IndexParticipation, &out.IndexParticipation
 		*out = new(IndexParticipation)

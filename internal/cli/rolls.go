@@ -55,10 +55,10 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 	state := plan.RollState{
 		Policy: live.Spec.EngineRestartPolicy, Instance: change.Instance, Changed: change.Changed,
 		ServerAvailable: !hold && evaluate.Health(w).Available, Ready: isReady,
-		Settled: live.Status.Endpoint != "" && isReady && now.Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime,
-		Early:   len(tally.Early) > 0, KeysUnavailable: tally.KeysUnavailable,
+		Early: len(tally.Early) > 0, KeysUnavailable: tally.KeysUnavailable,
 	}
 	state.SetPerNode(w, servers, change, now)
+	state.Settled = evaluate.EndpointSettled(&live.Status, "", state.PerNode, now)
 	var wired, early []plan.Candidate
 	var enginePods []plan.EnginePod
 	if state.Cascade() {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -376,7 +378,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 		Verdict: v, Wiring: wiring, Wired: w.Wired, Unwired: w.Unwired(),
 		Observed: cb.Spec.Observation != nil, Index: index, Participation: evaluate.Settle(cb.Status.IndexParticipation, part),
 		Probed: s.probed, ProbeErr: seen.facts.ProbeErr,
-		Endpoint: endpoint, FirstAvailableAt: seen.facts.FirstAvailableAt, Capacity: s.plan.Capacity,
+		Endpoint: endpoint, FirstAvailableAt: seen.facts.FirstAvailableAt, Now: r.Now(), Capacity: s.plan.Capacity,
 		ServerInstance: seen.roll.Instance, Record: s.rolls.Record,
 		Multiprocess: evaluate.NodeServers(seen.facts.Workload, seen.serverPods, render.Port(cb)),
 	}
@@ -390,14 +392,28 @@ func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
 	done, err := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
 	var evicted, forbidden []plan.Eviction
 	if err == nil {
-		evicted, forbidden, err = r.Applier.Evict(ctx, s.cb.Namespace, s.rolls.Evictions)
+		m := r.memo.get(s.cb)
+		evictions := slices.DeleteFunc(slices.Clone(s.rolls.Evictions), func(e plan.Eviction) bool {
+			return m.forbiddenFor == s.seen.roll.Instance && m.forbidden[e.UID]
+		})
+		evicted, forbidden, err = r.Applier.Evict(ctx, s.cb.Namespace, evictions)
 		if apierrors.IsTooManyRequests(err) {
 			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
 				"a PodDisruptionBudget allows no disruption now; retrying: %v", err)
 		}
 	}
 	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done, Evictions: evicted})
-	r.recordForbidden(ctx, s.cb, forbidden)
+	if len(forbidden) > 0 {
+		r.memo.update(s.cb, func(e *memoEntry) {
+			if e.forbiddenFor != s.seen.roll.Instance {
+				e.forbiddenFor, e.forbidden = s.seen.roll.Instance, map[types.UID]bool{}
+			}
+			for _, f := range forbidden {
+				e.forbidden[f.UID] = true
+			}
+		})
+		r.recordForbidden(ctx, s.cb, forbidden)
+	}
 	return err
 }
 

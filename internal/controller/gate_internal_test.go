@@ -54,7 +54,7 @@ func TestGateCountsOnlyPodsWithTheSidecar(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(append([]client.Object{cb.DeepCopy()}, tc.pods...)...).Build()
 			stub := &stubIndex{sum: live}
-			r := &CacheBackendReconciler{Client: c, APIReader: c, Index: stub, Inject: inject.Options{KVEventSubscriberImage: "sub:1"}}
+			r := &CacheBackendReconciler{Client: c, APIReader: c, Index: stub, Inject: inject.Options{KVEventSubscriberImage: "sub:1"}, Now: metav1.Now}
 			s := &pass{cb: cb, st: cb.Status.DeepCopy()}
 			if err := r.gather(context.Background(), s); err != nil {
 				t.Fatal(err)

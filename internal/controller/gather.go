@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -191,7 +190,7 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 		live := &v1alpha1.CacheBackend{}
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil {
 			seen.facts.FirstAvailableAt = live.Status.FirstAvailableAt
-			seen.roll.Settled = r.endpointSettled(cb, live)
+			seen.roll.Settled = evaluate.EndpointSettled(&live.Status, render.Endpoint(cb, r.Inject.ClusterDomain), seen.roll.PerNode, r.Now().Time)
 		}
 		if seen.facts.FirstAvailableAt == nil {
 			now := r.Now()
@@ -256,13 +255,4 @@ func (r *CacheBackendReconciler) observeRolls(ctx context.Context, s *pass) erro
 		}
 	}
 	return nil
-}
-
-// endpointSettled reports whether engines rolled now will be wired: the
-// live status publishes the endpoint and has been Ready for a few seconds,
-// so that the webhook's cache, which lags the API server, holds it too.
-func (r *CacheBackendReconciler) endpointSettled(cb, live *v1alpha1.CacheBackend) bool {
-	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
-	return live.Status.Endpoint == render.Endpoint(cb, r.Inject.ClusterDomain) && ready != nil && ready.Status == metav1.ConditionTrue &&
-		r.Now().Sub(ready.LastTransitionTime.Time) >= evaluate.EndpointSettleTime
 }

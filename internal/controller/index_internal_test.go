@@ -67,7 +67,7 @@ func TestKVEventGate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stub := &stubIndex{sum: live, err: tc.err}
-			r := &CacheBackendReconciler{Index: stub, Inject: inject.Options{KVEventSubscriberImage: "sub:1"}}
+			r := &CacheBackendReconciler{Index: stub, Inject: inject.Options{KVEventSubscriberImage: "sub:1"}, Now: metav1.Now}
 			s := &pass{cb: tc.cb, st: tc.cb.Status.DeepCopy()}
 			publishIndex(r, s, tc.wired, gateAvailable(tc.cb))
 			if stub.reads != tc.reads {

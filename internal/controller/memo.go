@@ -35,6 +35,13 @@ type memoEntry struct {
 	// sidecars says which wired engine pods (by UID) carry the
 	// kvevent-subscriber sidecar (indexPods).
 	sidecars map[types.UID]bool
+	// forbidden are the engine pods (by UID) whose eviction the API server
+	// refused with 403 for the server identity forbiddenFor, reported
+	// (EngineEvictionForbidden) once: a reconcile that reads the status
+	// from before the identity was recorded neither tries nor reports
+	// them again.
+	forbiddenFor string
+	forbidden    map[types.UID]bool
 }
 
 // get returns cb's entry (empty when none is kept for cb's UID).

@@ -43,7 +43,8 @@ func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.C
 // recordForbidden counts, logs and records the evictions of the per-node
 // cascade that the operator may not make (an install without the
 // engine-eviction grant): the pods to restart by hand. The change is not
-// retried (no retry would be allowed), so the event is recorded once.
+// retried (no retry would be allowed), and the memo keeps a reconcile that
+// reads a stale status from reporting the same pods again.
 func (r *CacheBackendReconciler) recordForbidden(ctx context.Context, cb *v1alpha1.CacheBackend, forbidden []plan.Eviction) {
 	if len(forbidden) == 0 {
 		return

@@ -31,10 +31,12 @@ type Outcome struct {
 	Probed   bool
 	ProbeErr error
 	// Endpoint is status.endpoint ("" when none is published);
-	// FirstAvailableAt is recorded when none is yet; Capacity is
-	// status.capacity.
+	// FirstAvailableAt is recorded when none is yet; Now is recorded as
+	// status.endpointPublishedAt when the endpoint appears or changes;
+	// Capacity is status.capacity.
 	Endpoint         string
 	FirstAvailableAt *metav1.Time
+	Now              metav1.Time
 	Capacity         *resource.Quantity
 	// ServerInstance, when Record is set, is recorded as
 	// status.observedServerInstance.
@@ -55,6 +57,13 @@ func Publish(st *v1alpha1.CacheBackendStatus, gen int64, o Outcome) {
 	}
 	st.ObservedGeneration = gen
 	st.Capacity = o.Capacity
+	switch {
+	case o.Endpoint == "":
+		st.EndpointPublishedAt = nil
+	case st.Endpoint != o.Endpoint || st.EndpointPublishedAt == nil:
+		now := o.Now
+		st.EndpointPublishedAt = &now
+	}
 	st.Endpoint = o.Endpoint
 	st.Multiprocess = o.Multiprocess
 	if o.Endpoint != "" && st.FirstAvailableAt == nil {

@@ -149,6 +149,24 @@ func workloads(ws []string) string {
 // the endpoint by then, so pods created after it are wired.
 const EndpointSettleTime = 3 * time.Second
 
+// EndpointSettled reports whether engine pods created now are wired by
+// the webhook: st publishes the endpoint want (any, when want is empty),
+// and has for EndpointSettleTime, so that the webhook's cache, which lags
+// the API server, holds it too. For the whole-workload rolls that is
+// counted from the Ready transition; for multiprocess mode's per-node
+// cascade (perNode) from status.endpointPublishedAt, which does not wait
+// for every node's server (perNode evictions wait for their own node's).
+func EndpointSettled(st *v1alpha1.CacheBackendStatus, want string, perNode bool, now time.Time) bool {
+	if st.Endpoint == "" || (want != "" && st.Endpoint != want) {
+		return false
+	}
+	if perNode {
+		return st.EndpointPublishedAt != nil && now.Sub(st.EndpointPublishedAt.Time) >= EndpointSettleTime
+	}
+	ready := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
+	return ready != nil && ready.Status == metav1.ConditionTrue && now.Sub(ready.LastTransitionTime.Time) >= EndpointSettleTime
+}
+
 // EndpointSince is when the webhook could first inject cb's published
 // endpoint: its Ready transition plus the settle time; nil while cb
 // publishes no endpoint (pods admitted now are admitted before it).

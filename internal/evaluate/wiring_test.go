@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -95,4 +96,56 @@ func TestReportWiring(t *testing.T) {
 			assert.Contains(t, r.Message, tc.says)
 		})
 	}
+}
+
+// TestEndpointSettled: whole-workload rolls count the settle time from the
+// Ready transition; multiprocess mode's per-node cascade from
+// status.endpointPublishedAt, so a node whose server is missing (Ready
+// False) holds no other node's evictions.
+func TestEndpointSettled(t *testing.T) {
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	const ep = "tcp://mp.llm.svc.cluster.local:5555"
+	at := func(ago time.Duration) *metav1.Time { t := metav1.NewTime(now.Add(-ago)); return &t }
+	ready := func(s metav1.ConditionStatus, ago time.Duration) []metav1.Condition {
+		return []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: s, LastTransitionTime: *at(ago)}}
+	}
+	for _, tc := range []struct {
+		name    string
+		st      v1alpha1.CacheBackendStatus
+		want    string
+		perNode bool
+		settled bool
+	}{
+		{"Ready for the settle time", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, EndpointSettleTime)}, ep, false, true},
+		{"Ready just now", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, time.Second)}, ep, false, false},
+		{"not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Hour), Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, false, false},
+		{"another endpoint", v1alpha1.CacheBackendStatus{Endpoint: "tcp://other:5555", Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, false, false},
+		{"any endpoint (the CLI)", v1alpha1.CacheBackendStatus{Endpoint: "tcp://other:5555", Conditions: ready(metav1.ConditionTrue, time.Hour)}, "", false, true},
+		{"no endpoint", v1alpha1.CacheBackendStatus{Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, false, false},
+		{"per node: published for the settle time, not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(EndpointSettleTime), Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, true, true},
+		{"per node: published just now", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Second), Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, false},
+		{"per node: publication time not recorded yet", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, false},
+		{"per node: no endpoint", v1alpha1.CacheBackendStatus{EndpointPublishedAt: at(time.Hour)}, ep, true, false},
+	} {
+		assert.Equal(t, tc.settled, EndpointSettled(&tc.st, tc.want, tc.perNode, now), tc.name)
+	}
+}
+
+// TestPublishRecordsWhenTheEndpointAppears: status.endpointPublishedAt is
+// set when the endpoint appears or changes, kept while it stays, removed
+// with it.
+func TestPublishRecordsWhenTheEndpointAppears(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
+	t1 := metav1.NewTime(t0.Add(time.Minute))
+	st := &v1alpha1.CacheBackendStatus{}
+	Publish(st, 1, Outcome{Endpoint: "tcp://a:5555", Now: t0})
+	require.NotNil(t, st.EndpointPublishedAt)
+	assert.Equal(t, t0, *st.EndpointPublishedAt)
+	Publish(st, 1, Outcome{Endpoint: "tcp://a:5555", Now: t1})
+	assert.Equal(t, t0, *st.EndpointPublishedAt, "kept while the endpoint stays")
+	Publish(st, 2, Outcome{Endpoint: "tcp://b:5555", Now: t1})
+	assert.Equal(t, t1, *st.EndpointPublishedAt, "a new endpoint is published anew")
+	Publish(st, 2, Outcome{Now: t1})
+	assert.Nil(t, st.EndpointPublishedAt, "removed with the endpoint")
+	assert.Empty(t, st.Endpoint)
 }

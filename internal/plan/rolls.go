@@ -78,9 +78,11 @@ type RollState struct {
 	ServerAvailable bool
 	// Ready is the backend's Ready verdict.
 	Ready bool
-	// Settled: the live status publishes the endpoint and has been Ready
-	// long enough for the webhook's cache to hold it (engines rolled now
-	// are wired).
+	// Settled: the live status publishes the endpoint, long enough for
+	// the webhook's cache to hold it (engines rolled now are wired):
+	// counted from the Ready transition, or for a per-node cascade from
+	// status.endpointPublishedAt (evaluate.EndpointSettled), so a node
+	// without a server does not hold the other nodes' evictions.
 	Settled bool
 	// PerNode: the server runs one pod per node (multiprocess mode) and
 	// each engine reaches its own node's server only: a server change

@@ -38,8 +38,14 @@ var gpuTaint = corev1.Taint{Key: "nvidia.com/gpu", Value: "present", Effect: cor
 // removes them when the test ends.
 func gpuNodes(t *testing.T, names ...string) {
 	t.Helper()
+	gpuNodesOf(t, "256Gi", names...)
+}
+
+// gpuNodesOf is gpuNodes with memory as the nodes' memory capacity.
+func gpuNodesOf(t *testing.T, memory string, names ...string) {
+	t.Helper()
 	ctx := context.Background()
-	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("32"), corev1.ResourceMemory: resource.MustParse("256Gi"), corev1.ResourcePods: resource.MustParse("110")}
+	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("32"), corev1.ResourceMemory: resource.MustParse(memory), corev1.ResourcePods: resource.MustParse("110")}
 	for _, n := range names {
 		node := &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: n,
@@ -129,13 +135,7 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	ns := "mp-baseline"
 	require.NoError(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{
 		"pod-security.kubernetes.io/enforce": "baseline", "pod-security.kubernetes.io/enforce-version": "latest"}}}))
-	dir := t.TempDir()
-	write := func(name, body string) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
-		return p
-	}
-	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", write("cachebackend.yaml", mpBackend))
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, mpBackend))
 	kubectlRun(t, "wait", "-n", ns, "--for=condition=Ready", "cachebackend/mp-cache", "--timeout=90s")
 	key := client.ObjectKey{Namespace: ns, Name: "mp-cache"}
 
@@ -164,7 +164,7 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	require.NotNil(t, svc.Spec.InternalTrafficPolicy)
 	assert.Equal(t, corev1.ServiceInternalTrafficPolicyLocal, *svc.Spec.InternalTrafficPolicy)
 
-	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", write("engine.yaml", mpEngine))
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, mpEngine))
 	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/mp-engine", "--timeout=90s")
 	engines := func() map[string]corev1.Pod {
 		var pods corev1.PodList
@@ -385,6 +385,76 @@ func allowEvictions(t *testing.T, ns string) {
 		}
 		return nil
 	})
+}
+
+// TestMultiprocessNodeWithoutServerHoldsNoOtherNode: a selected GPU node
+// too small for the server's memory request keeps its server pod Pending,
+// so the backend is not Ready (2 of 3 servers) while it publishes its
+// endpoint; replacing gpu-a's server still evicts gpu-a's engine, once its
+// new server is ready and the endpoint has been published for the settle
+// time (status.endpointPublishedAt), and the re-created engine is wired.
+// Before, the cascade waited for Ready, which this backend never reaches.
+func TestMultiprocessNodeWithoutServerHoldsNoOtherNode(t *testing.T) {
+	ctx := context.Background()
+	gpuNodes(t, "gpu-a", "gpu-b")
+	gpuNodesOf(t, "4Gi", "gpu-small") // the server requests L1 + 5Gi
+	ns := namespace(t, "mp-pending-node")
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, mpBackend))
+	key := client.ObjectKey{Namespace: ns, Name: "mp-cache"}
+	cb := &v1alpha1.CacheBackend{}
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if m := cb.Status.Multiprocess; m == nil || m.DesiredServers != 3 || m.ReadyServers != 2 || cb.Status.Endpoint == "" || cb.Status.EndpointPublishedAt == nil {
+			return fmt.Errorf("status.multiprocess %+v, endpoint %q published at %v: want 2 of 3 servers ready and the endpoint published",
+				cb.Status.Multiprocess, cb.Status.Endpoint, cb.Status.EndpointPublishedAt)
+		}
+		return nil
+	})
+	require.NoError(t, testutil.ReadyIs(metav1.ConditionFalse, "")(cb), "gpu-small has no server: not Ready")
+	// One engine, on gpu-a.
+	engine := strings.Replace(strings.Replace(mpEngine, "replicas: 2", "replicas: 1", 1),
+		"nodeSelector: {gpu: \"true\"}", "nodeSelector: {kubernetes.io/hostname: gpu-a}", 1)
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, engine))
+	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/mp-engine", "--timeout=90s")
+	var pods corev1.PodList
+	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}))
+	require.Len(t, pods.Items, 1)
+	before := pods.Items[0]
+	require.Equal(t, "gpu-a", before.Spec.NodeName)
+	require.Equal(t, ns+"/mp-cache", before.Annotations[v1alpha1.AnnotationInjectedBy])
+	observedBackend(t, key)
+
+	deleteServerOn(t, ns, "mp-cache", "gpu-a")
+	testutil.Eventually(t, 60*time.Second, func() error {
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}); err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			if p.UID != before.UID && p.DeletionTimestamp.IsZero() && p.Annotations[v1alpha1.AnnotationInjectedBy] == ns+"/mp-cache" {
+				return nil
+			}
+		}
+		_ = k8s.Get(ctx, key, cb)
+		return fmt.Errorf("gpu-a's engine not replaced by a wired pod yet (conditions %+v)", cb.Status.Conditions)
+	})
+	require.NoError(t, k8s.Get(ctx, key, cb))
+	require.NoError(t, testutil.ReadyIs(metav1.ConditionFalse, "")(cb), "still not Ready: the eviction did not wait for it")
+	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted, 1)
+}
+
+// manifest writes body to a file of the test's and returns its path, for
+// kubectl apply -f.
+func manifest(t *testing.T, body string) string {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "*.yaml")
+	require.NoError(t, err)
+	_, err = f.WriteString(body)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	return f.Name()
 }
 
 // deleteServerOn deletes the server pod of backend name on node, as a
