@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,15 +50,18 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 // a precondition). A pod already gone counts as evicted; a pod re-created
 // under the same name is left alone. Every eviction is tried, so a budget
 // that blocks one node's engines delays no other's. It returns the
-// evictions done, in order; those the operator may not make (403: an
-// install without the engine-eviction grant, docs/security.md), which no
-// retry would change; and the other refusals joined (a budget that allows
-// no disruption now answers 429, apierrors.IsTooManyRequests), which the
-// reconcile retries: the plan never evicts a pod created after its node's
-// server started.
+// evictions done, in order; those the operator may not make (403, and a
+// SelfSubjectAccessReview says RBAC does not allow pods/eviction create
+// in namespace: an install without the engine-eviction grant,
+// docs/security.md), which no retry would change; and the other refusals
+// joined (a budget that allows no disruption now answers 429,
+// apierrors.IsTooManyRequests; an admission webhook or policy, or a
+// namespace being deleted, 403), which the reconcile retries: the plan
+// never evicts a pod created after its node's server started.
 func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.Eviction) (done, forbidden []plan.Eviction, err error) {
 	done = make([]plan.Eviction, 0, len(evictions))
 	var errs []error
+	var allowed *bool
 	for _, e := range evictions {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
 		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod},
@@ -68,7 +72,12 @@ func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.
 			// the planned one is gone, and the new one is not evicted.
 			continue
 		case apierrors.IsForbidden(err):
-			forbidden = append(forbidden, e)
+			ok, rerr := a.mayEvict(ctx, namespace, &allowed)
+			if rerr == nil && !ok {
+				forbidden = append(forbidden, e)
+				continue
+			}
+			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, errors.Join(err, rerr)))
 			continue
 		case err != nil && !apierrors.IsNotFound(err):
 			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, err))
@@ -77,4 +86,20 @@ func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.
 		done = append(done, e)
 	}
 	return done, forbidden, errors.Join(errs...)
+}
+
+// mayEvict asks the API server whether RBAC lets the operator create
+// pods/eviction in namespace (a SelfSubjectAccessReview, which every
+// authenticated user may create), once per Evict call (*memo).
+func (a *Applier) mayEvict(ctx context.Context, namespace string, memo **bool) (bool, error) {
+	if *memo != nil {
+		return **memo, nil
+	}
+	review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: namespace, Verb: "create", Resource: "pods", Subresource: "eviction"}}}
+	if err := a.client.Create(ctx, review); err != nil {
+		return false, fmt.Errorf("asking whether RBAC allows evictions: %w", err)
+	}
+	*memo = &review.Status.Allowed
+	return review.Status.Allowed, nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -57,12 +58,23 @@ func TestRollWritesTheValue(t *testing.T) {
 // (another pod under the name is left alone, no error); a budget that refuses one engine's eviction
 // (429) delays no other node's; a pod already gone counts as evicted; the
 // refusal comes back as TooManyRequests, naming the pod and node; a
-// refusal of RBAC (403) comes back apart, as no error.
+// refusal that RBAC explains (403, and a SelfSubjectAccessReview denies
+// pods/eviction create) comes back apart, as no error; any other 403 is an
+// error.
 func TestEvictTriesEveryPod(t *testing.T) {
 	s := runtime.NewScheme()
 	require.NoError(t, corev1.AddToScheme(s))
+	require.NoError(t, authorizationv1.AddToScheme(s))
 	var tried []string
+	reviews, rbacAllows := 0, false
 	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).Build(), interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			review := obj.(*authorizationv1.SelfSubjectAccessReview)
+			assert.Equal(t, authorizationv1.ResourceAttributes{Namespace: "llm", Verb: "create", Resource: "pods", Subresource: "eviction"}, *review.Spec.ResourceAttributes)
+			reviews++
+			review.Status.Allowed = rbacAllows
+			return nil
+		},
 		SubResourceCreate: func(ctx context.Context, c client.Client, sub string, obj client.Object, subObj client.Object, opts ...client.SubResourceCreateOption) error {
 			require.Equal(t, "eviction", sub)
 			ev := subObj.(*policyv1.Eviction)
@@ -74,7 +86,7 @@ func TestEvictTriesEveryPod(t *testing.T) {
 				return apierrors.NewTooManyRequestsError("Cannot evict pod as it would violate the pod's disruption budget.")
 			case "engine-gone":
 				return apierrors.NewNotFound(corev1.Resource("pods"), obj.GetName())
-			case "engine-forbidden":
+			case "engine-forbidden", "engine-forbidden-too":
 				return apierrors.NewForbidden(corev1.Resource("pods/eviction"), obj.GetName(), errors.New(`User "system:serviceaccount:inferencecache-system:inferencecache-operator" cannot create resource "pods/eviction"`))
 			case "engine-renamed":
 				return apierrors.NewConflict(corev1.Resource("pods"), obj.GetName(), errors.New("Precondition failed: UID in precondition: uid-engine-renamed, UID in object meta: uid-other"))
@@ -84,13 +96,24 @@ func TestEvictTriesEveryPod(t *testing.T) {
 	})
 	evictions := []plan.Eviction{{Pod: "engine-a", UID: "uid-engine-a", Node: "gpu-a"}, {Pod: "engine-b", UID: "uid-engine-b", Node: "gpu-b"},
 		{Pod: "engine-gone", UID: "uid-engine-gone", Node: "gpu-c"}, {Pod: "engine-renamed", UID: "uid-engine-renamed", Node: "gpu-d"},
-		{Pod: "engine-forbidden", UID: "uid-engine-forbidden", Node: "gpu-e"}}
+		{Pod: "engine-forbidden", UID: "uid-engine-forbidden", Node: "gpu-e"}, {Pod: "engine-forbidden-too", UID: "uid-engine-forbidden-too", Node: "gpu-e"}}
 	done, forbidden, err := New(c).Evict(context.Background(), "llm", evictions)
-	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone", "engine-renamed", "engine-forbidden"}, tried)
+	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone", "engine-renamed", "engine-forbidden", "engine-forbidden-too"}, tried)
 	assert.Equal(t, evictions[1:3], done, "a pod re-created under the planned name is neither evicted nor an error")
 	assert.Equal(t, evictions[4:], forbidden, "a refusal of RBAC is reported apart: no retry changes it")
+	assert.Equal(t, 1, reviews, "RBAC is asked once per call")
 	require.Error(t, err)
 	assert.False(t, apierrors.IsForbidden(err), "%v", err)
 	assert.True(t, apierrors.IsTooManyRequests(err), "%v", err)
 	assert.Contains(t, err.Error(), "engine pod engine-a on node gpu-a")
+
+	// A 403 that RBAC does not explain (an admission webhook or policy, a
+	// namespace being deleted) is an error, retried like a budget's 429.
+	tried, reviews, rbacAllows = nil, 0, true
+	done, forbidden, err = New(c).Evict(context.Background(), "llm", evictions[4:])
+	assert.Empty(t, done)
+	assert.Empty(t, forbidden)
+	require.Error(t, err)
+	assert.True(t, apierrors.IsForbidden(err), "%v", err)
+	assert.Contains(t, err.Error(), "engine pod engine-forbidden-too on node gpu-e")
 }

@@ -392,29 +392,47 @@ func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
 	done, err := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
 	var evicted, forbidden []plan.Eviction
 	if err == nil {
-		m := r.memo.get(s.cb)
-		evictions := slices.DeleteFunc(slices.Clone(s.rolls.Evictions), func(e plan.Eviction) bool {
-			return m.forbiddenFor == s.seen.roll.Instance && m.forbidden[e.UID]
-		})
-		evicted, forbidden, err = r.Applier.Evict(ctx, s.cb.Namespace, evictions)
-		if apierrors.IsTooManyRequests(err) {
+		evicted, forbidden, err = r.Applier.Evict(ctx, s.cb.Namespace, unreported(r.memo.get(s.cb).forbidden, s.rolls.Evictions))
+		switch {
+		case apierrors.IsTooManyRequests(err):
 			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
 				"a PodDisruptionBudget allows no disruption now; retrying: %v", err)
+		case err != nil:
+			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
+				"the API server refused an eviction; retrying: %v", err)
 		}
+		r.rememberForbidden(s.cb, s.rolls.Evictions, forbidden)
 	}
 	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done, Evictions: evicted})
-	if len(forbidden) > 0 {
-		r.memo.update(s.cb, func(e *memoEntry) {
-			if e.forbiddenFor != s.seen.roll.Instance {
-				e.forbiddenFor, e.forbidden = s.seen.roll.Instance, map[types.UID]bool{}
-			}
-			for _, f := range forbidden {
-				e.forbidden[f.UID] = true
-			}
-		})
-		r.recordForbidden(ctx, s.cb, forbidden)
-	}
+	r.recordForbidden(ctx, s.cb, forbidden)
 	return err
+}
+
+// unreported leaves out of planned the evictions RBAC refused before for
+// the same start of their node's server (reported).
+func unreported(reported map[types.UID]time.Time, planned []plan.Eviction) []plan.Eviction {
+	return slices.DeleteFunc(slices.Clone(planned), func(e plan.Eviction) bool {
+		since, ok := reported[e.UID]
+		return ok && since.Equal(e.Since)
+	})
+}
+
+// rememberForbidden keeps, of the evictions planned, those RBAC refused
+// now or before (for the same server start of their node), so that they
+// are reported once (memoEntry.forbidden).
+func (r *CacheBackendReconciler) rememberForbidden(cb *v1alpha1.CacheBackend, planned, forbidden []plan.Eviction) {
+	r.memo.update(cb, func(m *memoEntry) {
+		keep := map[types.UID]time.Time{}
+		for _, e := range planned {
+			if since, ok := m.forbidden[e.UID]; ok && since.Equal(e.Since) {
+				keep[e.UID] = since
+			}
+		}
+		for _, e := range forbidden {
+			keep[e.UID] = e.Since
+		}
+		m.forbidden = keep
+	})
 }
 
 // engineLocalPoll is how often a non-ready engine-local backend with
@@ -453,6 +471,11 @@ func (r *CacheBackendReconciler) publish(ctx context.Context, s *pass) (ctrl.Res
 	cb, v := s.cb, s.verdict
 	stepErr := errors.Join(s.applyErr, s.markErr)
 	previous := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+	if last := r.memo.get(cb).status; last != nil {
+		// The cache may lag this process's last write: when the endpoint
+		// was published (or withdrawn) is taken from that write.
+		s.st.Endpoint, s.st.EndpointPublishedAt = last.Endpoint, last.EndpointPublishedAt
+	}
 	evaluate.Publish(s.st, cb.Generation, s.out)
 	if ctx.Err() != nil {
 		return ctrl.Result{}, ctx.Err() // shutting down: nothing trustworthy to publish

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,13 +36,13 @@ type memoEntry struct {
 	// sidecars says which wired engine pods (by UID) carry the
 	// kvevent-subscriber sidecar (indexPods).
 	sidecars map[types.UID]bool
-	// forbidden are the engine pods (by UID) whose eviction the API server
-	// refused with 403 for the server identity forbiddenFor, reported
+	// forbidden are the engine pods (by UID) whose eviction RBAC refused,
+	// each with the start of its node's server it was to follow, reported
 	// (EngineEvictionForbidden) once: a reconcile that reads the status
-	// from before the identity was recorded neither tries nor reports
-	// them again.
-	forbiddenFor string
-	forbidden    map[types.UID]bool
+	// from before the new identity was recorded, or whose identity changed
+	// on another node, neither tries nor reports them again. Only pods
+	// still planned are kept.
+	forbidden map[types.UID]time.Time
 }
 
 // get returns cb's entry (empty when none is kept for cb's UID).

@@ -155,13 +155,16 @@ const EndpointSettleTime = 3 * time.Second
 // the API server, holds it too. For the whole-workload rolls that is
 // counted from the Ready transition; for multiprocess mode's per-node
 // cascade (perNode) from status.endpointPublishedAt, which does not wait
-// for every node's server (perNode evictions wait for their own node's).
+// for every node's server (perNode evictions wait for their own node's),
+// plus a second (the time is stored in whole seconds), or from the Ready
+// transition when no publication time is recorded (a CRD from before the
+// field prunes it).
 func EndpointSettled(st *v1alpha1.CacheBackendStatus, want string, perNode bool, now time.Time) bool {
 	if st.Endpoint == "" || (want != "" && st.Endpoint != want) {
 		return false
 	}
-	if perNode {
-		return st.EndpointPublishedAt != nil && now.Sub(st.EndpointPublishedAt.Time) >= EndpointSettleTime
+	if perNode && st.EndpointPublishedAt != nil {
+		return now.Sub(st.EndpointPublishedAt.Time) >= EndpointSettleTime+time.Second
 	}
 	ready := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
 	return ready != nil && ready.Status == metav1.ConditionTrue && now.Sub(ready.LastTransitionTime.Time) >= EndpointSettleTime

@@ -122,9 +122,11 @@ func TestEndpointSettled(t *testing.T) {
 		{"another endpoint", v1alpha1.CacheBackendStatus{Endpoint: "tcp://other:5555", Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, false, false},
 		{"any endpoint (the CLI)", v1alpha1.CacheBackendStatus{Endpoint: "tcp://other:5555", Conditions: ready(metav1.ConditionTrue, time.Hour)}, "", false, true},
 		{"no endpoint", v1alpha1.CacheBackendStatus{Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, false, false},
-		{"per node: published for the settle time, not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(EndpointSettleTime), Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, true, true},
+		{"per node: published for the settle time and a second, not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(EndpointSettleTime + time.Second), Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, true, true},
 		{"per node: published just now", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Second), Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, false},
-		{"per node: publication time not recorded yet", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, false},
+		{"per node: published within the settle time and its second", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(EndpointSettleTime + 999*time.Millisecond), Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, false},
+		{"per node: no publication time (an older CRD): Ready for the settle time", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, true},
+		{"per node: no publication time, not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, true, false},
 		{"per node: no endpoint", v1alpha1.CacheBackendStatus{EndpointPublishedAt: at(time.Hour)}, ep, true, false},
 	} {
 		assert.Equal(t, tc.settled, EndpointSettled(&tc.st, tc.want, tc.perNode, now), tc.name)

@@ -173,6 +173,9 @@ type Eviction struct {
 	// predecessor.
 	UID  types.UID
 	Node string
+	// Since is when the node's server started (NodeServer.Since): the
+	// server change the eviction follows.
+	Since time.Time
 }
 
 // RollPlan is the engine rolls of one reconcile, or the wait before them.
@@ -304,7 +307,7 @@ func (p *RollPlan) perNode(s RollState, pods []EnginePod) {
 		}
 		for _, e := range pods {
 			if e.Node == node && !e.Created.After(srv.Since) {
-				p.Evictions = append(p.Evictions, Eviction{Pod: e.Name, UID: e.UID, Node: node})
+				p.Evictions = append(p.Evictions, Eviction{Pod: e.Name, UID: e.UID, Node: node, Since: srv.Since})
 			}
 		}
 	}

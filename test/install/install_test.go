@@ -23,7 +23,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -80,6 +82,115 @@ func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
 
 	k8s, _ := runManager(ctx, t, work, cluster, "")
 	quickstartReady(t, ctx, k8s, kubectl)
+	t.Run("multiprocess mode without the engine-eviction grant", func(t *testing.T) {
+		withoutEvictionGrant(t, ctx, k8s, kubectl, work)
+	})
+}
+
+// withoutEvictionGrant: the bundle installed without its one pod write
+// (the ClusterRoleBinding kustomize/components/without-engine-eviction
+// leaves out, deleted here), a multiprocess backend's server replaced on
+// the node of a wired engine: the operator, refused by RBAC itself, records
+// the Warning event EngineEvictionForbidden naming the engine pod to
+// restart by hand, the pod keeps running, and the new server identity is
+// recorded (the change is not retried).
+func withoutEvictionGrant(t *testing.T, ctx context.Context, k8s client.Client, kubectl func(...string) string, work string) {
+	kubectl("delete", "clusterrolebinding", "inferencecache-operator-engine-eviction")
+	testutil.Eventually(t, 30*time.Second, func() error {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "system:serviceaccount:inferencecache-system:inferencecache-operator",
+			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:inferencecache-system", "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: "mp", Verb: "create", Resource: "pods", Subresource: "eviction"}}}
+		if err := k8s.Create(ctx, sar); err != nil {
+			return err
+		}
+		if sar.Status.Allowed {
+			return fmt.Errorf("the operator may still evict")
+		}
+		return nil
+	})
+	file := func(name, body string) string {
+		p := filepath.Join(work, name)
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+		return p
+	}
+	kubectl("create", "namespace", "mp")
+	kubectl("apply", "--server-side", "-n", "mp", "-f", file("mp-cache.yaml", `apiVersion: inferencecache.io/v1alpha1
+kind: CacheBackend
+metadata:
+  name: mp-cache
+spec:
+  type: LMCache
+  engineSelector:
+    matchLabels: {app: mp-engine}
+  multiprocess:
+    l1: {size: 1Gi}
+    engineSharedMemory: 2Gi
+`))
+	kubectl("wait", "-n", "mp", "--for=condition=Ready", "cachebackend/mp-cache", "--timeout=90s")
+	kubectl("apply", "--server-side", "-n", "mp", "-f", file("mp-engine.yaml", `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: mp-engine
+spec:
+  replicas: 1
+  selector:
+    matchLabels: {app: mp-engine}
+  template:
+    metadata:
+      labels: {app: mp-engine}
+    spec:
+      containers:
+      - name: vllm
+        image: vllm/vllm-openai:v0.33.0
+        command: [vllm, serve]
+        args: [Qwen/Qwen2.5-0.5B-Instruct]
+`))
+	kubectl("rollout", "status", "-n", "mp", "deployment/mp-engine", "--timeout=90s")
+	var pods corev1.PodList
+	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace("mp"), client.MatchingLabels{"app": "mp-engine"}))
+	require.Len(t, pods.Items, 1)
+	engine := pods.Items[0]
+	require.Equal(t, "mp/mp-cache", engine.Annotations[v1alpha1.AnnotationInjectedBy], "the engine is wired")
+	key := client.ObjectKey{Namespace: "mp", Name: "mp-cache"}
+	cb := &v1alpha1.CacheBackend{}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if cb.Status.ObservedServerInstance == "" {
+			return fmt.Errorf("no server instance recorded yet")
+		}
+		return nil
+	})
+	recorded := cb.Status.ObservedServerInstance
+	var servers corev1.PodList
+	require.NoError(t, k8s.List(ctx, &servers, client.InNamespace("mp"), client.MatchingLabels{"inferencecache.io/cachebackend": "mp-cache"}))
+	require.Len(t, servers.Items, 1)
+	require.NoError(t, k8s.Delete(ctx, &servers.Items[0]))
+
+	testutil.Eventually(t, 90*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if n := testutil.CountEvents(t, k8s, "mp", "mp-cache", v1alpha1.EventEngineEvictionForbidden); n != 1 || cb.Status.ObservedServerInstance == recorded {
+			return fmt.Errorf("%d %s events, new identity recorded: %t", n, v1alpha1.EventEngineEvictionForbidden, cb.Status.ObservedServerInstance != recorded)
+		}
+		return nil
+	})
+	var events eventsv1.EventList
+	require.NoError(t, k8s.List(ctx, &events, client.InNamespace("mp")))
+	for _, e := range events.Items {
+		if e.Reason == v1alpha1.EventEngineEvictionForbidden {
+			assert.Equal(t, corev1.EventTypeWarning, e.Type)
+			assert.Contains(t, e.Note, "node "+engine.Spec.NodeName+": "+engine.Name, "the pod to restart by hand")
+			assert.Contains(t, e.Note, "inferencecache-operator-engine-eviction", "the grant it lacks")
+		}
+	}
+	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace("mp"), client.MatchingLabels{"app": "mp-engine"}))
+	require.Len(t, pods.Items, 1)
+	assert.Equal(t, engine.UID, pods.Items[0].UID, "the engine keeps running")
+	assert.Zero(t, testutil.CountEvents(t, k8s, "mp", "mp-cache", v1alpha1.EventEngineEvictionBlocked), "not retried as a refusal")
 }
 
 // runManager starts the manager binary as the bundle's ServiceAccount,
