@@ -172,10 +172,8 @@ func EndpointSettled(st *v1alpha1.CacheBackendStatus, want string, byPublication
 }
 
 // EndpointSince is when the webhook could first inject cb's published
-// endpoint: its Ready transition plus the settle time (in multiprocess
-// mode its publication, status.endpointPublishedAt, plus the settle time
-// and a second); nil while cb publishes no endpoint (pods admitted now are
-// admitted before it).
+// endpoint: its Ready transition plus the settle time; nil while cb
+// publishes no endpoint (pods admitted now are admitted before it).
 func EndpointSince(cb *v1alpha1.CacheBackend) *time.Time {
 	if p := cb.Status.EndpointPublishedAt; render.IsMultiprocess(cb) && cb.Status.Endpoint != "" && p != nil {
 		// Multiprocess mode: the webhook wires while the endpoint is
