@@ -133,25 +133,6 @@ func TestEndpointSettled(t *testing.T) {
 	}
 }
 
-// TestEndpointSinceInMultiprocessMode: in multiprocess mode the webhook
-// wires from the endpoint's publication on, Ready or not; otherwise from
-// the Ready transition.
-func TestEndpointSinceInMultiprocessMode(t *testing.T) {
-	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	cb := &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Multiprocess: &v1alpha1.Multiprocess{}},
-		Status: v1alpha1.CacheBackendStatus{Endpoint: "tcp://mp.llm.svc.cluster.local:5555", EndpointPublishedAt: &metav1.Time{Time: t0},
-			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(t0)}}}}
-	since := EndpointSince(cb)
-	require.NotNil(t, since, "published, not Ready")
-	assert.Equal(t, t0.Add(EndpointSettleTime+time.Second), *since)
-	inProcess := cb.DeepCopy()
-	inProcess.Spec.Multiprocess = nil
-	assert.Nil(t, EndpointSince(inProcess), "the in-process server: from Ready")
-	unpublished := cb.DeepCopy()
-	unpublished.Status.Endpoint = ""
-	assert.Nil(t, EndpointSince(unpublished))
-}
-
 // TestPublishRecordsWhenTheEndpointAppears: status.endpointPublishedAt is
 // set when the endpoint appears or changes, kept while it stays, removed
 // with it.

@@ -78,17 +78,11 @@ type RollState struct {
 	ServerAvailable bool
 	// Ready is the backend's Ready verdict.
 	Ready bool
-	// Multiprocess: the backend runs per-node servers (multiprocess mode),
-	// whose endpoint the webhook wires while any node's server serves:
-	// the heal waits for the endpoint to settle, not for Ready (every
-	// node's server).
-	Multiprocess bool
 	// Settled: the live status publishes the endpoint, long enough for
 	// the webhook's cache to hold it (engines rolled now are wired):
-	// counted from the Ready transition, or in multiprocess mode from
+	// counted from the Ready transition, or for a per-node cascade from
 	// status.endpointPublishedAt (evaluate.EndpointSettled), so a node
-	// without a server holds neither the other nodes' evictions nor the
-	// heal.
+	// without a server does not hold the other nodes' evictions.
 	Settled bool
 	// PerNode: the server runs one pod per node (multiprocess mode) and
 	// each engine reaches its own node's server only: a server change
@@ -121,11 +115,10 @@ func (s RollState) Cascade() bool {
 }
 
 // Heal reports whether the heal applies: engines admitted before the
-// endpoint, a Ready backend (or, in multiprocess mode, one that publishes
-// its endpoint) whose server serves, rolls allowed.
+// endpoint, a Ready backend whose server serves, rolls allowed.
 func (s RollState) Heal() bool {
 	return !s.EngineLocal && !s.ApplyFailed && s.Instance != "" && s.Policy != v1alpha1.EngineRestartNever &&
-		s.Early && !s.KeysUnavailable && (s.Ready || s.Multiprocess)
+		s.Early && !s.KeysUnavailable && s.Ready
 }
 
 // SetPerNode fills s's per-node fields when w runs one server per node
