@@ -33,6 +33,7 @@ import (
 	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/validation"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
 
@@ -110,16 +111,6 @@ func serverContainer(t *testing.T, cb *v1alpha1.CacheBackend) *corev1ac.Containe
 // commandLine is what a container runs: command then args.
 func commandLine(c *corev1ac.ContainerApplyConfiguration) []string {
 	return append(append([]string{}, c.Command...), c.Args...)
-}
-
-// freePort is a TCP port nothing listens on at 127.0.0.1 right now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := l.Addr().(*net.TCPAddr).Port
-	require.NoError(t, l.Close())
-	return port
 }
 
 // localArgs are a rendered lmcache_server command line as the test runs it:
@@ -327,7 +318,7 @@ func TestManagedServerStartsAndAnswersHealth(t *testing.T) {
 		g := groups[key]
 		cb := g.shapes[0].cb
 		t.Run(strings.Join(g.line, " "), func(t *testing.T) {
-			port := freePort(t)
+			port := freeport.MustTake(t)
 			bin, args := localArgs(t, g.line, render.Port(cb), port)
 			srv := startServer(t, port, bin, args...)
 			took := waitServing(t, cb, srv)
@@ -385,7 +376,7 @@ func TestLMCacheServerRefusesWhatTheWebhookRefuses(t *testing.T) {
 		{"extraArgs with storage", func(l []string) []string { return append(l[:3:3], "/data", "--verbose") }, "Usage:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			port := freePort(t)
+			port := freeport.MustTake(t)
 			bin, args := localArgs(t, tc.old(line), render.Port(cb), port)
 			srv := startServer(t, port, bin, args...)
 			select {
@@ -414,7 +405,7 @@ func TestLMCacheServerKeepsKVInMemoryOnly(t *testing.T) {
 	require.Empty(t, validation.Validate(cb))
 	assert.Contains(t, validation.Warnings(nil, cb), validation.StorageInMemoryOnly, "the webhook says so")
 	line := commandLine(serverContainer(t, cb))
-	port := freePort(t)
+	port := freeport.MustTake(t)
 	bin, args := localArgs(t, line, render.Port(cb), port)
 	// The server runs in a folder of its own: it writes nothing there either.
 	dir := t.TempDir()

@@ -25,6 +25,7 @@ import (
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/test/testutil"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 	"github.com/inferencecache/operator/test/testutil/redisserver"
 )
@@ -78,7 +79,7 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 			s := render.MPServerFor(cb)
 			c := render.MPDaemonSet(cb, s).Spec.Template.Spec.Containers[0]
 			require.Equal(t, render.MPServerCommand, c.Command)
-			zmq, httpPort := freePort(t), freePort(t)
+			zmq, httpPort := freeport.MustTake(t), freeport.MustTake(t)
 			local := localMPArgs(t, c.Args, s, zmq, httpPort)
 
 			cmd := exec.Command(pyenv.Bin(t, pyenv.VLLM, c.Command[0]), append(c.Command[1:], local...)...)
@@ -274,7 +275,7 @@ func TestMPServerRunsAsItsPodsUser(t *testing.T) {
 	spec := ds.Spec.Template.Spec
 	wrap, env, _, _ := asPodUser(t, spec)
 	c := spec.Containers[0]
-	zmq, httpPort := freePort(t), freePort(t)
+	zmq, httpPort := freeport.MustTake(t), freeport.MustTake(t)
 	args := localMPArgs(t, c.Args, s, zmq, httpPort)
 	require.Equal(t, render.MPServerCommand, c.Command)
 	// The console script run by the environment's interpreter, as its

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
 
@@ -43,7 +44,7 @@ func TestManagedServerRunsAsItsPodsUser(t *testing.T) {
 	spec := c.Spec.Template.Spec
 	wrap, env, uid, gid := asPodUser(t, spec)
 	line := commandLine(&spec.Containers[0])
-	port := freePort(t)
+	port := freeport.MustTake(t)
 	bin, args := localArgs(t, line, render.Port(cb), port)
 	asRoot := os.Geteuid() == 0
 

@@ -37,6 +37,7 @@ import (
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/testutil"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 func TestDevOverlayInstallsAndWiresTheQuickstart(t *testing.T) {
@@ -222,11 +223,11 @@ func runManager(ctx context.Context, t *testing.T, work string, cluster *localcl
 	saKubeconfig := filepath.Join(work, "manager.kubeconfig")
 	require.NoError(t, os.WriteFile(saKubeconfig, []byte(strings.Replace(string(kc), "    client-key:",
 		"    as: system:serviceaccount:inferencecache-system:inferencecache-operator\n    client-key:", 1)), 0o600))
-	port, err := localcluster.FreePort()
+	port, err := freeport.Take()
 	require.NoError(t, err)
-	health, err := localcluster.FreePort()
+	health, err := freeport.Take()
 	require.NoError(t, err)
-	metricsPort, err := localcluster.FreePort()
+	metricsPort, err := freeport.Take()
 	require.NoError(t, err)
 	logf, err := os.Create(filepath.Join(work, "manager.log"))
 	require.NoError(t, err)

@@ -25,7 +25,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -48,6 +47,7 @@ import (
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 const (
@@ -247,15 +247,6 @@ func (p *peer) do(c map[string]any, samples func(hash uint64, ts float64)) (map[
 	return nil, fmt.Errorf("vllm_publisher.py exited: %w", p.out.Err())
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // once is one run: a fresh index, sidecar and publisher.
 func once(p *peer, w wired, indexBin, subBin string, rate, rep int, seconds float64) (result, error) {
 	res := result{Rate: rate, Rep: rep}
@@ -266,7 +257,7 @@ func once(p *peer, w wired, indexBin, subBin string, rate, rep int, seconds floa
 	defer func() { _ = os.RemoveAll(dir) }()
 	ports := make([]int, 3)
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = freeport.Take(); err != nil {
 			return res, err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 var (
@@ -50,12 +51,12 @@ func binaries(t *testing.T) (index, subscriber string) {
 func startCacheIndex(t *testing.T, addr string) index {
 	t.Helper()
 	bin, _ := binaries(t)
-	probe := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	probe := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
 	logs, err := os.Create(filepath.Join(t.TempDir(), "cache-index.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t)),
+	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)),
 		"--health-probe-bind-address", probe, "--auth", "none", "--heartbeat", "1s", "--zap-devel")
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {

@@ -29,6 +29,7 @@ import (
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/netns"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
@@ -178,14 +179,14 @@ var podHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 func startPodIndex(t *testing.T) string {
 	t.Helper()
 	bin, _ := binaries(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t)) // any port: the namespace is empty
-	probe := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)) // any port: the namespace is empty
+	probe := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
 	logs := filepath.Join(t.TempDir(), "cache-index.log")
 	f, err := os.Create(logs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t)),
+	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)),
 		"--health-probe-bind-address", probe, "--auth", "none", "--heartbeat", "1s")
 	netns.Shared(t).Enter(t, cmd)
 	cmd.Stdout, cmd.Stderr = f, f

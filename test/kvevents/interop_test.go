@@ -21,6 +21,7 @@ import (
 
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // prompt returns n blocks of 4 tokens unique to id.
@@ -164,7 +165,7 @@ var (
 )
 
 func tcpEndpoints(t *testing.T) (string, string) {
-	return fmt.Sprintf("tcp://127.0.0.1:%d", fixture.FreePort(t)), fmt.Sprintf("tcp://127.0.0.1:%d", fixture.FreePort(t))
+	return fmt.Sprintf("tcp://127.0.0.1:%d", freeport.MustTake(t)), fmt.Sprintf("tcp://127.0.0.1:%d", freeport.MustTake(t))
 }
 
 // abstractEndpoints are Linux abstract-namespace Unix sockets, unique to
@@ -185,7 +186,7 @@ func interop(t *testing.T, newIndex func(*testing.T, string) index, pubOpts ...s
 	_, bin := binaries(t)
 
 	pubEP, routerEP := endpoints(t)
-	indexAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	indexAddr := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
 	ix := newIndex(t, indexAddr)
 	defer func() { ix.stop() }()
 	// A replay ring of 8 batches, like vLLM's buffer_steps.

@@ -50,6 +50,7 @@ import (
 	"github.com/inferencecache/operator/test/testutil"
 
 	"github.com/inferencecache/operator/test/kvevents/fixture"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 const (
@@ -244,7 +245,7 @@ func (e *endpointMap) mapEP(ep string) string {
 	case strings.HasPrefix(ep, "ipc://"):
 		v = "ipc://" + filepath.Join(e.dir, filepath.Base(strings.TrimPrefix(ep, "ipc://")))
 	case strings.HasPrefix(ep, "tcp://"):
-		v = fmt.Sprintf("tcp://127.0.0.1:%d", fixture.FreePort(e.t))
+		v = fmt.Sprintf("tcp://127.0.0.1:%d", freeport.MustTake(e.t))
 	}
 	e.m[ep] = v
 	e.t.Logf("endpoint %s → %s", ep, v)
@@ -409,9 +410,9 @@ func startStack(t *testing.T) *stack {
 
 	// The index, authenticating callers with TokenReview against envtest;
 	// the operator's ServiceAccount may read every backend.
-	grpcAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
-	probeAddr := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	grpcAddr := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
+	probeAddr := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
 	index := startProc(t, "cache-index", indexBin, []string{
 		"--grpc-bind-address", grpcAddr, "--http-bind-address", httpAddr, "--health-probe-bind-address", probeAddr,
 		"--auth", "tokenreview", "--kubeconfig", kubeconfig(t, c.cfg), "--audience", indexAud,
@@ -484,7 +485,7 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 
 	// The subscriber with exactly the sidecar's args, plus the one explicit
 	// mapping of its probe port (the pod's port would collide on a host).
-	subHTTP := fmt.Sprintf("127.0.0.1:%d", fixture.FreePort(t))
+	subHTTP := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
 	args := append(append([]string{}, side.Args...), "--http-bind-address="+subHTTP)
 	if len(side.Command) > 1 {
 		args = append(append([]string{}, side.Command[1:]...), args...)

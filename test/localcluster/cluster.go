@@ -11,7 +11,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -27,6 +26,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // Options configure a cluster.
@@ -81,7 +82,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return c, fmt.Errorf("writing certificates: %w", err)
 	}
-	ports, err := freePorts(3)
+	ports, err := freeport.TakeN(3)
 	if err != nil {
 		return c, err
 	}
@@ -158,7 +159,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	); err != nil {
 		return c, err
 	}
-	kwokPort, err := freePorts(1)
+	kwokPort, err := freeport.TakeN(1)
 	if err != nil {
 		return c, err
 	}
@@ -382,23 +383,4 @@ func stopProcess(pid int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }

@@ -81,12 +81,3 @@ func WaitServing(ctx context.Context, addr string, timeout time.Duration) error 
 		return conn.Close()
 	})
 }
-
-// FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
-func FreePort() (int, error) {
-	p, err := freePorts(1)
-	if err != nil {
-		return 0, err
-	}
-	return p[0], nil
-}

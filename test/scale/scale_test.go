@@ -51,6 +51,7 @@ import (
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/manifests"
 	"github.com/inferencecache/operator/test/testutil"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // Budgets asserted at every size. They count requests and bytes.
@@ -381,7 +382,7 @@ func TestScale(t *testing.T) {
 
 	// Webhooks served by this process; namespaces labelled unserved are
 	// left out (the "without webhook" bursts).
-	port, err := localcluster.FreePort()
+	port, err := freeport.Take()
 	require.NoError(t, err)
 	certDir := filepath.Join(work, "webhook-certs")
 	ca, err := localcluster.WebhookServing(certDir)

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // indexMemoryLimit is the cache-index container's memory limit in the
@@ -55,7 +56,7 @@ func TestIndexBinaryUnderTheSnapshotAttack(t *testing.T) {
 	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/cache-index").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 
-	grpcPort, httpPort, probePort := freePort(t), freePort(t), freePort(t)
+	grpcPort, httpPort, probePort := freeport.MustTake(t), freeport.MustTake(t), freeport.MustTake(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ix := exec.CommandContext(ctx, bin, "--auth=none", "--store=memory",

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // peakRSS is VmHWM of a process, in bytes.
@@ -87,7 +87,7 @@ func TestWebhookUnderAMemoryLimit(t *testing.T) {
 	for _, ns := range []string{operatorNamespace, "llm"} {
 		require.NoError(t, k8s.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}))
 	}
-	port, health, metricsPort := freePort(t), freePort(t), freePort(t)
+	port, health, metricsPort := freeport.MustTake(t), freeport.MustTake(t), freeport.MustTake(t)
 	none := admissionregistrationv1.SideEffectClassNone
 	require.NoError(t, k8s.Create(ctx, &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "inferencecache-pod-injector"},
@@ -251,11 +251,4 @@ func allocatedBytes(t *testing.T, port int) int64 {
 	require.NoError(t, sc.Err())
 	t.Fatal("no go_memstats_alloc_bytes_total in the manager's metrics")
 	return 0
-}
-
-func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // zmtpGreeting is a ZMTP 3.0 greeting with the NULL mechanism, as an
@@ -70,7 +72,7 @@ func TestSidecarUnderAHugeFrameHeader(t *testing.T) {
 		}
 	}()
 
-	httpPort := freePort(t)
+	httpPort := freeport.MustTake(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sc := exec.CommandContext(ctx, bin, "--endpoint=tcp://"+engine.Addr().String(), "--index=",

@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,6 +25,7 @@ import (
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/manifests"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 const (
@@ -101,7 +101,7 @@ func demo() error {
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", "bin/manager", "./cmd/manager").CombinedOutput(); err != nil {
 		return fmt.Errorf("building the manager: %w\n%s", err, out)
 	}
-	ports, err := freePorts(3)
+	ports, err := freeport.TakeN(3)
 	if err != nil {
 		return err
 	}
@@ -224,17 +224,4 @@ func startDetached(wd, name, path string, args ...string) error {
 	_, err = fmt.Fprintf(f, "%d %s\n", cmd.Process.Pid, name)
 	time.Sleep(time.Second)
 	return err
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-		defer l.Close()
-	}
-	return ports, nil
 }

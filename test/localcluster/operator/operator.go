@@ -24,6 +24,7 @@ import (
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/manifests"
 	"github.com/inferencecache/operator/test/testutil"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // Env is a running local cluster with the operator.
@@ -68,7 +69,7 @@ func Start(ctx context.Context, repo string, scheme *runtime.Scheme) (*Env, erro
 	}
 	// The webhooks are served by this process on 127.0.0.1 with a
 	// self-signed certificate; the bundle's configurations point there.
-	port, err := localcluster.FreePort()
+	port, err := freeport.Take()
 	if err != nil {
 		return nil, err
 	}
