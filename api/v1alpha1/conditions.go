@@ -72,6 +72,14 @@ const (
 	ReasonProgressingWithRetry = "ProgressingWithRetry"
 )
 
+// ReasonEngineRestartsRetrying is Reconciling's reason (True) while engine
+// restarts the reconcile planned failed (a workload that could not be
+// annotated; an eviction a PodDisruptionBudget, an admission webhook or a
+// policy refused): they are retried, the server identity stays
+// unrecorded until they succeed, and the rest of the status is evaluated
+// and published as usual (observedGeneration included).
+const ReasonEngineRestartsRetrying = "EngineRestartsRetrying"
+
 // Reasons of a backend whose children cannot be written.
 const (
 	// ReasonNameConflict: an object exists under a name the backend's

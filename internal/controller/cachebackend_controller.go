@@ -244,10 +244,9 @@ func (r *CacheBackendReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if err := r.observe(ctx, s); err != nil {
 		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
 	}
+	r.planRolls(s)
+	s.rollErr = r.roll(ctx, s)
 	r.evaluate(s)
-	if err := r.roll(ctx, s); err != nil {
-		return r.stop(ctx, s, v1alpha1.ReasonProgressingWithRetry, err)
-	}
 	return r.publish(ctx, s)
 }
 
@@ -266,10 +265,12 @@ type pass struct {
 	// (the KV-event gate and the rolls depend on it).
 	seen    observed
 	verdict evaluate.Verdict
-	// rolls and out are evaluate's decisions: the engine rolls and the
-	// status to publish.
-	rolls plan.RollPlan
-	out   evaluate.Outcome
+	// rolls are planRolls' decision, rollErr what executing them failed
+	// with (retried; the rest of the status is published meanwhile), out
+	// evaluate's: the status to publish.
+	rolls   plan.RollPlan
+	rollErr error
+	out     evaluate.Outcome
 	// probed: the functional probe ran in this reconcile.
 	probed bool
 }
@@ -289,7 +290,14 @@ func (r *CacheBackendReconciler) begin(ctx context.Context, key client.ObjectKey
 		r.forget(key)
 		return nil, nil
 	}
-	return &pass{cb: cb, st: cb.Status.DeepCopy()}, nil
+	st := cb.Status.DeepCopy()
+	if last := r.memo.get(cb).status; last != nil {
+		// The cache may lag this process's last write: when the endpoint
+		// was published (or withdrawn) is taken from that write, by every
+		// status write (publish's and stop's).
+		st.Endpoint, st.EndpointPublishedAt = last.Endpoint, last.EndpointPublishedAt
+	}
+	return &pass{cb: cb, st: st}, nil
 }
 
 // forget drops what this process keeps of a backend that is gone or
@@ -359,11 +367,20 @@ func (r *CacheBackendReconciler) serve(s *pass) evaluate.Verdict {
 	return evaluate.Server(s.seen.facts)
 }
 
-// evaluate decides, from the pass's values alone, the engine rolls and
-// the whole status to publish.
+// planRolls decides, from the pass's values alone, the engine rolls.
+func (r *CacheBackendReconciler) planRolls(s *pass) {
+	seen := &s.seen
+	s.rolls = plan.RollsPerNode(seen.roll, seen.wired, seen.early, seen.pods)
+}
+
+// evaluate decides, from the pass's values alone, the whole status to
+// publish. Rolls that failed (rollErr) leave the server identity
+// unrecorded, so that they are retried, and keep Reconciling True with
+// EngineRestartsRetrying; everything else is published as evaluated, so a
+// restart an admission policy keeps refusing freezes no other field.
 func (r *CacheBackendReconciler) evaluate(s *pass) {
 	cb, v, seen := s.cb, s.verdict, &s.seen
-	s.rolls = plan.RollsPerNode(seen.roll, seen.wired, seen.early, seen.pods)
+	rolled := s.rollErr == nil
 	endpoint := ""
 	if v.Available && !s.plan.EngineLocal {
 		endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
@@ -371,7 +388,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 	w := seen.wiring
 	wiring := evaluate.ReportWiring(evaluate.WiringFacts{
 		Wiring: w, Policy: cb.Spec.EngineRestartPolicy, EngineLoc: s.plan.EngineLocal, Endpoint: endpoint != "",
-		EarlyOwner: workloadNames(w.Early), LateOwner: workloadNames(w.Late), Rolling: s.rolls.Healing,
+		EarlyOwner: workloadNames(w.Early), LateOwner: workloadNames(w.Late), Rolling: s.rolls.Healing && rolled,
 	})
 	part, index := evaluate.Index(seen.index)
 	s.out = evaluate.Outcome{
@@ -379,7 +396,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 		Observed: cb.Spec.Observation != nil, Index: index, Participation: evaluate.Settle(cb.Status.IndexParticipation, part),
 		Probed: s.probed, ProbeErr: seen.facts.ProbeErr,
 		Endpoint: endpoint, FirstAvailableAt: seen.facts.FirstAvailableAt, Now: r.Now(), Capacity: s.plan.Capacity,
-		ServerInstance: seen.roll.Instance, Record: s.rolls.Record,
+		ServerInstance: seen.roll.Instance, Record: s.rolls.Record, RollErr: s.rollErr,
 		Multiprocess: evaluate.NodeServers(seen.facts.Workload, seen.serverPods, render.Port(cb)),
 	}
 }
@@ -469,13 +486,8 @@ func (r *CacheBackendReconciler) requeueAfter(s *pass) time.Duration {
 // events of its transitions.
 func (r *CacheBackendReconciler) publish(ctx context.Context, s *pass) (ctrl.Result, error) {
 	cb, v := s.cb, s.verdict
-	stepErr := errors.Join(s.applyErr, s.markErr)
+	stepErr := errors.Join(s.applyErr, s.markErr, s.rollErr)
 	previous := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-	if last := r.memo.get(cb).status; last != nil {
-		// The cache may lag this process's last write: when the endpoint
-		// was published (or withdrawn) is taken from that write.
-		s.st.Endpoint, s.st.EndpointPublishedAt = last.Endpoint, last.EndpointPublishedAt
-	}
 	evaluate.Publish(s.st, cb.Generation, s.out)
 	if ctx.Err() != nil {
 		return ctrl.Result{}, ctx.Err() // shutting down: nothing trustworthy to publish

@@ -2,7 +2,10 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -44,4 +47,45 @@ func TestStatusWriteNotSkippedOnAStaleCache(t *testing.T) {
 	assert.Equal(t, 2, writes, "the cache still shows 2, but 1 was written since")
 	require.NoError(t, r.patchStatus(ctx, cached, status(2)))
 	assert.Equal(t, 2, writes, "written and shown: nothing to send")
+}
+
+// TestEveryStatusWriteKeepsTheLastPublication: a reconcile that reads a
+// cache lagging this process's last status write takes the endpoint and
+// the time it was published from that write, also when it stops before it
+// evaluates (stop writes the status too): an older cached status never
+// withdraws the endpoint or restarts its settle time.
+func TestEveryStatusWriteKeepsTheLastPublication(t *testing.T) {
+	var applied []map[string]any
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	cached := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-mp", Generation: 1}}
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).WithObjects(cached).Build(), interceptor.Funcs{
+		SubResourceApply: func(_ context.Context, _ client.Client, _ string, obj runtime.ApplyConfiguration, _ ...client.SubResourceApplyOption) error {
+			raw, err := json.Marshal(obj)
+			if err != nil {
+				return err
+			}
+			var u map[string]any
+			if err := json.Unmarshal(raw, &u); err != nil {
+				return err
+			}
+			applied = append(applied, u["status"].(map[string]any))
+			return nil
+		},
+	})
+	r := &CacheBackendReconciler{Client: c}
+	ctx := context.Background()
+	at := metav1.NewTime(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
+	published := cached.Status.DeepCopy()
+	published.Endpoint, published.EndpointPublishedAt = "tcp://mp-local.llm.svc.cluster.local:5555", &at
+	require.NoError(t, r.patchStatus(ctx, cached, published))
+
+	// The cache still shows the status from before the endpoint.
+	p, err := r.begin(ctx, client.ObjectKeyFromObject(cached))
+	require.NoError(t, err)
+	_, err = r.stop(ctx, p, v1alpha1.ReasonObservationFailed, errors.New("listing engine pods: refused"))
+	require.Error(t, err)
+	require.Len(t, applied, 2)
+	assert.Equal(t, published.Endpoint, applied[1]["endpoint"], "stop keeps the endpoint")
+	assert.Equal(t, at.UTC().Format(time.RFC3339), applied[1]["endpointPublishedAt"], "and when it was published")
 }

@@ -79,3 +79,48 @@ func TestSetNotEvaluated(t *testing.T) {
 		})
 	}
 }
+
+// TestPublishWithFailedRestarts: engine restarts that failed keep the
+// server identity unrecorded (so they are retried) and Reconciling True
+// with EngineRestartsRetrying and the error, whatever the verdict; the
+// rest of the status is published as evaluated.
+func TestPublishWithFailedRestarts(t *testing.T) {
+	ready := Verdict{Ready: true, Reason: v1alpha1.ReasonBackendReady, Message: "3 of 3"}
+	rolling := Verdict{Progressing: true, Reason: v1alpha1.ReasonRolloutInProgress, Message: "2 of 3"}
+	refused := errors.New("evicting engine pod llm/engine-a on node gpu-a: denied by an admission policy")
+	cases := []struct {
+		name       string
+		o          Outcome
+		instance   string
+		reconciles bool
+		reason     string
+	}{
+		{"restarts done: the identity is recorded", Outcome{Verdict: ready, ServerInstance: "new", Record: true}, "new", false, ""},
+		{"restarts failed: retried, the identity stays", Outcome{Verdict: ready, ServerInstance: "new", Record: true, RollErr: refused}, "old", true, v1alpha1.ReasonEngineRestartsRetrying},
+		{"restarts failed while rolling out: the restarts' reason", Outcome{Verdict: rolling, ServerInstance: "new", Record: true, RollErr: refused}, "old", true, v1alpha1.ReasonEngineRestartsRetrying},
+		{"rolling out, no restart failed", Outcome{Verdict: rolling, ServerInstance: "new"}, "old", true, v1alpha1.ReasonRolloutInProgress},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &v1alpha1.CacheBackendStatus{ObservedGeneration: 1, ObservedServerInstance: "old"}
+			tc.o.Endpoint = "tcp://cache.llm.svc:65432"
+			Publish(st, 2, tc.o)
+			assert.Equal(t, int64(2), st.ObservedGeneration, "evaluated: observedGeneration follows")
+			assert.Equal(t, tc.o.Endpoint, st.Endpoint)
+			assert.Equal(t, tc.o.Verdict.Ready, meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionReady))
+			assert.Equal(t, tc.instance, st.ObservedServerInstance)
+			rec := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReconciling)
+			if !tc.reconciles {
+				assert.Nil(t, rec)
+				return
+			}
+			if assert.NotNil(t, rec) {
+				assert.Equal(t, metav1.ConditionTrue, rec.Status)
+				assert.Equal(t, tc.reason, rec.Reason)
+				if tc.o.RollErr != nil {
+					assert.Equal(t, refused.Error(), rec.Message)
+				}
+			}
+		})
+	}
+}

@@ -38,10 +38,14 @@ type Outcome struct {
 	FirstAvailableAt *metav1.Time
 	Now              metav1.Time
 	Capacity         *resource.Quantity
-	// ServerInstance, when Record is set, is recorded as
-	// status.observedServerInstance.
+	// ServerInstance, when Record is set and no restart failed (RollErr),
+	// is recorded as status.observedServerInstance.
 	ServerInstance string
 	Record         bool
+	// RollErr is the failure of the engine restarts this reconcile
+	// planned: the identity stays unrecorded, so they are retried, and
+	// Reconciling is True with EngineRestartsRetrying.
+	RollErr error
 	// Multiprocess is status.multiprocess (NodeServers; nil without
 	// per-node servers).
 	Multiprocess *v1alpha1.MultiprocessStatus
@@ -69,7 +73,7 @@ func Publish(st *v1alpha1.CacheBackendStatus, gen int64, o Outcome) {
 	if o.Endpoint != "" && st.FirstAvailableAt == nil {
 		st.FirstAvailableAt = o.FirstAvailableAt
 	}
-	if o.Record {
+	if o.Record && o.RollErr == nil {
 		st.ObservedServerInstance = o.ServerInstance
 	}
 	st.IndexParticipation = nil
@@ -90,6 +94,9 @@ func Publish(st *v1alpha1.CacheBackendStatus, gen int64, o Outcome) {
 		set(v1alpha1.ConditionFunctionalProbeOK, metav1.ConditionTrue, v1alpha1.ReasonProbeSucceeded, "the cache server answers LMCache's HEALTH request")
 	}
 	setServing(st, gen, o.Verdict)
+	if o.RollErr != nil {
+		set(v1alpha1.ConditionReconciling, metav1.ConditionTrue, v1alpha1.ReasonEngineRestartsRetrying, o.RollErr.Error())
+	}
 }
 
 // setServing writes the conditions that follow from the verdict v, and the

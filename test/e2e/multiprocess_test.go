@@ -289,14 +289,18 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	// (this suite's operator is the cluster's admin): gpu-a's server
 	// replaced, the refusal is retried, with the Warning event
 	// EngineEvictionBlocked carrying the API server's message, the engine
-	// keeps running and the identity stays unrecorded; once the policy is
-	// gone, gpu-a's engine is evicted, once. (RBAC's own refusal, reported
-	// and not retried, is test/install's, with the bundle's RBAC.)
+	// keeps running and the identity stays unrecorded; the rest of the
+	// status is published meanwhile (gpu-a's new server ready, Reconciling
+	// True with EngineRestartsRetrying and the message); once the policy
+	// is gone, gpu-a's engine is evicted, once. (RBAC's own refusal,
+	// reported and not retried, is test/install's, with the bundle's RBAC.)
 	engineNow := engines()
 	blocked := testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionBlocked)
 	denyEvictions(t, ns)
 	cb = observedBackend(t, key)
 	recorded := cb.Status.ObservedServerInstance
+	oldServer := nodeServer(cb, "gpu-a").Pod
+	require.NotEmpty(t, oldServer, "status.multiprocess lists gpu-a's server")
 	deleteServerOn(t, ns, "mp-cache", "gpu-a")
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionBlocked, blocked+1)
 	var events eventsv1.EventList
@@ -310,7 +314,23 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 		}
 	}
 	assert.True(t, refused, "an EngineEvictionBlocked event says the API server refused the eviction")
-	require.NoError(t, k8s.Get(ctx, key, cb))
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if srv := nodeServer(cb, "gpu-a"); srv.Pod == oldServer || !srv.Ready {
+			return fmt.Errorf("status.multiprocess does not show gpu-a's new server ready while the eviction is refused: %+v", cb.Status.Multiprocess)
+		}
+		rec := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReconciling)
+		if rec == nil || rec.Status != metav1.ConditionTrue || rec.Reason != v1alpha1.ReasonEngineRestartsRetrying {
+			return fmt.Errorf("Reconciling is not True with %s: %+v", v1alpha1.ReasonEngineRestartsRetrying, rec)
+		}
+		if !strings.Contains(rec.Message, "an admission policy of the test") {
+			return fmt.Errorf("Reconciling does not carry the API server's message: %q", rec.Message)
+		}
+		return nil
+	})
+	assert.Equal(t, cb.Generation, cb.Status.ObservedGeneration, "evaluated")
 	assert.Equal(t, recorded, cb.Status.ObservedServerInstance, "not recorded while refused")
 	assert.Equal(t, engineNow["gpu-a"].UID, engines()["gpu-a"].UID, "gpu-a's engine keeps running")
 	assert.Zero(t, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionForbidden), "not taken for missing RBAC")
@@ -325,6 +345,18 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	assert.Equal(t, engineNow["gpu-b"].UID, engines()["gpu-b"].UID)
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted, 3)
 	assert.Equal(t, 3, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted), "gpu-a's engine evicted once")
+}
+
+// nodeServer is node's entry in cb's status.multiprocess (empty if none).
+func nodeServer(cb *v1alpha1.CacheBackend, node string) v1alpha1.MultiprocessNode {
+	if cb.Status.Multiprocess != nil {
+		for _, n := range cb.Status.Multiprocess.Nodes {
+			if n.Node == node {
+				return n
+			}
+		}
+	}
+	return v1alpha1.MultiprocessNode{}
 }
 
 // denyEvictions makes the API server refuse every eviction in ns with 403
