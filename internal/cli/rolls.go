@@ -54,11 +54,14 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 	tally := evaluate.TallyWiring(live, engines, keys, evaluate.EndpointSince(live))
 	state := plan.RollState{
 		Policy: live.Spec.EngineRestartPolicy, Instance: change.Instance, Changed: change.Changed,
-		ServerAvailable: !hold && evaluate.Health(w).Available, Ready: isReady,
+		ServerAvailable: !hold && evaluate.Health(w).Available, Ready: isReady, Multiprocess: render.IsMultiprocess(live),
 		Early: len(tally.Early) > 0, KeysUnavailable: tally.KeysUnavailable,
 	}
 	state.SetPerNode(w, servers, change, now)
-	state.Settled = evaluate.EndpointSettled(&live.Status, "", state.PerNode, now)
+	if state.Multiprocess {
+		state.Published = evaluate.Publication(&live.Status)
+	}
+	state.Settled = evaluate.EndpointSettled(&live.Status, "", state.Multiprocess, now)
 	var wired, early []plan.Candidate
 	var enginePods []plan.EnginePod
 	if state.Cascade() {

@@ -133,6 +133,25 @@ func TestEndpointSettled(t *testing.T) {
 	}
 }
 
+// TestEndpointSinceInMultiprocessMode: in multiprocess mode the webhook
+// wires from the endpoint's publication on, Ready or not; otherwise from
+// the Ready transition.
+func TestEndpointSinceInMultiprocessMode(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	cb := &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Multiprocess: &v1alpha1.Multiprocess{}},
+		Status: v1alpha1.CacheBackendStatus{Endpoint: "tcp://mp.llm.svc.cluster.local:5555", EndpointPublishedAt: &metav1.Time{Time: t0},
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(t0)}}}}
+	since := EndpointSince(cb)
+	require.NotNil(t, since, "published, not Ready")
+	assert.Equal(t, t0.Add(EndpointSettleTime+time.Second), *since)
+	inProcess := cb.DeepCopy()
+	inProcess.Spec.Multiprocess = nil
+	assert.Nil(t, EndpointSince(inProcess), "the in-process server: from Ready")
+	unpublished := cb.DeepCopy()
+	unpublished.Status.Endpoint = ""
+	assert.Nil(t, EndpointSince(unpublished))
+}
+
 // TestPublishRecordsWhenTheEndpointAppears: status.endpointPublishedAt is
 // set when the endpoint appears or changes, kept while it stays, removed
 // with it.
@@ -150,4 +169,17 @@ func TestPublishRecordsWhenTheEndpointAppears(t *testing.T) {
 	Publish(st, 2, Outcome{Now: t1})
 	assert.Nil(t, st.EndpointPublishedAt, "removed with the endpoint")
 	assert.Empty(t, st.Endpoint)
+}
+
+// TestPublication: the endpoint and its publication time, "" without
+// either; a new publication of the same endpoint is a new value.
+func TestPublication(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	ep := "tcp://mp.llm.svc.cluster.local:5555"
+	at := func(d time.Duration) *metav1.Time { return &metav1.Time{Time: t0.Add(d)} }
+	assert.Equal(t, ep+"@2026-12-05T12:00:00Z", Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(0)}))
+	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep}), "no publication time (pruned by an older CRD)")
+	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{EndpointPublishedAt: at(0)}), "no endpoint")
+	assert.NotEqual(t, Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(0)}),
+		Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Minute)}), "published anew")
 }

@@ -78,11 +78,26 @@ type RollState struct {
 	ServerAvailable bool
 	// Ready is the backend's Ready verdict.
 	Ready bool
+	// Multiprocess: the backend runs per-node servers (multiprocess mode),
+	// whose endpoint the webhook wires while any node's server serves:
+	// the heal waits for the endpoint to settle, not for Ready (every
+	// node's server).
+	// Published is, in that mode, the endpoint the status publishes and
+	// when (evaluate.Publication), while this reconcile publishes it too;
+	// "" otherwise. It opens the heal (without it, only Ready does), and
+	// its hash is the value of every whole-workload roll (the heal, and
+	// the cascade of a move from the in-process server): unlike the
+	// instance, which grows as each node's server becomes ready, it stays
+	// while servers come and go, so a workload being healed is not rolled
+	// again when another node's server comes up.
+	Multiprocess bool
+	Published    string
 	// Settled: the live status publishes the endpoint, long enough for
 	// the webhook's cache to hold it (engines rolled now are wired):
-	// counted from the Ready transition, or for a per-node cascade from
+	// counted from the Ready transition, or in multiprocess mode from
 	// status.endpointPublishedAt (evaluate.EndpointSettled), so a node
-	// without a server does not hold the other nodes' evictions.
+	// without a server holds neither the other nodes' evictions nor the
+	// heal.
 	Settled bool
 	// PerNode: the server runs one pod per node (multiprocess mode) and
 	// each engine reaches its own node's server only: a server change
@@ -115,10 +130,20 @@ func (s RollState) Cascade() bool {
 }
 
 // Heal reports whether the heal applies: engines admitted before the
-// endpoint, a Ready backend whose server serves, rolls allowed.
+// endpoint, a Ready backend (or, in multiprocess mode, one that publishes
+// its endpoint: Published) whose server serves, rolls allowed.
 func (s RollState) Heal() bool {
 	return !s.EngineLocal && !s.ApplyFailed && s.Instance != "" && s.Policy != v1alpha1.EngineRestartNever &&
-		s.Early && !s.KeysUnavailable && s.Ready
+		s.Early && !s.KeysUnavailable && (s.Ready || (s.Multiprocess && s.Published != ""))
+}
+
+// value is what the whole-workload rolls of s write: the hash of the
+// publication in multiprocess mode, of the server instance otherwise.
+func (s RollState) value() string {
+	if s.Multiprocess && s.Published != "" {
+		return InstanceHash(s.Published)
+	}
+	return InstanceHash(s.Instance)
 }
 
 // SetPerNode fills s's per-node fields when w runs one server per node
@@ -222,9 +247,10 @@ func InstanceHash(inst string) string {
 
 // Rolls plans the engine rolls of one reconcile. wired are the cascade's
 // candidates (read only when s.Cascade()), early the heal's (read only
-// when s.Heal()). Both roll with InstanceHash(s.Instance), so a workload
-// rolled by either is not rolled again for the same server instance, nor
-// after a manager restart. For a per-node server the cascade is
+// when s.Heal()). Both roll with the same value (the hash of the server
+// instance; in multiprocess mode of the endpoint's publication), so a
+// workload rolled by either is not rolled again for the same server
+// instance (publication), nor after a manager restart. For a per-node server the cascade is
 // PerNodeEvictions of pods instead (their candidates are in the
 // EnginePods argument of RollsPerNode).
 func Rolls(s RollState, wired, early []Candidate) RollPlan {
@@ -244,7 +270,7 @@ func RollsPerNode(s RollState, wired, early []Candidate, pods []EnginePod) RollP
 	if s.EngineLocal || s.ApplyFailed || s.Instance == "" {
 		return p
 	}
-	value := InstanceHash(s.Instance)
+	value := s.value()
 	planned := map[Workload]bool{}
 	add := func(c Candidate, cause RollCause) {
 		if c.Found && c.Carries != value && !planned[c.Workload] {

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"cmp"
 	"testing"
 	"time"
 
@@ -18,6 +19,10 @@ func TestRolls(t *testing.T) {
 	}
 	ready := RollState{Policy: v1alpha1.EngineRestartOnServerChange, Instance: "new:0", ServerAvailable: true, Ready: true, Settled: true}
 	with := func(f func(*RollState)) RollState { s := ready; f(&s); return s }
+	// In multiprocess mode the rolls write the publication's hash, which
+	// stays while node servers come and go (the instance grows).
+	published := "tcp://mp.llm.svc.cluster.local:5555@2026-12-05T12:00:00Z"
+	mp := func(s *RollState) { s.Multiprocess, s.Published = true, published }
 	for _, tc := range []struct {
 		name         string
 		state        RollState
@@ -26,6 +31,8 @@ func TestRolls(t *testing.T) {
 		heal         []string
 		wait, record bool
 		healing      bool
+		// value is what the rolls write when not InstanceHash("new:0").
+		value string
 	}{
 		{name: "at rest: the instance is recorded", state: ready, record: true},
 		{name: "no serving pod: nothing recorded", state: with(func(s *RollState) { s.Instance = "" })},
@@ -45,6 +52,22 @@ func TestRolls(t *testing.T) {
 			early: []Candidate{dep("e", "")}, wait: true, record: true},
 		{name: "early pods, not Ready: nothing", state: with(func(s *RollState) { s.Early, s.Ready = true, false }),
 			early: []Candidate{dep("e", "")}, record: true},
+		{name: "early pods, multiprocess, not Ready (a node without a server): healed once settled", state: with(func(s *RollState) { mp(s); s.Early, s.Ready = true, false }),
+			early: []Candidate{dep("e", "")}, heal: []string{"Deployment/e"}, record: true, healing: true, value: InstanceHash(published)},
+		{name: "early pods, multiprocess, not settled: wait", state: with(func(s *RollState) { mp(s); s.Early, s.Ready, s.Settled = true, false, false }),
+			early: []Candidate{dep("e", "")}, wait: true, record: true},
+		{name: "early pods, multiprocess, healed already, another node's server came up since: not rolled again",
+			state: with(func(s *RollState) { mp(s); s.Early, s.Ready, s.Instance = true, false, "new:0@x,c:0@z" }),
+			early: []Candidate{dep("e", InstanceHash(published))}, record: true, healing: true},
+		{name: "early pods, multiprocess, endpoint not published (withdrawn, or no publication time): nothing, no wait",
+			state: with(func(s *RollState) { mp(s); s.Early, s.Ready, s.Published, s.Settled = true, false, "", false }),
+			early: []Candidate{dep("e", "")}, record: true},
+		{name: "early pods, multiprocess, Ready without a publication time: healed with the instance's hash",
+			state: with(func(s *RollState) { mp(s); s.Early, s.Published = true, "" }),
+			early: []Candidate{dep("e", "")}, heal: []string{"Deployment/e"}, record: true, healing: true},
+		{name: "multiprocess, moved from the in-process server: the wired workloads roll with the publication's hash",
+			state: with(func(s *RollState) { mp(s); s.Changed = true }),
+			wired: []Candidate{dep("a", value)}, cascade: []string{"Deployment/a"}, record: true, value: InstanceHash(published)},
 		{name: "early pods, keys unavailable: nothing", state: with(func(s *RollState) { s.Early, s.KeysUnavailable = true, true }),
 			early: []Candidate{dep("e", "")}, record: true},
 		{name: "early pods, policy Never: nothing", state: with(func(s *RollState) { s.Early, s.Policy = true, v1alpha1.EngineRestartNever }),
@@ -64,8 +87,9 @@ func TestRolls(t *testing.T) {
 			}
 			assert.Equal(t, tc.cascade, names(CauseServerChange), "cascade")
 			assert.Equal(t, tc.heal, names(CauseAdmittedBeforeEndpoint), "heal")
+			want := cmp.Or(tc.value, value)
 			for _, r := range p.Rolls {
-				assert.Equal(t, value, r.Value)
+				assert.Equal(t, want, r.Value)
 			}
 			assert.Equal(t, tc.wait, p.Wait > 0, "wait")
 			assert.Equal(t, tc.record, p.Record, "record")

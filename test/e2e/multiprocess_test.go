@@ -423,15 +423,36 @@ func allowEvictions(t *testing.T, ns string) {
 // TestMultiprocessNodeWithoutServerHoldsNoOtherNode: a selected GPU node
 // too small for the server's memory request keeps its server pod Pending,
 // so the backend is not Ready (2 of 3 servers) while it publishes its
-// endpoint; replacing gpu-a's server still evicts gpu-a's engine, once its
-// new server is ready and the endpoint has been published for the settle
-// time (status.endpointPublishedAt), and the re-created engine is wired.
-// Before, the cascade waited for Ready, which this backend never reaches.
+// endpoint. The engine applied before the backend (admitted unwired) is
+// healed: its Deployment rolled once, its new pod wired. Replacing gpu-a's
+// server evicts gpu-a's engine, once its new server is ready and the
+// endpoint has been published for the settle time
+// (status.endpointPublishedAt), and the re-created engine is wired.
+// Before, the heal and the cascade waited for Ready, which this backend
+// never reaches.
 func TestMultiprocessNodeWithoutServerHoldsNoOtherNode(t *testing.T) {
 	ctx := context.Background()
 	gpuNodes(t, "gpu-a", "gpu-b")
 	gpuNodesOf(t, "4Gi", "gpu-small") // the server requests L1 + 5Gi
 	ns := namespace(t, "mp-pending-node")
+	// One engine, on gpu-a, applied first: admitted before the endpoint.
+	// Its rollouts take 15 s (minReadySeconds): the heal's leaves the old
+	// pod running meanwhile.
+	engine := strings.Replace(strings.Replace(mpEngine, "replicas: 2", "replicas: 1\n  minReadySeconds: 15", 1),
+		"nodeSelector: {gpu: \"true\"}", "nodeSelector: {kubernetes.io/hostname: gpu-a}", 1)
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, engine))
+	testutil.Eventually(t, 60*time.Second, func() error {
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}); err != nil {
+			return err
+		}
+		if len(pods.Items) != 1 || pods.Items[0].Spec.NodeName == "" {
+			return fmt.Errorf("the engine pod is not scheduled yet")
+		}
+		return nil
+	})
+	early := engineOn(t, ns, "gpu-a")
+	require.Empty(t, early.Annotations[v1alpha1.AnnotationInjectedBy], "no backend yet: admitted unwired")
 	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, mpBackend))
 	key := client.ObjectKey{Namespace: ns, Name: "mp-cache"}
 	cb := &v1alpha1.CacheBackend{}
@@ -446,18 +467,48 @@ func TestMultiprocessNodeWithoutServerHoldsNoOtherNode(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, testutil.ReadyIs(metav1.ConditionFalse, "")(cb), "gpu-small has no server: not Ready")
-	// One engine, on gpu-a.
-	engine := strings.Replace(strings.Replace(mpEngine, "replicas: 2", "replicas: 1", 1),
-		"nodeSelector: {gpu: \"true\"}", "nodeSelector: {kubernetes.io/hostname: gpu-a}", 1)
-	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, engine))
-	kubectlRun(t, "rollout", "status", "-n", ns, "deployment/mp-engine", "--timeout=90s")
-	var pods corev1.PodList
-	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}))
-	require.Len(t, pods.Items, 1)
-	before := pods.Items[0]
-	require.Equal(t, "gpu-a", before.Spec.NodeName)
-	require.Equal(t, ns+"/mp-cache", before.Annotations[v1alpha1.AnnotationInjectedBy])
+	// The heal: the engine Deployment rolled once, its new pod wired. A
+	// node's server that comes up while the heal's rollout runs (gpu-c,
+	// joining now) rolls it no second time: the heal writes the hash of
+	// the endpoint's publication, which the new server leaves alone (the
+	// server instance's hash, which it changes, used to roll it again).
+	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestartedForWiring, 1)
+	gpuNodes(t, "gpu-c")
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if m := cb.Status.Multiprocess; m == nil || m.ReadyServers != 3 {
+			return fmt.Errorf("gpu-c's server is not ready yet: %+v", m)
+		}
+		return nil
+	})
+	// The rollout still needs most of its 15 s: a second roll would
+	// follow gpu-c's server within a reconcile, long before it ends.
+	inWindow := k8s.Get(ctx, client.ObjectKeyFromObject(&early), &corev1.Pod{}) == nil
+	testutil.Eventually(t, 60*time.Second, func() error {
+		var pods corev1.PodList
+		if err := k8s.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}); err != nil {
+			return err
+		}
+		if len(pods.Items) != 1 || pods.Items[0].UID == early.UID || pods.Items[0].Annotations[v1alpha1.AnnotationInjectedBy] != ns+"/mp-cache" {
+			return fmt.Errorf("the engine admitted before the endpoint is not replaced by one wired pod yet (%d pods)", len(pods.Items))
+		}
+		return nil
+	})
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestartedForWiring), "healed once, also after gpu-c's server came up")
+	var sets appsv1.ReplicaSetList
+	require.NoError(t, k8s.List(ctx, &sets, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}))
+	var revisions []string
+	for _, rs := range sets.Items {
+		revisions = append(revisions, rs.Name+" revision "+rs.Annotations["deployment.kubernetes.io/revision"])
+	}
+	assert.Len(t, revisions, 2, "the engine Deployment rolled once: its first ReplicaSet and the heal's, not %v", revisions)
+	require.True(t, inWindow, "the heal's rollout ended before gpu-c's server came up: the window this test covers was missed")
+	before := engineOn(t, ns, "gpu-a")
 	observedBackend(t, key)
+	require.NoError(t, k8s.Get(ctx, key, cb))
+	require.NoError(t, testutil.ReadyIs(metav1.ConditionFalse, "")(cb), "healed while not Ready")
 
 	deleteServerOn(t, ns, "mp-cache", "gpu-a")
 	testutil.Eventually(t, 60*time.Second, func() error {
@@ -476,6 +527,23 @@ func TestMultiprocessNodeWithoutServerHoldsNoOtherNode(t *testing.T) {
 	require.NoError(t, k8s.Get(ctx, key, cb))
 	require.NoError(t, testutil.ReadyIs(metav1.ConditionFalse, "")(cb), "still not Ready: the eviction did not wait for it")
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted, 1)
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestartedForWiring), "healed once")
+}
+
+// engineOn returns the one running (not terminating) mp-engine pod of ns
+// on node.
+func engineOn(t *testing.T, ns, node string) corev1.Pod {
+	t.Helper()
+	var pods corev1.PodList
+	require.NoError(t, k8s.List(context.Background(), &pods, client.InNamespace(ns), client.MatchingLabels{"app": "mp-engine"}))
+	var out []corev1.Pod
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp.IsZero() && p.Spec.NodeName == node {
+			out = append(out, p)
+		}
+	}
+	require.Len(t, out, 1, "one engine pod on %s", node)
+	return out[0]
 }
 
 // manifest writes body to a file of the test's and returns its path, for
