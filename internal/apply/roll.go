@@ -23,10 +23,12 @@ import (
 // namespace, with the rollout field manager, as kubectl rollout restart
 // does with its own annotation. The plan leaves out the workloads that
 // carry the value already, so a roll happens once per value and survives
-// manager restarts. It returns the rolls written, in order, up to the
-// first failure.
+// manager restarts. Every roll is tried, so a workload that cannot be
+// written delays no other; it returns the rolls written, in order, and the
+// failures joined.
 func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll) ([]plan.Roll, error) {
 	done := make([]plan.Roll, 0, len(rolls))
+	var errs []error
 	for _, r := range rolls {
 		u := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "apps/v1", "kind": r.Workload.Kind,
@@ -36,11 +38,12 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 			}}},
 		}}
 		if err := a.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(v1alpha1.FieldManagerRollout), client.ForceOwnership); err != nil {
-			return done, fmt.Errorf("rolling engine %s: %w", r.Workload, err)
+			errs = append(errs, fmt.Errorf("rolling engine %s: %w", r.Workload, err))
+			continue
 		}
 		done = append(done, r)
 	}
-	return done, nil
+	return done, errors.Join(errs...)
 }
 
 // Evict executes the evictions of a per-node cascade (plan.RollsPerNode):

@@ -14,6 +14,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -116,4 +117,34 @@ func TestEvictTriesEveryPod(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, apierrors.IsForbidden(err), "%v", err)
 	assert.Contains(t, err.Error(), "engine pod engine-forbidden-too on node gpu-e")
+}
+
+// TestRollTriesEveryWorkload: a workload that cannot be written delays no
+// other: the others are rolled, and the failure comes back named.
+func TestRollTriesEveryWorkload(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, appsv1.AddToScheme(s))
+	var written []string
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).Build(), interceptor.Funcs{
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			raw, err := json.Marshal(obj)
+			require.NoError(t, err)
+			var m struct{ Metadata struct{ Name string } }
+			require.NoError(t, json.Unmarshal(raw, &m))
+			if m.Metadata.Name == "locked" {
+				return apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, "locked", errors.New("denied by a policy"))
+			}
+			written = append(written, m.Metadata.Name)
+			return nil
+		},
+	})
+	roll := func(name string) plan.Roll {
+		return plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: name}, Value: "v1", Cause: plan.CauseAdmittedBeforeEndpoint}
+	}
+	done, err := New(c).Roll(context.Background(), "llm", []plan.Roll{roll("a"), roll("locked"), roll("b")})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Deployment/locked")
+	assert.True(t, apierrors.IsForbidden(err), "the API's error, wrapped")
+	assert.Equal(t, []plan.Roll{roll("a"), roll("b")}, done)
+	assert.Equal(t, []string{"a", "b"}, written)
 }

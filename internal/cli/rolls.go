@@ -59,7 +59,9 @@ func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 	}
 	state.SetPerNode(w, servers, change, now)
 	if state.Multiprocess {
-		state.Published = evaluate.Publication(&live.Status)
+		// The CLI previews from the live status: the endpoint it
+		// publishes is the one served (the controller's want).
+		state.Published = evaluate.Publication(&live.Status, "")
 	}
 	state.Settled = evaluate.EndpointSettled(&live.Status, "", state.Multiprocess, now)
 	var wired, early []plan.Candidate

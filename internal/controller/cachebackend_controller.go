@@ -265,10 +265,12 @@ type pass struct {
 	// (the KV-event gate and the rolls depend on it).
 	seen    observed
 	verdict evaluate.Verdict
-	// rolls are planRolls' decision, rollErr what executing them failed
-	// with (retried; the rest of the status is published meanwhile), out
-	// evaluate's: the status to publish.
+	// rolls are planRolls' decision, rolled the workload rolls written,
+	// rollErr what executing them failed with (retried; the rest of the
+	// status is published meanwhile), out evaluate's: the status to
+	// publish.
 	rolls   plan.RollPlan
+	rolled  []plan.Roll
 	rollErr error
 	out     evaluate.Outcome
 	// probed: the functional probe ran in this reconcile.
@@ -380,7 +382,6 @@ func (r *CacheBackendReconciler) planRolls(s *pass) {
 // restart an admission policy keeps refusing freezes no other field.
 func (r *CacheBackendReconciler) evaluate(s *pass) {
 	cb, v, seen := s.cb, s.verdict, &s.seen
-	rolled := s.rollErr == nil
 	endpoint := ""
 	if v.Available && !s.plan.EngineLocal {
 		endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
@@ -388,7 +389,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 	w := seen.wiring
 	wiring := evaluate.ReportWiring(evaluate.WiringFacts{
 		Wiring: w, Policy: cb.Spec.EngineRestartPolicy, EngineLoc: s.plan.EngineLocal, Endpoint: endpoint != "",
-		EarlyOwner: workloadNames(w.Early), LateOwner: workloadNames(w.Late), Rolling: s.rolls.Healing && rolled,
+		EarlyOwner: workloadNames(w.Early), LateOwner: workloadNames(w.Late), Rolling: s.rolls.Healing && healRolled(s.rolls.Rolls, s.rolled),
 	})
 	part, index := evaluate.Index(seen.index)
 	s.out = evaluate.Outcome{
@@ -406,23 +407,34 @@ func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
 	if len(s.rolls.Rolls) == 0 && len(s.rolls.Evictions) == 0 {
 		return nil
 	}
-	done, err := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
-	var evicted, forbidden []plan.Eviction
-	if err == nil {
-		evicted, forbidden, err = r.Applier.Evict(ctx, s.cb.Namespace, unreported(r.memo.get(s.cb).forbidden, s.rolls.Evictions))
-		switch {
-		case apierrors.IsTooManyRequests(err):
-			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
-				"a PodDisruptionBudget allows no disruption now; retrying: %v", err)
-		case err != nil:
-			r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
-				"the API server refused an eviction; retrying: %v", err)
-		}
-		r.rememberForbidden(s.cb, s.rolls.Evictions, forbidden)
+	// Every roll and every eviction is tried: a workload that cannot be
+	// written holds no node's evictions, and the other way round.
+	done, rollErr := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
+	s.rolled = done
+	evicted, forbidden, evictErr := r.Applier.Evict(ctx, s.cb.Namespace, unreported(r.memo.get(s.cb).forbidden, s.rolls.Evictions))
+	switch {
+	case apierrors.IsTooManyRequests(evictErr):
+		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
+			"a PodDisruptionBudget allows no disruption now; retrying: %v", evictErr)
+	case evictErr != nil:
+		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
+			"the API server refused an eviction; retrying: %v", evictErr)
 	}
+	r.rememberForbidden(s.cb, s.rolls.Evictions, forbidden)
 	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done, Evictions: evicted})
 	r.recordForbidden(ctx, s.cb, forbidden)
-	return err
+	return errors.Join(rollErr, evictErr)
+}
+
+// healRolled reports whether every heal roll the pass planned was written
+// (the heal's pods are being replaced, whatever else failed).
+func healRolled(planned, done []plan.Roll) bool {
+	for _, p := range planned {
+		if p.Cause == plan.CauseAdmittedBeforeEndpoint && !slices.Contains(done, p) {
+			return false
+		}
+	}
+	return true
 }
 
 // unreported leaves out of planned the evictions RBAC refused before for
@@ -487,7 +499,15 @@ func (r *CacheBackendReconciler) requeueAfter(s *pass) time.Duration {
 func (r *CacheBackendReconciler) publish(ctx context.Context, s *pass) (ctrl.Result, error) {
 	cb, v := s.cb, s.verdict
 	stepErr := errors.Join(s.applyErr, s.markErr, s.rollErr)
-	previous := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+	// The transitions are judged from this process's last status write
+	// when it has one: the cache may lag it (a reconcile retried at once
+	// after a failed roll reads the status from before its publish), and
+	// an event would be recorded twice.
+	prior := cb.Status.Conditions
+	if last := r.memo.get(cb).status; last != nil {
+		prior = last.Conditions
+	}
+	previous := meta.FindStatusCondition(prior, v1alpha1.ConditionReady)
 	evaluate.Publish(s.st, cb.Generation, s.out)
 	if ctx.Err() != nil {
 		return ctrl.Result{}, ctx.Err() // shutting down: nothing trustworthy to publish
@@ -578,7 +598,12 @@ func (r *CacheBackendReconciler) patchStatus(ctx context.Context, cb *v1alpha1.C
 		}
 		return fmt.Errorf("writing status: %w", err)
 	}
-	written := st.DeepCopy()
+	// Kept as the API server stores it (times in whole seconds), so that
+	// the cache showing this write compares equal.
+	written := &v1alpha1.CacheBackendStatus{}
+	if err := json.Unmarshal(raw, written); err != nil {
+		return fmt.Errorf("encoding status: %w", err)
+	}
 	r.memo.update(cb, func(e *memoEntry) { e.status = written })
 	return nil
 }

@@ -1,16 +1,25 @@
 package controller
 
 import (
+	"context"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/plan"
 )
 
@@ -44,4 +53,60 @@ func TestForbiddenEvictionsAreReportedOnce(t *testing.T) {
 	r.rememberForbidden(cb, []plan.Eviction{b}, nil)
 	keys := slices.Collect(maps.Keys(r.memo.get(cb).forbidden))
 	assert.Equal(t, []types.UID{"uid-b"}, keys, "only pods still planned are kept")
+}
+
+// TestHealRolledIgnoresOtherFailures: the heal counts as rolling when
+// every heal roll of the pass was written, whatever else failed (another
+// workload's cascade roll, an eviction).
+func TestHealRolledIgnoresOtherFailures(t *testing.T) {
+	heal := plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: "early"}, Value: "v", Cause: plan.CauseAdmittedBeforeEndpoint}
+	cascade := plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: "wired"}, Value: "v", Cause: plan.CauseServerChange}
+	for _, tc := range []struct {
+		name          string
+		planned, done []plan.Roll
+		want          bool
+	}{
+		{"nothing planned", nil, nil, true},
+		{"the heal written", []plan.Roll{heal}, []plan.Roll{heal}, true},
+		{"the heal written, the cascade's roll failed", []plan.Roll{cascade, heal}, []plan.Roll{heal}, true},
+		{"the heal's roll failed", []plan.Roll{cascade, heal}, []plan.Roll{cascade}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, healRolled(tc.planned, tc.done))
+		})
+	}
+}
+
+// TestBackendReadyIsRecordedOnceWhileTheCacheLags: a publish judges the
+// Ready transition from this process's last status write, so a reconcile
+// retried at once (a failed roll) that reads the status from before the
+// first publish records BackendReady no second time.
+func TestBackendReadyIsRecordedOnceWhileTheCacheLags(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	cached := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", UID: "uid-cache", Generation: 1}}
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).WithObjects(cached).Build(), interceptor.Funcs{
+		SubResourceApply: func(context.Context, client.Client, string, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
+			return nil
+		},
+	})
+	rec := events.NewFakeRecorder(8)
+	r := &CacheBackendReconciler{Client: c, Recorder: rec}
+	ready := evaluate.Verdict{Ready: true, Available: true, Reason: v1alpha1.ReasonBackendReady, Message: "1 of 1 replicas available"}
+	for range 2 {
+		// The cache still shows the status from before the first publish.
+		p := &pass{cb: cached, st: cached.Status.DeepCopy(), verdict: ready}
+		p.out = evaluate.Outcome{Verdict: ready, Endpoint: "lm://cache.llm.svc.cluster.local:65432",
+			Wiring: evaluate.WiringReport{Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonAllEnginesWired}}
+		_, err := r.publish(context.Background(), p)
+		require.NoError(t, err)
+	}
+	close(rec.Events)
+	var readyEvents []string
+	for e := range rec.Events {
+		if strings.Contains(e, v1alpha1.EventBackendReady) {
+			readyEvents = append(readyEvents, e)
+		}
+	}
+	assert.Len(t, readyEvents, 1, "BackendReady once: %q", readyEvents)
 }

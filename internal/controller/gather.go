@@ -186,19 +186,20 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 		Early: len(seen.wiring.Early) > 0, KeysUnavailable: seen.wiring.KeysUnavailable,
 	}
 	seen.roll.SetPerNode(seen.facts.Workload, evaluate.ServerPods(seen.serverPods, true), change, r.Now().Time)
-	if seen.roll.Multiprocess && s.verdict.Available && s.st.Endpoint == render.Endpoint(cb, r.Inject.ClusterDomain) {
+	want := render.Endpoint(cb, r.Inject.ClusterDomain)
+	if seen.roll.Multiprocess && s.verdict.Available {
 		// The publication this process last wrote (or the cache shows);
 		// the live status's replaces it below when read.
-		seen.roll.Published = evaluate.Publication(s.st)
+		seen.roll.Published = evaluate.Publication(s.st, want)
 	}
 	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
 		// The cache may lag a status write: read the live status.
 		live := &v1alpha1.CacheBackend{}
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil {
 			seen.facts.FirstAvailableAt = live.Status.FirstAvailableAt
-			seen.roll.Settled = evaluate.EndpointSettled(&live.Status, render.Endpoint(cb, r.Inject.ClusterDomain), seen.roll.Multiprocess, r.Now().Time)
+			seen.roll.Settled = evaluate.EndpointSettled(&live.Status, want, seen.roll.Multiprocess, r.Now().Time)
 			if seen.roll.Multiprocess && s.verdict.Available {
-				seen.roll.Published = evaluate.Publication(&live.Status)
+				seen.roll.Published = evaluate.Publication(&live.Status, want)
 			}
 		}
 		if seen.facts.FirstAvailableAt == nil {

@@ -89,3 +89,36 @@ func TestEveryStatusWriteKeepsTheLastPublication(t *testing.T) {
 	assert.Equal(t, published.Endpoint, applied[1]["endpoint"], "stop keeps the endpoint")
 	assert.Equal(t, at.UTC().Format(time.RFC3339), applied[1]["endpointPublishedAt"], "and when it was published")
 }
+
+// TestStatusShownByTheCacheIsNotWrittenAgain: the status this process
+// wrote is remembered as the API server stores it (times in whole
+// seconds), so once the cache shows the write, a reconcile that computes
+// the same status (with the remembered endpoint publication laid over the
+// cached status) sends nothing; remembering the write's nanoseconds made
+// every reconcile write the status again.
+func TestStatusShownByTheCacheIsNotWrittenAgain(t *testing.T) {
+	var writes int
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	at := metav1.NewTime(time.Date(2026, 12, 5, 12, 0, 0, 123456789, time.UTC))
+	st := v1alpha1.CacheBackendStatus{ObservedGeneration: 1, Endpoint: "tcp://mp-local.llm.svc.cluster.local:5555", EndpointPublishedAt: &at}
+	// The cache, once it shows the write: the time in whole seconds.
+	shown := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-mp", Generation: 1}, Status: *st.DeepCopy()}
+	shown.Status.EndpointPublishedAt = &metav1.Time{Time: at.Truncate(time.Second)}
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).WithObjects(shown).Build(), interceptor.Funcs{
+		SubResourceApply: func(context.Context, client.Client, string, runtime.ApplyConfiguration, ...client.SubResourceApplyOption) error {
+			writes++
+			return nil
+		},
+	})
+	r := &CacheBackendReconciler{Client: c}
+	ctx := context.Background()
+	before := &v1alpha1.CacheBackend{ObjectMeta: shown.ObjectMeta}
+	require.NoError(t, r.patchStatus(ctx, before, &st))
+	require.Equal(t, 1, writes)
+
+	p, err := r.begin(ctx, client.ObjectKeyFromObject(shown))
+	require.NoError(t, err)
+	require.NoError(t, r.patchStatus(ctx, p.cb, p.st))
+	assert.Equal(t, 1, writes, "the cache shows the write: nothing to send")
+}

@@ -3,6 +3,7 @@ package evaluate
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -123,4 +124,32 @@ func TestPublishWithFailedRestarts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReconcilingKeepsItsTransitionWhileRestartsFail: retries of failed
+// engine restarts publish Reconciling=True again without moving its
+// lastTransitionTime, also when the verdict alone would remove it; it is
+// removed once the restarts succeed.
+func TestReconcilingKeepsItsTransitionWhileRestartsFail(t *testing.T) {
+	ready := Verdict{Ready: true, Reason: v1alpha1.ReasonBackendReady, Message: "3 of 3"}
+	rolling := Verdict{Progressing: true, Reason: v1alpha1.ReasonRolloutInProgress, Message: "2 of 3"}
+	refused := errors.New("evicting engine pod llm/engine-a on node gpu-a: denied by an admission policy")
+	st := &v1alpha1.CacheBackendStatus{}
+	Publish(st, 1, Outcome{Verdict: rolling})
+	first := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReconciling)
+	if !assert.NotNil(t, first) {
+		return
+	}
+	since := metav1.NewTime(time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC))
+	first.LastTransitionTime = since
+	for _, v := range []Verdict{rolling, ready, ready} {
+		Publish(st, 1, Outcome{Verdict: v, RollErr: refused})
+		rec := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReconciling)
+		if assert.NotNil(t, rec) {
+			assert.Equal(t, v1alpha1.ReasonEngineRestartsRetrying, rec.Reason)
+			assert.Equal(t, since, rec.LastTransitionTime, "True all along: the transition stays")
+		}
+	}
+	Publish(st, 1, Outcome{Verdict: ready})
+	assert.Nil(t, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReconciling), "removed once the restarts succeed")
 }

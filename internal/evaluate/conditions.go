@@ -93,15 +93,12 @@ func Publish(st *v1alpha1.CacheBackendStatus, gen int64, o Outcome) {
 	default:
 		set(v1alpha1.ConditionFunctionalProbeOK, metav1.ConditionTrue, v1alpha1.ReasonProbeSucceeded, "the cache server answers LMCache's HEALTH request")
 	}
-	setServing(st, gen, o.Verdict)
-	if o.RollErr != nil {
-		set(v1alpha1.ConditionReconciling, metav1.ConditionTrue, v1alpha1.ReasonEngineRestartsRetrying, o.RollErr.Error())
-	}
+	setServing(st, gen, o.Verdict, o.RollErr)
 }
 
-// setServing writes the conditions that follow from the verdict v, and the
-// replica counts.
-func setServing(st *v1alpha1.CacheBackendStatus, gen int64, v Verdict) {
+// setServing writes the conditions that follow from the verdict v and
+// the engine restarts' failure rollErr, and the replica counts.
+func setServing(st *v1alpha1.CacheBackendStatus, gen int64, v Verdict, rollErr error) {
 	st.Replicas, st.ReadyReplicas = v.Replicas, v.ReadyReplicas
 	set := func(t string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse
@@ -115,10 +112,8 @@ func setServing(st *v1alpha1.CacheBackendStatus, gen int64, v Verdict) {
 	set(v1alpha1.ConditionReady, v.Ready, v.Reason, v.Message)
 	if v.Progressing {
 		set(v1alpha1.ConditionProgressing, true, v.Reason, v.Message)
-		set(v1alpha1.ConditionReconciling, true, v.Reason, v.Message)
 	} else {
 		set(v1alpha1.ConditionProgressing, false, v1alpha1.ReasonStable, "no rollout in progress")
-		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionReconciling)
 	}
 	if v.Degraded {
 		set(v1alpha1.ConditionDegraded, true, v.Reason, v.Message)
@@ -130,10 +125,20 @@ func setServing(st *v1alpha1.CacheBackendStatus, gen int64, v Verdict) {
 	} else {
 		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionStalled)
 	}
-	if v.Degraded && !v.Stalled && !v.Progressing {
+	// Reconciling is decided once, so that it keeps its transition time
+	// while it stays True (whatever its reason).
+	switch {
+	case rollErr != nil:
+		// Engine restarts failed: retried until they succeed.
+		set(v1alpha1.ConditionReconciling, true, v1alpha1.ReasonEngineRestartsRetrying, rollErr.Error())
+	case v.Progressing:
+		set(v1alpha1.ConditionReconciling, true, v.Reason, v.Message)
+	case v.Degraded && !v.Stalled:
 		// Replicas are being replaced by the workload's controller: kstatus
 		// should read the backend as in progress, not current.
 		set(v1alpha1.ConditionReconciling, true, v.Reason, v.Message)
+	default:
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionReconciling)
 	}
 }
 

@@ -172,13 +172,13 @@ func EndpointSettled(st *v1alpha1.CacheBackendStatus, want string, byPublication
 }
 
 // Publication is the endpoint st publishes and when it was published, as
-// one string; "" when st publishes none or records no publication time (a
-// CRD from before status.endpointPublishedAt prunes it). In multiprocess
-// mode the whole-workload engine rolls write its hash: it stays while node
-// servers come and go, and changes only when the endpoint is published
-// anew.
-func Publication(st *v1alpha1.CacheBackendStatus) string {
-	if st.Endpoint == "" || st.EndpointPublishedAt == nil {
+// one string; "" when st publishes none, another than want (any, when want
+// is empty), or records no publication time (a CRD from before
+// status.endpointPublishedAt prunes it). In multiprocess mode the
+// whole-workload engine rolls write its hash: it stays while node servers
+// come and go, and changes only when the endpoint is published anew.
+func Publication(st *v1alpha1.CacheBackendStatus, want string) string {
+	if st.Endpoint == "" || (want != "" && st.Endpoint != want) || st.EndpointPublishedAt == nil {
 		return ""
 	}
 	return st.Endpoint + "@" + st.EndpointPublishedAt.UTC().Format(time.RFC3339)

@@ -177,9 +177,12 @@ func TestPublication(t *testing.T) {
 	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
 	ep := "tcp://mp.llm.svc.cluster.local:5555"
 	at := func(d time.Duration) *metav1.Time { return &metav1.Time{Time: t0.Add(d)} }
-	assert.Equal(t, ep+"@2026-12-05T12:00:00Z", Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(0)}))
-	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep}), "no publication time (pruned by an older CRD)")
-	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{EndpointPublishedAt: at(0)}), "no endpoint")
-	assert.NotEqual(t, Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(0)}),
-		Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Minute)}), "published anew")
+	st := &v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(0)}
+	assert.Equal(t, ep+"@2026-12-05T12:00:00Z", Publication(st, ep))
+	assert.Equal(t, ep+"@2026-12-05T12:00:00Z", Publication(st, ""), "any endpoint")
+	assert.Empty(t, Publication(st, "tcp://other.llm.svc.cluster.local:5555"), "another endpoint than the one wanted")
+	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep}, ep), "no publication time (pruned by an older CRD)")
+	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{EndpointPublishedAt: at(0)}, ""), "no endpoint")
+	assert.NotEqual(t, Publication(st, ep),
+		Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Minute)}, ep), "published anew")
 }
