@@ -116,6 +116,11 @@ const (
 	// multiprocess mode could not evict an engine pod because its
 	// PodDisruptionBudget allows no disruption now; the reconcile retries.
 	EventEngineEvictionBlocked = "EngineEvictionBlocked"
+	// EventEngineRollFailed (Warning): the API server refused the
+	// annotation that restarts an engine workload (the cascade or the
+	// heal); the reconcile retries, the other workloads and the evictions
+	// go ahead meanwhile.
+	EventEngineRollFailed = "EngineRollFailed"
 	// EventEngineEvictionForbidden (Warning): the per-node cascade of
 	// multiprocess mode may not evict engine pods (the install left out
 	// the engine-eviction grant, docs/security.md); the event names the

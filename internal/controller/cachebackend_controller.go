@@ -411,14 +411,18 @@ func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
 	// written holds no node's evictions, and the other way round.
 	done, rollErr := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
 	s.rolled = done
+	if rollErr != nil {
+		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineRollFailed, "Rollout",
+			"the API server refused an engine workload's restart; retrying: %s", evaluate.Brief(rollErr))
+	}
 	evicted, forbidden, evictErr := r.Applier.Evict(ctx, s.cb.Namespace, unreported(r.memo.get(s.cb).forbidden, s.rolls.Evictions))
 	switch {
 	case apierrors.IsTooManyRequests(evictErr):
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
-			"a PodDisruptionBudget allows no disruption now; retrying: %v", evictErr)
+			"a PodDisruptionBudget allows no disruption now; retrying: %s", evaluate.Brief(evictErr))
 	case evictErr != nil:
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",
-			"the API server refused an eviction; retrying: %v", evictErr)
+			"the API server refused an eviction; retrying: %s", evaluate.Brief(evictErr))
 	}
 	r.rememberForbidden(s.cb, s.rolls.Evictions, forbidden)
 	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done, Evictions: evicted})

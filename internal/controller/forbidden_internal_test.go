@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
@@ -10,8 +12,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/plan"
 )
@@ -109,4 +114,48 @@ func TestBackendReadyIsRecordedOnceWhileTheCacheLags(t *testing.T) {
 		}
 	}
 	assert.Len(t, readyEvents, 1, "BackendReady once: %q", readyEvents)
+}
+
+// TestAFailedWorkloadRollHoldsNoEviction: the API server refusing one
+// engine workload's restart annotation leaves the other workloads' rolls
+// and the per-node evictions to go ahead; the refusal is a Warning event
+// EngineRollFailed and the reconcile's error (retried).
+func TestAFailedWorkloadRollHoldsNoEviction(t *testing.T) {
+	s := runtime.NewScheme()
+	require.NoError(t, v1alpha1.AddToScheme(s))
+	var evicted []string
+	c := interceptor.NewClient(fake.NewClientBuilder().WithScheme(s).Build(), interceptor.Funcs{
+		Apply: func(_ context.Context, _ client.WithWatch, obj runtime.ApplyConfiguration, _ ...client.ApplyOption) error {
+			raw, err := json.Marshal(obj)
+			require.NoError(t, err)
+			if strings.Contains(string(raw), `"name":"locked"`) {
+				return apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "deployments"}, "locked", errors.New("denied by a policy"))
+			}
+			return nil
+		},
+		SubResourceCreate: func(_ context.Context, _ client.Client, _ string, obj client.Object, _ client.Object, _ ...client.SubResourceCreateOption) error {
+			evicted = append(evicted, obj.GetName())
+			return nil
+		},
+	})
+	rec := events.NewFakeRecorder(8)
+	r := &CacheBackendReconciler{Client: c, Applier: apply.New(c), Recorder: rec}
+	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-mp"}}
+	heal := func(name string) plan.Roll {
+		return plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: name}, Value: "v", Cause: plan.CauseAdmittedBeforeEndpoint}
+	}
+	p := &pass{cb: cb, rolls: plan.RollPlan{Rolls: []plan.Roll{heal("locked"), heal("open")},
+		Evictions: []plan.Eviction{{Pod: "engine-a", UID: "uid-a", Node: "gpu-a"}}}}
+	err := r.roll(context.Background(), p)
+	require.Error(t, err)
+	assert.True(t, apierrors.IsForbidden(err), "%v", err)
+	assert.Equal(t, []plan.Roll{heal("open")}, p.rolled, "the other workload is rolled")
+	assert.Equal(t, []string{"engine-a"}, evicted, "the evictions go ahead")
+	assert.False(t, healRolled(p.rolls.Rolls, p.rolled))
+	close(rec.Events)
+	var reasons []string
+	for e := range rec.Events {
+		reasons = append(reasons, strings.Fields(e)[1])
+	}
+	assert.ElementsMatch(t, []string{v1alpha1.EventEngineRollFailed, v1alpha1.EventEnginesRestartedForWiring, v1alpha1.EventEnginesRestarted}, reasons)
 }

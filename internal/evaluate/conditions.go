@@ -130,7 +130,7 @@ func setServing(st *v1alpha1.CacheBackendStatus, gen int64, v Verdict, rollErr e
 	switch {
 	case rollErr != nil:
 		// Engine restarts failed: retried until they succeed.
-		set(v1alpha1.ConditionReconciling, true, v1alpha1.ReasonEngineRestartsRetrying, rollErr.Error())
+		set(v1alpha1.ConditionReconciling, true, v1alpha1.ReasonEngineRestartsRetrying, Brief(rollErr))
 	case v.Progressing:
 		set(v1alpha1.ConditionReconciling, true, v.Reason, v.Message)
 	case v.Degraded && !v.Stalled:
