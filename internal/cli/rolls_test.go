@@ -93,3 +93,72 @@ func TestDiffPreviewsTheCascade(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, p.Rolls)
 }
+
+// TestDiffPreviewsTheMultiprocessHeal: in multiprocess mode diff previews
+// the heal as the controller plans it: while the endpoint has been
+// published long enough, Ready or not (here one of two nodes has no
+// server), the workload of a pod admitted before it is rolled with the
+// hash of the endpoint's publication, not of the server identity; a
+// workload carrying that value is not rolled again; without a recorded
+// publication time the heal waits for Ready.
+func TestDiffPreviewsTheMultiprocessHeal(t *testing.T) {
+	yes := true
+	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	published := metav1.NewTime(now.Add(-time.Minute))
+	cb := &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-cb", Generation: 1},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Runtime: v1alpha1.RuntimeVLLM,
+			EngineRestartPolicy: v1alpha1.EngineRestartOnServerChange, Multiprocess: &v1alpha1.Multiprocess{},
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "vllm"}}},
+		Status: v1alpha1.CacheBackendStatus{
+			Endpoint: "tcp://mp.llm.svc.cluster.local:5555", EndpointPublishedAt: &published,
+			ObservedServerInstance: "srv-a:0@gpu-a",
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonReplicasUnavailable,
+				LastTransitionTime: published}},
+		},
+	}
+	owner := func(kind, name string, uid types.UID) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: kind, Name: name, UID: uid, Controller: &yes}}
+	}
+	// The servers: a DaemonSet wanting two nodes, one server ready on gpu-a.
+	servers := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-ds",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "CacheBackend", Name: "mp", UID: cb.UID, Controller: &yes}}},
+		Status: appsv1.DaemonSetStatus{DesiredNumberScheduled: 2, CurrentNumberScheduled: 2, UpdatedNumberScheduled: 2, NumberReady: 1, NumberAvailable: 1}}
+	server := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp-a", UID: "srv-a", Labels: render.SelectorLabels(cb),
+		CreationTimestamp: metav1.NewTime(now.Add(-2 * time.Minute)), OwnerReferences: owner("DaemonSet", "mp", servers.UID)},
+		Spec:   corev1.PodSpec{NodeName: "gpu-a"},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+	engine := func(carries string) []client.Object {
+		d := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "early", UID: "uid-d-early"}}
+		if carries != "" {
+			d.Spec.Template.Annotations = map[string]string{v1alpha1.AnnotationServerInstance: carries}
+		}
+		rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "early-abc", UID: "uid-rs-early",
+			OwnerReferences: owner("Deployment", "early", d.UID)}}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "early-abc-x", Labels: map[string]string{"app": "vllm"},
+			CreationTimestamp: metav1.NewTime(now.Add(-2 * time.Minute)), OwnerReferences: owner("ReplicaSet", rs.Name, rs.UID)},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
+		return []client.Object{d, rs, p}
+	}
+	preview := func(cb *v1alpha1.CacheBackend, carries string) plan.RollPlan {
+		t.Helper()
+		c := fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(append([]client.Object{cb, servers, server}, engine(carries)...)...).Build()
+		p, err := previewRolls(context.Background(), c, cb, false, []receipt.Key{receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))}, now)
+		require.NoError(t, err)
+		return p
+	}
+	value := plan.InstanceHash(cb.Status.Endpoint + "@" + published.UTC().Format(time.RFC3339))
+
+	p := preview(cb, "")
+	assert.Equal(t, []plan.Workload{{Kind: "Deployment", Name: "early"}}, p.Workloads(plan.CauseAdmittedBeforeEndpoint), "healed, not Ready")
+	if assert.Len(t, p.Rolls, 1) {
+		assert.Equal(t, value, p.Rolls[0].Value, "the publication's hash")
+	}
+	assert.Empty(t, preview(cb, value).Rolls, "carries the value: not rolled again")
+
+	unrecorded := cb.DeepCopy()
+	unrecorded.Status.EndpointPublishedAt = nil
+	p = preview(unrecorded, "")
+	assert.Empty(t, p.Rolls, "no publication time: the heal waits for Ready")
+	assert.Zero(t, p.Wait, "and polls nothing")
+}
