@@ -1,6 +1,7 @@
 package evaluate
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"sort"
@@ -106,7 +107,8 @@ func ObserveServer(prev string, pods []ServerPod) ServerChange {
 
 // ServerPods is what the server observer sees of pods: identity, restart
 // count, readiness, the time the server last started and, for a per-node
-// workload (perNode), the node.
+// workload (perNode), the node: the one it runs on, or for a pod not
+// scheduled yet the one its DaemonSet made it for (DaemonSetNode).
 func ServerPods(pods []corev1.Pod, perNode bool) []ServerPod {
 	out := make([]ServerPod, 0, len(pods))
 	for i := range pods {
@@ -119,9 +121,29 @@ func ServerPods(pods []corev1.Pod, perNode bool) []ServerPod {
 			}
 		}
 		if perNode {
-			sp.Node = p.Spec.NodeName
+			sp.Node = cmp.Or(p.Spec.NodeName, DaemonSetNode(p))
 		}
 		out = append(out, sp)
 	}
 	return out
+}
+
+// DaemonSetNode is the node a DaemonSet's pod is made for, read from the
+// node affinity the DaemonSet controller gives each pod (a required term
+// matching the field metadata.name to the one node); "" for another pod.
+// It names the node of a pod not scheduled yet: a replacement being
+// scheduled, or one Pending on a node too small for it.
+func DaemonSetNode(p *corev1.Pod) string {
+	a := p.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return ""
+	}
+	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, f := range term.MatchFields {
+			if f.Key == "metadata.name" && f.Operator == corev1.NodeSelectorOpIn && len(f.Values) == 1 {
+				return f.Values[0]
+			}
+		}
+	}
+	return ""
 }

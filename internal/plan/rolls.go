@@ -152,7 +152,8 @@ func (s RollState) value() string {
 // its engine workloads, whose pods were wired to a server that is gone):
 // the nodes whose recorded server changed (change.ChangedNodes), each node's serving pod from pods
 // (evaluate.ServerPods of w's serving pods, with nodes), whether some node
-// still waits for its server, and the clock. The controller and the CLI's
+// still waits for its server pod to be created (fewer pods, scheduled or
+// not, than the DaemonSet wants), and the clock. The controller and the CLI's
 // diff set them alike.
 func (s *RollState) SetPerNode(w workload.Server, pods []evaluate.ServerPod, change evaluate.ServerChange, now time.Time) {
 	if w == nil || !w.PerNode() || change.ChangedUnplaced {
@@ -163,6 +164,11 @@ func (s *RollState) SetPerNode(w workload.Server, pods []evaluate.ServerPod, cha
 	s.PerNode, s.ChangedNodes, s.Now = true, change.ChangedNodes, now
 	s.NodeServers = map[string]NodeServer{}
 	for _, p := range pods {
+		// A pod not scheduled yet has its node too (evaluate.ServerPods),
+		// not ready: a replacement being scheduled is waited for, and one
+		// that stays Pending (a node too small for it) counts for its
+		// node, so a changed node gone for good is not taken for one
+		// waiting while another node's server stays Pending.
 		if p.Node != "" {
 			s.NodeServers[p.Node] = NodeServer{Ready: p.Ready, Since: p.Since}
 		}

@@ -2,12 +2,22 @@ package plan
 
 import (
 	"cmp"
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/evaluate"
+	"github.com/inferencecache/operator/internal/workload"
+	"github.com/inferencecache/operator/test/testutil"
 )
 
 // TestRolls is the roll plan's table: when the cascade and the heal roll,
@@ -149,6 +159,57 @@ func TestRollsPerNode(t *testing.T) {
 			assert.Empty(t, p.Rolls, "per-node servers roll no workload")
 			assert.Equal(t, tc.wait, p.Wait > 0, "wait")
 			assert.Equal(t, tc.record, p.Record, "record")
+		})
+	}
+}
+
+// TestServersMissingCountsUnscheduledPods: a node waits for its server
+// when fewer nodes have a server pod than the DaemonSet wants; a pod not
+// scheduled yet counts for the node its DaemonSet made it for: one that
+// stays Pending (a node too small for it) keeps no changed node gone for
+// good waiting, and a replacement being scheduled on the changed node is
+// waited for (not ready), not taken for the node's end.
+func TestServersMissingCountsUnscheduledPods(t *testing.T) {
+	yes := true
+	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-cb"},
+		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Multiprocess: &v1alpha1.Multiprocess{}}}
+	ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-ds",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.GroupVersion.String(), Kind: "CacheBackend", Name: "mp", UID: cb.UID, Controller: &yes}}},
+		Status: appsv1.DaemonSetStatus{DesiredNumberScheduled: 3}}
+	w, err := workload.Read(context.Background(), fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(ds).Build(), cb)
+	require.NoError(t, err)
+	require.True(t, w.PerNode())
+	t0 := time.Date(2026, 12, 5, 8, 0, 0, 0, time.UTC)
+	pod := func(name, node, madeFor string, ready bool) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), CreationTimestamp: metav1.NewTime(t0)}, Spec: corev1.PodSpec{NodeName: node}}
+		if madeFor != "" {
+			p.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{madeFor}}}}}}}}
+		}
+		if ready {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		return p
+	}
+	a, b := pod("a", "gpu-a", "gpu-a", true), pod("b", "gpu-b", "gpu-b", true)
+	for _, tc := range []struct {
+		name    string
+		changed string
+		pods    []corev1.Pod
+		missing bool
+		wait    bool
+	}{
+		{"gpu-c gone for good, gpu-small's server Pending: recorded", "gpu-c", []corev1.Pod{a, b, pod("small", "", "gpu-small", false)}, false, false},
+		{"gpu-b's replacement not scheduled yet: waited for", "gpu-b", []corev1.Pod{a, pod("b2", "", "gpu-b", false), pod("small", "", "gpu-small", false)}, false, true},
+		{"gpu-b's replacement not created yet: missing, waited for", "gpu-b", []corev1.Pod{a, pod("small", "", "gpu-small", false)}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := RollState{Policy: v1alpha1.EngineRestartOnServerChange, Instance: "a:0@gpu-a", Changed: true, ServerAvailable: true, Settled: true}
+			s.SetPerNode(w, evaluate.ServerPods(tc.pods, true), evaluate.ServerChange{Changed: true, ChangedNodes: []string{tc.changed}}, t0.Add(time.Minute))
+			assert.Equal(t, tc.missing, s.ServersMissing, "missing")
+			p := RollsPerNode(s, nil, nil, nil)
+			assert.Equal(t, tc.wait, p.Wait > 0, "wait")
+			assert.Equal(t, !tc.wait, p.Record, "record")
 		})
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -528,6 +529,47 @@ func TestMultiprocessNodeWithoutServerHoldsNoOtherNode(t *testing.T) {
 	require.NoError(t, testutil.ReadyIs(metav1.ConditionFalse, "")(cb), "still not Ready: the eviction did not wait for it")
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted, 1)
 	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestartedForWiring), "healed once")
+
+	// gpu-c leaves the servers' selection: its server is gone for good
+	// while gpu-small's stays Pending (not scheduled). The change is
+	// recorded (nothing on gpu-c to reconnect): counting only scheduled
+	// server pods read gpu-c as waiting for a replacement, and the
+	// identity stayed unrecorded, polled every 2 s.
+	var servers corev1.PodList
+	require.NoError(t, k8s.List(ctx, &servers, client.InNamespace(ns), client.MatchingLabels{"inferencecache.io/cachebackend": "mp-cache"}))
+	var gpuC types.UID
+	for _, p := range servers.Items {
+		if p.Spec.NodeName == "gpu-c" {
+			gpuC = p.UID
+		}
+	}
+	require.NotEmpty(t, gpuC, "gpu-c runs a server")
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if !strings.Contains(cb.Status.ObservedServerInstance, string(gpuC)) {
+			return fmt.Errorf("gpu-c's server is not in the recorded identity yet: %s", cb.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	node := &corev1.Node{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "gpu-c"}, node))
+	delete(node.Labels, "gpu")
+	require.NoError(t, k8s.Update(ctx, node))
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if m := cb.Status.Multiprocess; m == nil || m.DesiredServers != 3 {
+			return fmt.Errorf("the DaemonSet still wants gpu-c's server: %+v", m)
+		}
+		if strings.Contains(cb.Status.ObservedServerInstance, string(gpuC)) {
+			return fmt.Errorf("gpu-c's server left for good, still recorded: %s", cb.Status.ObservedServerInstance)
+		}
+		return nil
+	})
+	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "mp-cache", v1alpha1.EventEnginesRestarted), "nothing evicted for gpu-c")
 }
 
 // engineOn returns the one running (not terminating) mp-engine pod of ns
