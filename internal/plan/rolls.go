@@ -152,8 +152,9 @@ func (s RollState) value() string {
 // its engine workloads, whose pods were wired to a server that is gone):
 // the nodes whose recorded server changed (change.ChangedNodes), each node's serving pod from pods
 // (evaluate.ServerPods of w's serving pods, with nodes), whether some node
-// still waits for its server pod to be created (fewer pods, scheduled or
-// not, than the DaemonSet wants), and the clock. The controller and the CLI's
+// still waits for its server pod to be created (fewer nodes have a server
+// pod, scheduled or made for them, than the DaemonSet wants), and the
+// clock. The controller and the CLI's
 // diff set them alike.
 func (s *RollState) SetPerNode(w workload.Server, pods []evaluate.ServerPod, change evaluate.ServerChange, now time.Time) {
 	if w == nil || !w.PerNode() || change.ChangedUnplaced {
