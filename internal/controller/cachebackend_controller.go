@@ -292,14 +292,20 @@ func (r *CacheBackendReconciler) begin(ctx context.Context, key client.ObjectKey
 		r.forget(key)
 		return nil, nil
 	}
-	st := cb.Status.DeepCopy()
-	if last := r.memo.get(cb).status; last != nil {
-		// The cache may lag this process's last write: when the endpoint
-		// was published (or withdrawn) is taken from that write, by every
-		// status write (publish's and stop's).
-		st.Endpoint, st.EndpointPublishedAt = last.Endpoint, last.EndpointPublishedAt
-	}
+	// When the endpoint was published (or withdrawn) is taken from this
+	// process's last write, by every status write (publish's and stop's).
+	st, last := cb.Status.DeepCopy(), r.lastStatus(cb)
+	st.Endpoint, st.EndpointPublishedAt = last.Endpoint, last.EndpointPublishedAt
 	return &pass{cb: cb, st: st}, nil
+}
+
+// lastStatus is the status this process last wrote for cb, or the cached
+// one when it wrote none: the cache may lag the process's own writes.
+func (r *CacheBackendReconciler) lastStatus(cb *v1alpha1.CacheBackend) *v1alpha1.CacheBackendStatus {
+	if last := r.memo.get(cb).status; last != nil {
+		return last
+	}
+	return &cb.Status
 }
 
 // forget drops what this process keeps of a backend that is gone or
@@ -503,15 +509,10 @@ func (r *CacheBackendReconciler) requeueAfter(s *pass) time.Duration {
 func (r *CacheBackendReconciler) publish(ctx context.Context, s *pass) (ctrl.Result, error) {
 	cb, v := s.cb, s.verdict
 	stepErr := errors.Join(s.applyErr, s.markErr, s.rollErr)
-	// The transitions are judged from this process's last status write
-	// when it has one: the cache may lag it (a reconcile retried at once
-	// after a failed roll reads the status from before its publish), and
-	// an event would be recorded twice.
-	prior := cb.Status.Conditions
-	if last := r.memo.get(cb).status; last != nil {
-		prior = last.Conditions
-	}
-	previous := meta.FindStatusCondition(prior, v1alpha1.ConditionReady)
+	// The transitions are judged from this process's last status write (a
+	// reconcile retried at once after a failed roll reads a cache from
+	// before its publish, and would record an event twice).
+	previous := meta.FindStatusCondition(r.lastStatus(cb).Conditions, v1alpha1.ConditionReady)
 	evaluate.Publish(s.st, cb.Generation, s.out)
 	if ctx.Err() != nil {
 		return ctrl.Result{}, ctx.Err() // shutting down: nothing trustworthy to publish

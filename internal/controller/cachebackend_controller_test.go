@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/retry"
@@ -200,19 +201,78 @@ func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 	}
 	before := versions()
 
-	counter := &writeCounter{counts: map[string]int{}}
-	c, err := client.New(counter.wrap(cfg), client.Options{Scheme: scheme})
-	require.NoError(t, err)
-	r := &controller.CacheBackendReconciler{
-		Client: c, Applier: apply.New(c), APIReader: c, Prober: prober,
-		Recorder: events.NewFakeRecorder(100), Now: metav1.Now,
-	}
+	r, counter := countingReconciler(t)
 	for range 3 {
 		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
 		require.NoError(t, err)
 	}
 	assert.Empty(t, counter.snapshot(), "no mutating request in three reconciles without a spec change")
 	assert.Equal(t, before, versions(), "no child's resourceVersion changed")
+}
+
+// countingReconciler is a reconciler of its own (a memo of its own too)
+// whose every mutating request to the API server counter counts.
+func countingReconciler(t *testing.T) (*controller.CacheBackendReconciler, *writeCounter) {
+	t.Helper()
+	counter := &writeCounter{counts: map[string]int{}}
+	c, err := client.New(counter.wrap(cfg), client.Options{Scheme: scheme})
+	require.NoError(t, err)
+	return &controller.CacheBackendReconciler{
+		Client: c, Applier: apply.New(c), APIReader: c, Prober: prober,
+		Recorder: events.NewFakeRecorder(100), Now: metav1.Now,
+	}, counter
+}
+
+// TestStatusItWroteIsNotWrittenAgain: a reconciler that wrote the status
+// itself (here restoring a changed status.endpoint, which publishes it
+// anew with a new endpointPublishedAt) sends no further status write once
+// the API server shows its write: what it remembers of the write compares
+// equal to what the API server stored (times in whole seconds). It
+// remembered the write's nanoseconds, and wrote the status on every
+// reconcile of a backend with an endpoint.
+func TestStatusItWroteIsNotWrittenAgain(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cb := servingBackend(t, ns, "cache")
+	key := client.ObjectKeyFromObject(cb)
+	want := cb.Status.Endpoint
+
+	r, counter := countingReconciler(t)
+	statusWrites := func() int { return counter.snapshot()["PATCH cachebackends/cache/status"] }
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"status":{"endpoint":"lm://elsewhere.example:65432"}}`))
+	// This reconciler restores the endpoint (so does the manager's, which
+	// may come first: then the status is changed again); whichever writes
+	// last, one more write of this reconciler's settles it.
+	testutil.Eventually(t, 15*time.Second, func() error {
+		if statusWrites() == 0 {
+			if err := k8s.Status().Patch(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache"}}, patch); err != nil {
+				return err
+			}
+			if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+				return err
+			}
+			if statusWrites() == 0 {
+				return fmt.Errorf("the manager restored the endpoint first")
+			}
+		}
+		before := statusWrites()
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+			return err
+		}
+		if got := getBackend(t, key); got.Status.Endpoint != want {
+			return fmt.Errorf("status.endpoint %q, want %q", got.Status.Endpoint, want)
+		}
+		if statusWrites() != before {
+			return fmt.Errorf("%d status writes so far, the last reconcile wrote", statusWrites())
+		}
+		return nil
+	})
+	settled := statusWrites()
+	for range 3 {
+		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		require.NoError(t, err)
+	}
+	assert.Equal(t, settled, statusWrites(), "no status write in three reconciles of a status the API server shows (%v)", counter.snapshot())
 }
 
 // TestForeignLabelSurvivesReconciles: a label another field manager puts on
