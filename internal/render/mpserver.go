@@ -2,6 +2,7 @@ package render
 
 import (
 	"encoding/json"
+	"fmt"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,8 +20,10 @@ import (
 // what MPServerFor reads from spec.multiprocess, and what test/conformance
 // starts the installed LMCache with.
 type MPServer struct {
-	// Port is the ZMQ request port (--port), HTTPPort the health, metrics
-	// and admin port (--http-port).
+	// Port is the ZMQ request port (--port), on every address of the pod;
+	// HTTPPort the health, metrics and admin port (--http-port), on the
+	// pod's loopback only (MPServerArgs), and the metrics gate's port on
+	// the pod's IP (MPMetricsGate).
 	Port, HTTPPort int32
 	// L1SizeGiB is the host-memory tier (--l1-size-gb), > 0.
 	L1SizeGiB int32
@@ -138,15 +141,21 @@ const MPHealthPath = "/healthcheck"
 // series (lmcache_mp_*).
 const MPMetricsPath = "/metrics"
 
-// MPServerArgs are the arguments of MPServerCommand for s. Both listen
-// addresses are 0.0.0.0 (LMCache's defaults are loopback only), L1's size
-// and eviction policy are always given (without them the server exits:
-// "Legacy L1 configuration requires --l1-size-gb and --eviction-policy"),
-// and IPC is isolated.
+// MPServerArgs are the arguments of MPServerCommand for s. The ZMQ port
+// listens on every address of the pod (the engines of the node reach it
+// through the node-local Service); the HTTP port on the pod's loopback
+// only, LMCache's own default: it is LMCache's unauthenticated admin API
+// (GET /env returns the process environment, the RESP password included;
+// /config, /reconfigure, /cache/clear, quotas, ...), so no other pod may
+// reach it. The kubelet reaches /healthcheck by an exec probe inside the
+// container (MPProbe), Prometheus reaches /metrics through the metrics
+// gate (MPMetricsGate). L1's size and eviction policy are always given
+// (without them the server exits: "Legacy L1 configuration requires
+// --l1-size-gb and --eviction-policy"), and IPC is isolated.
 func MPServerArgs(s MPServer) []string {
 	args := []string{
 		"--host", "0.0.0.0", "--port", strconv.Itoa(int(s.Port)),
-		"--http-host", "0.0.0.0", "--http-port", strconv.Itoa(int(s.HTTPPort)),
+		"--http-host", MPHTTPHost, "--http-port", strconv.Itoa(int(s.HTTPPort)),
 		"--l1-size-gb", strconv.Itoa(int(s.L1SizeGiB)),
 		"--eviction-policy", s.EvictionPolicy,
 		"--eviction-trigger-watermark", hundredths(s.WatermarkPercent),
@@ -193,13 +202,85 @@ func MPServerEnv(s MPServer) []*corev1ac.EnvVarApplyConfiguration {
 	return env
 }
 
-// MPProbe is the MP server's readiness and liveness probe: GET
-// MPHealthPath on its HTTP port (no exec: a PING from Python costs seconds
-// of CPU each time).
+// MPHTTPHost is where the MP server's HTTP port listens: the pod's
+// loopback.
+const MPHTTPHost = "127.0.0.1"
+
+// MPProbe is the MP server's startup, readiness and liveness probe: GET
+// MPHealthPath on the loopback HTTP port, from inside the container (an
+// exec probe: the kubelet's HTTP probes dial the pod's IP, where the admin
+// API no longer listens). It runs the image's python3 in isolated mode
+// without site-packages (the standard library's urllib only, about 60 ms
+// of CPU a probe on this project's machines; importing lmcache to PING
+// would cost seconds): a 503 or no answer within 2 s raises, and the probe
+// fails. The server's health so depends on its own container only, never
+// on the metrics gate.
 func MPProbe(s MPServer) *corev1ac.ProbeApplyConfiguration {
 	return corev1ac.Probe().
-		WithHTTPGet(corev1ac.HTTPGetAction().WithPath(MPHealthPath).WithPort(intstr.FromInt32(s.HTTPPort))).
+		WithExec(corev1ac.ExecAction().WithCommand(MPProbeCommand(s)...)).
 		WithPeriodSeconds(10).WithTimeoutSeconds(3).WithFailureThreshold(3)
+}
+
+// MPProbeCommand is MPProbe's command.
+func MPProbeCommand(s MPServer) []string {
+	return []string{"python3", "-I", "-S", "-c", fmt.Sprintf(
+		"import urllib.request as u; u.urlopen('http://%s:%d%s', timeout=2)", MPHTTPHost, s.HTTPPort, MPHealthPath)}
+}
+
+// mpGateScript is the metrics gate: an HTTP server on the pod's IP
+// (POD_IP) at the HTTP port (argv[2]) that answers GET MPMetricsPath (a
+// query string aside) with the server's own /metrics from its loopback
+// port (argv[1]), at most 16 MiB of it, and every other path 404, every
+// other method 501 (http.server's own answer); an upstream error is a
+// 502. It forwards no request header and keeps no state; a client idle
+// for 5 s is dropped. Python's standard library only, run by the server
+// image's python3, so the gate needs no image of its own.
+const mpGateScript = `import http.server as s, os, socket, sys, urllib.request as u
+up = "http://127.0.0.1:%s/metrics" % sys.argv[1]
+class H(s.BaseHTTPRequestHandler):
+    timeout = 5
+    def do_GET(self):
+        if self.path.split("?", 1)[0] != "/metrics":
+            return self.send_error(404)
+        try:
+            with u.urlopen(up, timeout=5) as r:
+                body, kind = r.read(16 << 20), r.headers.get("Content-Type", "text/plain")
+        except Exception:
+            return self.send_error(502)
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+ip = os.environ["POD_IP"]
+class S(s.ThreadingHTTPServer):
+    address_family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    daemon_threads = True
+S((ip, int(sys.argv[2])), H).serve_forever()
+`
+
+// MPMetricsGate is the MP server pod's metrics gate, a native sidecar of
+// the server's image: Prometheus (the monitoring component's PodMonitor,
+// by port name MPHTTPPortName) scrapes MPMetricsPath at the pod's IP and
+// HTTP port, and reaches nothing else of the admin API. Binding the pod's
+// IP, not 0.0.0.0, lets it share the port number with the server's
+// loopback listener. Its resources are small and its own: a flood of
+// scrapes ends in this container, never in the server's.
+func MPMetricsGate(image string, s MPServer) *corev1ac.ContainerApplyConfiguration {
+	port := strconv.Itoa(int(s.HTTPPort))
+	return corev1ac.Container().
+		WithName(MPGateContainerName).
+		WithImage(image).
+		WithRestartPolicy(corev1.ContainerRestartPolicyAlways).
+		WithCommand("python3", "-I", "-S", "-c", mpGateScript, port, port).
+		WithEnv(corev1ac.EnvVar().WithName("POD_IP").WithValueFrom(corev1ac.EnvVarSource().
+			WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("status.podIP")))).
+		WithPorts(corev1ac.ContainerPort().WithName(MPHTTPPortName).WithContainerPort(s.HTTPPort).WithProtocol(corev1.ProtocolTCP)).
+		WithResources(corev1ac.ResourceRequirements().
+			WithRequests(corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")}).
+			WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")}))
 }
 
 // hundredths is p/100 as LMCache parses a float: "0.8", "1", "0.05".
@@ -219,9 +300,11 @@ func mustJSON(v any) string {
 const (
 	mpContainerName = "lmcache-mp-server"
 	mpPortName      = "zmq"
-	// MPHTTPPortName names the server's HTTP port: /healthcheck, and
-	// MPMetricsPath, which the monitoring component's PodMonitor
-	// inferencecache-lmcache-mp scrapes by this name.
+	// MPGateContainerName is the metrics gate's container (MPMetricsGate).
+	MPGateContainerName = "metrics-gate"
+	// MPHTTPPortName names the metrics gate's port, where the monitoring
+	// component's PodMonitor inferencecache-lmcache-mp scrapes
+	// MPMetricsPath by this name.
 	MPHTTPPortName = "http"
 	// MPDiskVolumeName is the generic ephemeral volume of the disk tier.
 	MPDiskVolumeName = "l2-disk"
@@ -274,9 +357,7 @@ func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApply
 		WithCommand(MPServerCommand...).
 		WithArgs(MPServerArgs(s)...).
 		WithEnv(MPServerEnv(s)...).
-		WithPorts(
-			corev1ac.ContainerPort().WithName(mpPortName).WithContainerPort(s.Port).WithProtocol(corev1.ProtocolTCP),
-			corev1ac.ContainerPort().WithName(MPHTTPPortName).WithContainerPort(s.HTTPPort).WithProtocol(corev1.ProtocolTCP)).
+		WithPorts(corev1ac.ContainerPort().WithName(mpPortName).WithContainerPort(s.Port).WithProtocol(corev1.ProtocolTCP)).
 		WithStartupProbe(probe().WithFailureThreshold(30)).
 		WithReadinessProbe(probe()).
 		WithLivenessProbe(probe()).
@@ -297,6 +378,9 @@ func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApply
 	}
 	scratch(podSpec, container)
 	tmpl := serverTemplate(cb, ServerPodDefaults(serverPod(cb)), podSpec, container)
+	// The gate runs with the server container's hardening (and its
+	// identity, from the pod).
+	tmpl.Spec.WithInitContainers(MPMetricsGate(image, s).WithSecurityContext(container.SecurityContext))
 	return appsv1ac.DaemonSet(cb.Name, cb.Namespace).
 		WithLabels(objectLabels(cb)).
 		WithAnnotations(workloadAnnotations(Options{})).
@@ -311,8 +395,8 @@ func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApply
 // no fallback to another node's server, whose CUDA IPC could not reach the
 // engine's GPU memory). It serves the ZMQ port only: the HTTP port is
 // LMCache's unauthenticated admin API (GET /config, /reconfigure, ...),
-// which no client needs through the Service (the kubelet probes the pod,
-// Prometheus scrapes the pods).
+// which listens on the pods' loopback only (the kubelet probes inside the
+// container, Prometheus scrapes the pods' metrics gate).
 func MPService(cb *v1alpha1.CacheBackend, s MPServer) *corev1ac.ServiceApplyConfiguration {
 	return corev1ac.Service(ServiceName(cb), cb.Namespace).
 		WithLabels(objectLabels(cb)).

@@ -12,7 +12,7 @@ import (
 
 func TestMPServerArgs(t *testing.T) {
 	base := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 20, EvictionPolicy: "ARC", WatermarkPercent: 80, RatioPercent: 5}
-	head := "--host 0.0.0.0 --port 5555 --http-host 0.0.0.0 --http-port 8080 --l1-size-gb 20 --eviction-policy ARC --eviction-trigger-watermark 0.8 --eviction-ratio 0.05 --hash-algorithm blake3 --worker-reap-timeout-seconds 30 --isolated-ipc"
+	head := "--host 0.0.0.0 --port 5555 --http-host 127.0.0.1 --http-port 8080 --l1-size-gb 20 --eviction-policy ARC --eviction-trigger-watermark 0.8 --eviction-ratio 0.05 --hash-algorithm blake3 --worker-reap-timeout-seconds 30 --isolated-ipc"
 	for _, tc := range []struct {
 		name string
 		mod  func(*render.MPServer)

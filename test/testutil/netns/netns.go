@@ -175,3 +175,28 @@ func (ns *NS) ForwardInto(t testing.TB, addr string) {
 		}
 	}()
 }
+
+// pid is the namespace's holder process.
+func (ns *NS) pid() int { return ns.cmd.Process.Pid }
+
+// Link joins a and b by a veth pair, as two pods of one node are joined:
+// eth0 in each, a at 10.213.0.1/30 and b at 10.213.0.2/30, both up. The
+// pair is made inside a (its peer moved straight into b), so the host's
+// own namespace never holds either end, and it goes with the namespaces.
+// It returns the two addresses.
+func Link(t testing.TB, a, b *NS) (aIP, bIP string) {
+	t.Helper()
+	const aAddr, bAddr = "10.213.0.1", "10.213.0.2"
+	run := func(ns *NS, args ...string) {
+		t.Helper()
+		if out, err := ns.Command(t, "ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s in %s: %v\n%s", strings.Join(args, " "), ns.Path, err, out)
+		}
+	}
+	run(a, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", fmt.Sprint(b.pid()))
+	run(a, "addr", "add", aAddr+"/30", "dev", "eth0")
+	run(a, "link", "set", "eth0", "up")
+	run(b, "addr", "add", bAddr+"/30", "dev", "eth0")
+	run(b, "link", "set", "eth0", "up")
+	return aAddr, bAddr
+}
