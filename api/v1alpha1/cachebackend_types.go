@@ -211,7 +211,9 @@ type Multiprocess struct {
 	Port int32 `json:"port,omitempty"`
 
 	// HTTPPort is the server's HTTP port (--http-port): health (the pods'
-	// probes), metrics and LMCache's unauthenticated admin API.
+	// exec probes), metrics and LMCache's unauthenticated admin API, bound to
+	// the pod's loopback; the metrics-gate sidecar serves GET /metrics alone
+	// on the pod IP at the same port.
 	// +kubebuilder:default=8080
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=65535
