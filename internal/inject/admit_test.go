@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"testing"
 
+	jsonpatch "github.com/evanphx/json-patch/v5"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 	sigsjson "sigs.k8s.io/json"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -34,6 +36,9 @@ func FuzzAdmit(f *testing.F) {
 		}),
 		enginePod(withMPLabel, func(p *corev1.Pod) { p.Spec.Volumes = []corev1.Volume{{Name: v1alpha1.VolumeEngineSharedMemory}} }),
 		enginePod(withMPLabel, func(p *corev1.Pod) { p.Spec.Containers[0].Args = []string{"--enable-sleep-mode"} }),
+		// Pod-level fields the receipt's digest covers (issue 35).
+		enginePod(withHostAliases, withDNSConfig),
+		enginePod(withMPLabel, withDNSConfig),
 	} {
 		raw, _ := json.Marshal(p)
 		f.Add(raw, "qwen", false)
@@ -79,6 +84,62 @@ func FuzzAdmit(f *testing.F) {
 }
 
 func withMPLabel(p *corev1.Pod) { p.Labels["mode"] = "mp" }
+
+func withHostAliases(p *corev1.Pod) {
+	p.Spec.HostAliases = []corev1.HostAlias{{IP: "10.0.0.7", Hostnames: []string{"models.internal"}}}
+}
+
+func withDNSConfig(p *corev1.Pod) {
+	p.Spec.DNSConfig = &corev1.PodDNSConfig{Searches: []string{"models.svc.cluster.local"}, Options: []corev1.PodDNSConfigOption{{Name: "ndots", Value: ptr.To("2")}}}
+}
+
+// TestWebhookReceiptVerifiesOnTheStoredPod (issue 35): the receipt the
+// webhook signs, from the part of the pod its reader decodes, verifies
+// against the pod the API server stores, for pods that set the pod-level
+// fields the digest covers (hostAliases, dnsConfig). Before, the reader
+// did not decode them: such pods were wired with a receipt the operator's
+// own checks rejected (ErrConfigMismatch), so the restart cascade never
+// restarted them.
+func TestWebhookReceiptVerifiesOnTheStoredPod(t *testing.T) {
+	key := receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	opts := Options{Key: &key}
+	for name, mut := range map[string][]func(*corev1.Pod){
+		"plain":                 nil,
+		"hostAliases":           {withHostAliases},
+		"dnsConfig":             {withDNSConfig},
+		"both":                  {withHostAliases, withDNSConfig},
+		"multiprocess, both":    {withMPLabel, withHostAliases, withDNSConfig},
+		"multiprocess, aliases": {withMPLabel, withHostAliases},
+	} {
+		t.Run(name, func(t *testing.T) {
+			backends := []v1alpha1.CacheBackend{backend("cache"), mpBackend("0-mp", func(cb *v1alpha1.CacheBackend) {
+				cb.Spec.EngineSelector.MatchLabels = map[string]string{"app": "qwen", "mode": "mp"}
+			})}
+			pod := enginePod(mut...)
+			raw, err := json.Marshal(pod)
+			require.NoError(t, err)
+			d, ops, err := Admit(raw, backends, opts)
+			require.NoError(t, err)
+			require.Equal(t, Injected, d.Outcome, d.Message)
+			// The pod as the API server stores it: the bytes it was sent,
+			// patched with the webhook's operations, decoded whole.
+			patched, err := jsonpatch.DecodePatch(mustJSON(t, ops))
+			require.NoError(t, err)
+			stored, err := patched.Apply(raw)
+			require.NoError(t, err)
+			full := &corev1.Pod{}
+			require.NoError(t, json.Unmarshal(stored, full))
+			require.NoError(t, receipt.Verify([]receipt.Key{key}, full, ClaimOf(full)), "the webhook's receipt verifies on the stored pod")
+		})
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	require.NoError(t, err)
+	return raw
+}
 
 // BenchmarkAdmit measures one admission (decode, decide, patch) with 1,
 // 100 and 1,000 CacheBackends in the namespace, the last of which selects

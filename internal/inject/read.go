@@ -113,6 +113,10 @@ type podSpec struct {
 		Rest jsontext.Value `json:",embed"`
 	} `json:"volumes"`
 	HostNetwork bool `json:"hostNetwork"`
+	// HostAliases and DNSConfig decide where the engine's names resolve;
+	// the receipt's digest covers them (receipt.Digest).
+	HostAliases []corev1.HostAlias   `json:"hostAliases"`
+	DNSConfig   *corev1.PodDNSConfig `json:"dnsConfig"`
 }
 
 // podContainer is a container as Pod reads it: everything but its
@@ -148,6 +152,7 @@ func (o Object) Pod() (*corev1.Pod, error) {
 		return nil, fmt.Errorf("decoding pod: spec: %w", err)
 	}
 	pod.Spec.InitContainers, pod.Spec.HostNetwork = spec.InitContainers, spec.HostNetwork
+	pod.Spec.HostAliases, pod.Spec.DNSConfig = spec.HostAliases, spec.DNSConfig
 	if spec.Volumes != nil {
 		pod.Spec.Volumes = make([]corev1.Volume, len(spec.Volumes))
 		for i, v := range spec.Volumes {
