@@ -43,13 +43,24 @@ func WiredWorkloads(ctx context.Context, pods, live client.Reader, cb *v1alpha1.
 
 // WiredPods reads the per-node cascade's candidates: the pods of cb's
 // namespace wired to cb (receipts verified as WiredWorkloads does), with
-// their nodes. Pods not scheduled yet have no server to lose, and a pod
-// without a controller (a bare pod) would be gone for good once evicted:
-// both are left out.
+// their nodes. Only the pods of an engine workload are candidates: a
+// Deployment's (through its ReplicaSet, read with live) or a
+// StatefulSet's, which re-create an evicted pod as it was. A pod without
+// a controller (a bare pod) would be gone for good once evicted, a Job's
+// would count a failed or restarted run, a DaemonSet's or another
+// controller's is not an engine the operator restarts (issue 35): all are
+// left out, and so are pods not scheduled yet, which have no server to
+// lose.
 func WiredPods(ctx context.Context, pods, live client.Reader, cb *v1alpha1.CacheBackend, keys []receipt.Key) ([]EnginePod, error) {
 	var out []EnginePod
 	err := wiredPods(ctx, pods, live, cb, keys,
-		func(p *metav1.PartialObjectMetadata) (bool, error) { return metav1.GetControllerOf(p) != nil, nil },
+		func(p *metav1.PartialObjectMetadata) (bool, error) {
+			if metav1.GetControllerOf(p) == nil {
+				return false, nil
+			}
+			w, ok, err := engineWorkload(ctx, live, p)
+			return ok && (w.Kind == string(v1alpha1.DeploymentKindDeployment) || w.Kind == string(v1alpha1.DeploymentKindStatefulSet)), err
+		},
 		func(_ *metav1.PartialObjectMetadata, full *corev1.Pod) {
 			if full.Spec.NodeName != "" {
 				out = append(out, EnginePod{Name: full.Name, UID: full.UID, Node: full.Spec.NodeName, Created: full.CreationTimestamp.Time})

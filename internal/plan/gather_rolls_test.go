@@ -108,30 +108,46 @@ func TestRollOncePerValue(t *testing.T) {
 }
 
 // TestWiredPodsLeaveOutBarePods: the per-node cascade's candidates are the
-// scheduled wired pods with a controller, each with its UID (the
-// eviction's precondition) and node; a bare pod (gone for good once
-// evicted) and a pod not scheduled yet are left out.
+// scheduled wired pods of an engine workload (a Deployment's, through its
+// ReplicaSet, or a StatefulSet's), each with its UID (the eviction's
+// precondition) and node; a bare pod (gone for good once evicted), a pod
+// not scheduled yet, and (issue 35) the pods of a Job, a DaemonSet, a
+// ReplicaSet no Deployment controls, or a ReplicaSet whose UID is not the
+// owner reference's are left out.
 func TestWiredPodsLeaveOutBarePods(t *testing.T) {
 	s := runtime.NewScheme()
 	require.NoError(t, corev1.AddToScheme(s))
+	require.NoError(t, appsv1.AddToScheme(s))
 	key := receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", UID: "uid-cb", Generation: 1}}
 	ctrl := true
-	pod := func(name, node string, controlled bool) client.Object {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{}},
+	owner := func(apiVersion, kind, name string) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID("uid-" + name), Controller: &ctrl}}
+	}
+	pod := func(name, node string, owners []metav1.OwnerReference) client.Object {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: name, UID: types.UID("uid-" + name), Annotations: map[string]string{}, OwnerReferences: owners},
 			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
-		if controlled {
-			p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "engine-abc", UID: "uid-rs", Controller: &ctrl}}
-		}
 		signReceipt(p, key)
 		return p
 	}
+	rs := func(name string, owners []metav1.OwnerReference) client.Object {
+		return &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: name, UID: types.UID("uid-" + name), OwnerReferences: owners}}
+	}
+	stale := owner("apps/v1", "ReplicaSet", "engine-abc")
+	stale[0].UID = "uid-an-earlier-engine-abc"
 	c := fake.NewClientBuilder().WithScheme(s).WithObjects(
-		pod("engine-abc-x", "gpu-a", true), pod("bare", "gpu-a", false), pod("engine-abc-pending", "", true)).Build()
+		rs("engine-abc", owner("apps/v1", "Deployment", "engine")), rs("bare-rs", nil),
+		pod("engine-abc-x", "gpu-a", owner("apps/v1", "ReplicaSet", "engine-abc")),
+		pod("engine-sts-0", "gpu-b", owner("apps/v1", "StatefulSet", "engine-sts")),
+		pod("bare", "gpu-a", nil), pod("engine-abc-pending", "", owner("apps/v1", "ReplicaSet", "engine-abc")),
+		pod("batch-run-x", "gpu-a", owner("batch/v1", "Job", "batch-run")),
+		pod("agent-x", "gpu-a", owner("apps/v1", "DaemonSet", "agent")),
+		pod("bare-rs-x", "gpu-a", owner("apps/v1", "ReplicaSet", "bare-rs")),
+		pod("engine-abc-old", "gpu-a", stale),
+	).Build()
 	got, err := WiredPods(context.Background(), c, c, cb, []receipt.Key{key})
 	require.NoError(t, err)
-	require.Len(t, got, 1)
-	assert.Equal(t, "engine-abc-x", got[0].Name)
-	assert.Equal(t, types.UID("uid-engine-abc-x"), got[0].UID)
-	assert.Equal(t, "gpu-a", got[0].Node)
+	require.Len(t, got, 2, "%+v", got)
+	assert.Equal(t, EnginePod{Name: "engine-abc-x", UID: "uid-engine-abc-x", Node: "gpu-a"}, got[0])
+	assert.Equal(t, EnginePod{Name: "engine-sts-0", UID: "uid-engine-sts-0", Node: "gpu-b"}, got[1])
 }
