@@ -97,12 +97,24 @@ const (
 	NumbaCacheDir     = ScratchPath + "/numba"
 )
 
+// noAPIToken keeps the namespace's ServiceAccount token out of a server
+// pod (automountServiceAccountToken: false, issue 35): LMCache's server
+// never calls the Kubernetes API, and a token in the pod would let
+// anything that takes over the server through its unauthenticated ports
+// act as that ServiceAccount. Part of the
+// hardened defaults: a server created before them keeps its pods
+// (Options.LegacyPod) and mounts the token until it opts in.
+func noAPIToken(spec *corev1ac.PodSpecApplyConfiguration) {
+	spec.WithAutomountServiceAccountToken(false)
+}
+
 // ScratchSizeLimit bounds the scratch emptyDir. numba writes its cache
 // there only when a kernel is first compiled; importing lmcache's server
 // wrote no file into it here (LMCache 0.5.6).
 var ScratchSizeLimit = resource.MustParse("256Mi")
 
 func scratch(spec *corev1ac.PodSpecApplyConfiguration, c *corev1ac.ContainerApplyConfiguration) {
+	noAPIToken(spec)
 	spec.WithVolumes(corev1ac.Volume().WithName(ScratchVolumeName).
 		WithEmptyDir(corev1ac.EmptyDirVolumeSource().WithSizeLimit(ScratchSizeLimit)))
 	c.WithVolumeMounts(corev1ac.VolumeMount().WithName(ScratchVolumeName).WithMountPath(ScratchPath))

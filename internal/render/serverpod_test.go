@@ -8,6 +8,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -114,4 +115,37 @@ func TestRenderedWorkloadsReadBackAsRendered(t *testing.T) {
 		}
 	}
 	assert.GreaterOrEqual(t, n, 4, "both kinds, both options")
+}
+
+// TestServerPodsMountNoAPIToken (issue 35): a new server's pods, of every
+// kind (Deployment, StatefulSet, the multiprocess DaemonSet), do not mount
+// the namespace's ServiceAccount token; a server created before the
+// hardened defaults keeps its template as it was.
+func TestServerPodsMountNoAPIToken(t *testing.T) {
+	for _, in := range []string{"testdata/minimal.yaml", "testdata/statefulset.yaml", "testdata/multiprocess.yaml"} {
+		t.Run(in, func(t *testing.T) {
+			cb := load(t, in)
+			children := render.Render(cb)
+			var spec *corev1ac.PodSpecApplyConfiguration
+			switch {
+			case children.Deployment != nil:
+				spec = children.Deployment.Spec.Template.Spec
+			case children.StatefulSet != nil:
+				spec = children.StatefulSet.Spec.Template.Spec
+			case children.DaemonSet != nil:
+				spec = children.DaemonSet.Spec.Template.Spec
+			}
+			require.NotNil(t, spec)
+			require.NotNil(t, spec.AutomountServiceAccountToken, "automountServiceAccountToken is set")
+			assert.False(t, *spec.AutomountServiceAccountToken)
+			if children.DaemonSet == nil {
+				legacy := render.RenderWith(cb, render.Options{LegacyPod: true})
+				if legacy.Deployment != nil {
+					assert.Nil(t, legacy.Deployment.Spec.Template.Spec.AutomountServiceAccountToken, "an older server's template is unchanged")
+				} else {
+					assert.Nil(t, legacy.StatefulSet.Spec.Template.Spec.AutomountServiceAccountToken, "an older server's template is unchanged")
+				}
+			}
+		})
+	}
 }
