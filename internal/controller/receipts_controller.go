@@ -90,8 +90,8 @@ func receiptView(obj any) (any, error) {
 			view.Annotations[k] = v
 		}
 	}
-	if view.Annotations[v1alpha1.AnnotationInjectedConfigDigest] != "" {
-		view.Annotations[receiptDigestKey] = receipt.Digest(pod)
+	if claimed := view.Annotations[v1alpha1.AnnotationInjectedConfigDigest]; claimed != "" {
+		view.Annotations[receiptDigestKey] = receipt.DigestLike(pod, claimed)
 	}
 	return view, nil
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/inferencecache/operator/api/v1alpha1"
 )
 
 // Object is a pod as the webhook reads it from an admission request, with
@@ -95,24 +94,20 @@ func (o Object) Stripped() bool {
 // podSpec is the part of a pod's spec a decision reads: the init
 // containers and the containers (the receipt's digest covers them; of the
 // containers, all but their resources, which the digest leaves out), the
-// volumes' names (the KV-event wiring appends its token volume after the
-// pod's own) and the source of a volume named like the webhook's
-// index-token volume (the digest covers it; other sources are not read)
-// or the whole source of one named like its /dev/shm volume (the digest
-// covers it too), and hostNetwork. Nothing else is decoded: the rest of the pod, including
+// volumes (the KV-event wiring appends its token volume after the pod's
+// own, and the digest covers every volume's source), and the pod-level
+// fields the digest covers (hostNetwork, serviceAccountName, hostAliases,
+// dnsConfig). Nothing else is decoded: the rest of the pod, including
 // fields this build does not know, stays as the API server sent it, since
 // the patch (minimalPatch) names only the paths the decision changes.
 type podSpec struct {
 	InitContainers []corev1.Container `json:"initContainers"`
 	Containers     []*podContainer    `json:"containers"`
-	Volumes        []struct {
-		Name      string         `json:"name"`
-		Projected jsontext.Value `json:"projected"`
-		// Rest are the volume's other members, decoded only for a volume
-		// named like the webhook's /dev/shm volume.
-		Rest jsontext.Value `json:",embed"`
-	} `json:"volumes"`
-	HostNetwork bool `json:"hostNetwork"`
+	// Volumes are decoded whole: the receipt's digest covers every
+	// volume's source (receipt.Digest).
+	Volumes            []corev1.Volume `json:"volumes"`
+	HostNetwork        bool            `json:"hostNetwork"`
+	ServiceAccountName string          `json:"serviceAccountName"`
 	// HostAliases and DNSConfig decide where the engine's names resolve;
 	// the receipt's digest covers them (receipt.Digest).
 	HostAliases []corev1.HostAlias   `json:"hostAliases"`
@@ -153,25 +148,7 @@ func (o Object) Pod() (*corev1.Pod, error) {
 	}
 	pod.Spec.InitContainers, pod.Spec.HostNetwork = spec.InitContainers, spec.HostNetwork
 	pod.Spec.HostAliases, pod.Spec.DNSConfig = spec.HostAliases, spec.DNSConfig
-	if spec.Volumes != nil {
-		pod.Spec.Volumes = make([]corev1.Volume, len(spec.Volumes))
-		for i, v := range spec.Volumes {
-			pod.Spec.Volumes[i].Name = v.Name
-			if v.Name == v1alpha1.VolumeEngineSharedMemory && len(v.Rest) > 0 {
-				if err := json.Unmarshal(v.Rest, &pod.Spec.Volumes[i].VolumeSource); err != nil {
-					return nil, fmt.Errorf("decoding pod: spec.volumes[%d]: %w", i, err)
-				}
-			}
-			if (v.Name != v1alpha1.VolumeIndexToken && v.Name != v1alpha1.VolumeEngineSharedMemory) || len(v.Projected) == 0 || v.Projected.Kind() == 'n' {
-				continue
-			}
-			src := &corev1.ProjectedVolumeSource{}
-			if err := json.Unmarshal(v.Projected, src); err != nil {
-				return nil, fmt.Errorf("decoding pod: spec.volumes[%d].projected: %w", i, err)
-			}
-			pod.Spec.Volumes[i].Projected = src
-		}
-	}
+	pod.Spec.Volumes, pod.Spec.ServiceAccountName = spec.Volumes, spec.ServiceAccountName
 	if spec.Containers != nil {
 		pod.Spec.Containers = make([]corev1.Container, len(spec.Containers))
 	}

@@ -76,30 +76,55 @@ func Sign(k Key, c Claim) string {
 	return k.ID + ":" + hex.EncodeToString(m.Sum(nil))
 }
 
-// Digest fingerprints a pod's init containers and containers: every field
-// of each (command, arguments, env, envFrom, mounts, security context,
-// image, ...) except resources, which an in-place resize (pods/resize) may
-// change on a running pod. A container the webhook never touched counts
-// too: an init container can rewrite what the engine reads (a shared
-// volume, a wrapper script), so a receipt copied onto a pod with another
-// init container does not verify. Of the pod's volumes it covers those the
-// webhook adds (v1alpha1.VolumeIndexToken, v1alpha1.VolumeEngineSharedMemory),
-// so that a receipt copied onto a pod whose token volume has another
-// audience or source, or whose /dev/shm volume another source, does not
-// verify; a pod without them digests as before they existed. Of the pod-level
-// fields it covers those that decide where the engine's names resolve
-// (hostAliases, dnsConfig), so that a receipt copied onto a pod that
-// points the cache's host name elsewhere does not verify; a pod without
-// them digests as before too.
+// Digest fingerprints what a pod runs, for a receipt the webhook writes
+// now: its init containers and containers (every field of each: command,
+// arguments, env, envFrom, mounts, security context, image, ... except
+// resources, which an in-place resize (pods/resize) may change on a
+// running pod), all its volumes with their sources, and the pod-level
+// fields that decide where the engine's names resolve and as whom it runs
+// (hostAliases, dnsConfig, hostNetwork, serviceAccountName). A container
+// the webhook never touched counts too: an init container can rewrite
+// what the engine reads (a shared volume, a wrapper script). So a receipt
+// copied onto a pod that differs in any of these does not verify. All of
+// them are immutable once the pod exists, so the stored pod digests as
+// the webhook's view of it did. The value is "sha256v2:<hex>" (issue 35).
 func Digest(pod *corev1.Pod) string {
-	strip := func(cs []corev1.Container) []corev1.Container {
-		out := make([]corev1.Container, len(cs))
-		for i := range cs {
-			out[i] = cs[i]
-			out[i].Resources = corev1.ResourceRequirements{}
-		}
-		return out
+	raw, _ := json.Marshal(struct {
+		Init               []corev1.Container   `json:"i"`
+		Containers         []corev1.Container   `json:"c"`
+		Volumes            []corev1.Volume      `json:"v,omitempty"`
+		HostAliases        []corev1.HostAlias   `json:"h,omitempty"`
+		DNSConfig          *corev1.PodDNSConfig `json:"d,omitempty"`
+		HostNetwork        bool                 `json:"n,omitempty"`
+		ServiceAccountName string               `json:"s,omitempty"`
+	}{stripResources(pod.Spec.InitContainers), stripResources(pod.Spec.Containers), pod.Spec.Volumes, pod.Spec.HostAliases, pod.Spec.DNSConfig,
+		pod.Spec.HostNetwork, pod.Spec.ServiceAccountName})
+	sum := sha256.Sum256(raw)
+	return digestV2 + hex.EncodeToString(sum[:])
+}
+
+// The prefixes of the two digest schemes.
+const (
+	digestV1 = "sha256:"
+	digestV2 = "sha256v2:"
+)
+
+// DigestLike is the digest of pod in the scheme of claimed, a receipt's
+// digest: Digest for receipts written now, digestV1Of for those an
+// earlier operator wrote ("sha256:"), so that their pods keep verifying
+// until the receipt key is rotated (docs/security.md).
+func DigestLike(pod *corev1.Pod, claimed string) string {
+	if strings.HasPrefix(claimed, digestV1) {
+		return digestV1Of(pod)
 	}
+	return Digest(pod)
+}
+
+// digestV1Of is the digest of the receipts written before issue 35: the
+// containers and init containers (resources left out), of the volumes
+// only those the webhook adds (v1alpha1.VolumeIndexToken,
+// v1alpha1.VolumeEngineSharedMemory), hostAliases and dnsConfig.
+func digestV1Of(pod *corev1.Pod) string {
 	var volumes []corev1.Volume
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == v1alpha1.VolumeIndexToken || v.Name == v1alpha1.VolumeEngineSharedMemory {
@@ -112,9 +137,18 @@ func Digest(pod *corev1.Pod) string {
 		Volumes     []corev1.Volume      `json:"v,omitempty"`
 		HostAliases []corev1.HostAlias   `json:"h,omitempty"`
 		DNSConfig   *corev1.PodDNSConfig `json:"d,omitempty"`
-	}{strip(pod.Spec.InitContainers), strip(pod.Spec.Containers), volumes, pod.Spec.HostAliases, pod.Spec.DNSConfig})
+	}{stripResources(pod.Spec.InitContainers), stripResources(pod.Spec.Containers), volumes, pod.Spec.HostAliases, pod.Spec.DNSConfig})
 	sum := sha256.Sum256(raw)
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return digestV1 + hex.EncodeToString(sum[:])
+}
+
+func stripResources(cs []corev1.Container) []corev1.Container {
+	out := make([]corev1.Container, len(cs))
+	for i := range cs {
+		out[i] = cs[i]
+		out[i].Resources = corev1.ResourceRequirements{}
+	}
+	return out
 }
 
 // Errors of Verify. Each says why a receipt is not trusted.
@@ -122,7 +156,7 @@ var (
 	ErrUnsigned         = errors.New("the receipt is not signed")
 	ErrUnknownKey       = errors.New("the receipt is signed with a key the operator does not hold (rotated out, or forged)")
 	ErrBadSignature     = errors.New("the receipt's signature does not verify: it was not written by the webhook")
-	ErrConfigMismatch   = errors.New("the pod's containers differ from the configuration the receipt was signed for")
+	ErrConfigMismatch   = errors.New("the pod's containers, volumes or identity differ from the configuration the receipt was signed for")
 	ErrIncompleteClaims = errors.New("the receipt is incomplete")
 )
 
@@ -142,7 +176,7 @@ func Verify(keys []Key, pod *corev1.Pod, c Claim) error {
 	if err := VerifySignature(keys, pod.Annotations, c); err != nil {
 		return err
 	}
-	if Digest(pod) != c.Digest {
+	if DigestLike(pod, c.Digest) != c.Digest {
 		return ErrConfigMismatch
 	}
 	return nil

@@ -125,32 +125,81 @@ func TestDigestCoversTheWholeSpec(t *testing.T) {
 	noAliases := base.DeepCopy()
 	noAliases.Spec.HostAliases = []corev1.HostAlias{}
 	assert.Equal(t, d, Digest(noAliases), "a pod without host aliases digests as before they counted")
-	// The digest of base before hostAliases and dnsConfig counted: a pod
-	// wired by an older operator keeps its receipt.
-	assert.Equal(t, "sha256:f6fc58a530666d47f7db07875f7fbd46003cee7025741bb28de2f88382ab0cbe", d)
+	// The digest of base under the scheme before issue 35 (before
+	// hostAliases and dnsConfig counted, too): a pod wired by an older
+	// operator keeps its receipt, which names that scheme.
+	assert.Equal(t, "sha256:f6fc58a530666d47f7db07875f7fbd46003cee7025741bb28de2f88382ab0cbe", digestV1Of(base))
+	assert.Equal(t, digestV1Of(base), DigestLike(base, "sha256:anything"))
+	assert.Equal(t, d, DigestLike(base, d))
+	assert.True(t, strings.HasPrefix(d, "sha256v2:"), d)
 }
 
-// TestDigestCoversTheWebhooksVolumes: the index-token volume the webhook
-// adds is part of the digest (another audience or source breaks the
-// receipt); volumes the webhook never adds are not, so receipts of pods
-// admitted before the KV-event wiring keep verifying.
+// TestDigestCoversWhatThePodRunsAs (issue 35, from round two): a receipt
+// copied onto a pod that differs from the wired one in a volume's source
+// (its own volumes too: a model cache swapped for a hostPath), a volume
+// added, hostNetwork or serviceAccountName does not verify. A receipt
+// written before, in the earlier scheme ("sha256:"), still verifies on
+// its own pod until the receipt key is rotated, and not on a pod with
+// other containers.
+func TestDigestCoversWhatThePodRunsAs(t *testing.T) {
+	key := NewKey([]byte("0123456789abcdef0123456789abcdef"))
+	base := &corev1.Pod{Spec: corev1.PodSpec{
+		Containers:         []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai", VolumeMounts: []corev1.VolumeMount{{Name: "models", MountPath: "/models"}}}},
+		Volumes:            []corev1.Volume{{Name: "models", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "models"}}}},
+		ServiceAccountName: "default",
+	}}
+	signed := func(p *corev1.Pod, digest string) (*corev1.Pod, Claim) {
+		c := Claim{Backend: "llm/cache", UID: "uid-cb", Generation: "1", Digest: digest}
+		p = p.DeepCopy()
+		p.Annotations = map[string]string{v1alpha1.AnnotationReceiptSignature: Sign(key, c)}
+		return p, c
+	}
+	wired, claim := signed(base, Digest(base))
+	require.NoError(t, Verify([]Key{key}, wired, claim))
+	for name, change := range map[string]func(p *corev1.Pod){
+		"a volume's source": func(p *corev1.Pod) {
+			p.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/other"}}
+		},
+		"a volume added":         func(p *corev1.Pod) { p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "extra"}) },
+		"hostNetwork":            func(p *corev1.Pod) { p.Spec.HostNetwork = true },
+		"another ServiceAccount": func(p *corev1.Pod) { p.Spec.ServiceAccountName = "model-puller" },
+	} {
+		copied := wired.DeepCopy()
+		change(copied)
+		assert.ErrorIs(t, Verify([]Key{key}, copied, claim), ErrConfigMismatch, name)
+	}
+	old, oldClaim := signed(base, digestV1Of(base))
+	require.NoError(t, Verify([]Key{key}, old, oldClaim), "a receipt of the earlier scheme verifies on its pod")
+	other := old.DeepCopy()
+	other.Spec.Containers[0].Image = "other"
+	assert.ErrorIs(t, Verify([]Key{key}, other, oldClaim), ErrConfigMismatch)
+}
+
+// TestDigestCoversTheWebhooksVolumes: in the scheme of receipts written
+// before issue 35 (which still verify), the index-token volume the
+// webhook adds is part of the digest (another audience or source breaks
+// the receipt); volumes the webhook never adds are not, so receipts of
+// pods admitted before the KV-event wiring keep verifying. In the current
+// scheme every volume counts.
 func TestDigestCoversTheWebhooksVolumes(t *testing.T) {
 	token := func(audience string) corev1.Volume {
 		return corev1.Volume{Name: v1alpha1.VolumeIndexToken, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Audience: audience, Path: "token"}}}}}}
 	}
 	base := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
-	plain := Digest(base)
+	plain := digestV1Of(base)
 	withUserVolume := base.DeepCopy()
 	withUserVolume.Spec.Volumes = []corev1.Volume{{Name: "models"}}
-	assert.Equal(t, plain, Digest(withUserVolume), "a pod's own volumes are not part of the digest")
+	assert.Equal(t, plain, digestV1Of(withUserVolume), "a pod's own volumes are not part of the digest")
 
 	wired := base.DeepCopy()
 	wired.Spec.Volumes = []corev1.Volume{token(v1alpha1.IndexTokenAudience)}
-	assert.NotEqual(t, plain, Digest(wired), "the token volume is part of the digest")
+	assert.NotEqual(t, plain, digestV1Of(wired), "the token volume is part of the digest")
 	other := base.DeepCopy()
 	other.Spec.Volumes = []corev1.Volume{token("https://kubernetes.default.svc")}
-	assert.NotEqual(t, Digest(wired), Digest(other), "a token of another audience does not verify")
+	assert.NotEqual(t, digestV1Of(wired), digestV1Of(other), "a token of another audience does not verify")
+	assert.NotEqual(t, Digest(base), Digest(withUserVolume), "now a pod's own volumes are part of the digest")
+	assert.NotEqual(t, Digest(wired), Digest(other))
 }
 
 // TestEventName: the receipt event's name is the same for a pod wherever
