@@ -7,7 +7,6 @@ import (
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
 	corev1 "k8s.io/api/core/v1"
-
 )
 
 // Object is a pod as the webhook reads it from an admission request, with
