@@ -371,17 +371,6 @@ func mpBackend(l2 *v1alpha1.MultiprocessL2) *v1alpha1.CacheBackend {
 // promtool is Debian's (package prometheus).
 const promtool = "/usr/bin/promtool"
 
-func get(url string) (int, string) {
-	c := &http.Client{Timeout: 3 * time.Second}
-	r, err := c.Get(url)
-	if err != nil {
-		return 0, ""
-	}
-	defer r.Body.Close()
-	b, _ := io.ReadAll(r.Body)
-	return r.StatusCode, string(b)
-}
-
 // startRedisWithUser runs a real redis-server whose default user needs a
 // password and which has the ACL user user with password.
 func startRedisWithUser(t *testing.T, user, password string) string {
