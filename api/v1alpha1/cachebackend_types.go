@@ -305,7 +305,10 @@ type MultiprocessRESP struct {
 	// with the username (optional, an ACL user) and password the server
 	// authenticates with. They reach the server's environment only
 	// (LMCACHE_RESP_USERNAME, LMCACHE_RESP_PASSWORD), never its
-	// arguments, which its HTTP port echoes.
+	// arguments, which its HTTP port echoes. Whoever sets the reference,
+	// or changes it or the host and port the credentials go to, must be
+	// allowed to get the Secret: the validating webhook asks the API
+	// server.
 	// +optional
 	CredentialsSecretRef *RESPCredentials `json:"credentialsSecretRef,omitempty"`
 

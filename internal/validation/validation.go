@@ -203,10 +203,13 @@ func ownedFlags(t v1alpha1.BackendType) map[string]string {
 // Handler is the validating webhook for CacheBackends.
 type Handler struct {
 	Decoder admission.Decoder
+	// Secrets answers whether the requesting user may read a Secret the
+	// CacheBackend names (secretErrors); nil refuses every new reference.
+	Secrets SecretAccess
 }
 
 // Handle implements admission.Handler.
-func (h *Handler) Handle(_ context.Context, req admission.Request) admission.Response {
+func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
@@ -223,6 +226,11 @@ func (h *Handler) Handle(_ context.Context, req admission.Request) admission.Res
 		}
 		errs = ValidateUpdate(old, cb)
 	}
+	ns := req.Namespace
+	if ns == "" {
+		ns = cb.Namespace
+	}
+	errs = append(errs, h.secretErrors(ctx, req.UserInfo, ns, old, cb)...)
 	if len(errs) == 0 {
 		return admission.Allowed("").WithWarnings(append(HiCacheWarnings(cb), Warnings(old, cb)...)...)
 	}
