@@ -373,7 +373,9 @@ type Integration struct {
 	EngineContainer string `json:"engineContainer,omitempty"`
 
 	// EngineOverrides are applied to the engine container after the canonical
-	// injection.
+	// injection. No argument or env value may hold "$(", which the kubelet
+	// would expand from the container's environment: write "$$(" for a
+	// literal "$(".
 	// +optional
 	EngineOverrides *EngineOverrides `json:"engineOverrides,omitempty"`
 }
@@ -386,6 +388,10 @@ type Integration struct {
 // engine and LMCache settings that are configuration and load no code.
 // Anything else goes under OptIn, and reaches only the pods whose template
 // opts in.
+//
+// No argument or env value (OptIn's included) may hold "$(": the kubelet
+// would replace $(NAME) with NAME's value in the engine container's
+// environment. Write "$$(" for a literal "$(".
 //
 // +kubebuilder:validation:XValidation:rule="(has(self.args) ? self.args.map(a, size(a)).sum() : 0) + (has(self.env) ? self.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) + (has(self.optIn) && has(self.optIn.args) ? self.optIn.args.map(a, size(a)).sum() : 0) + (has(self.optIn) && has(self.optIn.env) ? self.optIn.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) <= 65536",message="engineOverrides may hold at most 64 KiB of arguments, names and values in total"
 type EngineOverrides struct {
