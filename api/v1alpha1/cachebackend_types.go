@@ -233,7 +233,7 @@ type Multiprocess struct {
 	// EngineSharedMemory sizes the private memory-backed /dev/shm the
 	// webhook gives each wired engine pod (an emptyDir of medium Memory),
 	// which isolated IPC needs instead of the host's. A pod that mounts
-	// its own /dev/shm keeps it.
+	// its own /dev/shm keeps it. At most 1Pi.
 	// +kubebuilder:default="1Gi"
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="engineSharedMemory must be greater than zero"
 	// +optional
@@ -242,8 +242,8 @@ type Multiprocess struct {
 
 // MultiprocessL1 is the MP server's host-memory tier.
 type MultiprocessL1 struct {
-	// Size of the tier, a whole number of GiB of at least 1Gi
-	// (--l1-size-gb).
+	// Size of the tier, a whole number of GiB of at least 1Gi and at most
+	// 1Pi (--l1-size-gb).
 	Size resource.Quantity `json:"size"`
 
 	// EvictionPolicy is --eviction-policy.
@@ -313,7 +313,7 @@ type MultiprocessRESP struct {
 	CredentialsSecretRef *RESPCredentials `json:"credentialsSecretRef,omitempty"`
 
 	// Capacity bounds what the tier stores, a whole number of GiB of at
-	// least 1Gi (max_capacity_gb).
+	// least 1Gi and at most 1Pi (max_capacity_gb).
 	Capacity resource.Quantity `json:"capacity"`
 }
 
@@ -347,7 +347,8 @@ type MultiprocessDisk struct {
 	Path string `json:"path,omitempty"`
 
 	// Capacity bounds what the tier stores, a whole number of GiB of at
-	// least 1Gi (max_capacity_gb); the volume requests as much.
+	// least 1Gi and at most 1Pi (max_capacity_gb); the volume requests as
+	// much.
 	Capacity resource.Quantity `json:"capacity"`
 
 	// StorageClassName of the server pod's ephemeral volume claim; empty
