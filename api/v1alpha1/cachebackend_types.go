@@ -233,7 +233,7 @@ type Multiprocess struct {
 	// EngineSharedMemory sizes the private memory-backed /dev/shm the
 	// webhook gives each wired engine pod (an emptyDir of medium Memory),
 	// which isolated IPC needs instead of the host's. A pod that mounts
-	// its own /dev/shm keeps it.
+	// its own /dev/shm keeps it. At most 1Pi.
 	// +kubebuilder:default="1Gi"
 	// +kubebuilder:validation:XValidation:rule="quantity(string(self)).isGreaterThan(quantity('0'))",message="engineSharedMemory must be greater than zero"
 	// +optional
@@ -242,8 +242,8 @@ type Multiprocess struct {
 
 // MultiprocessL1 is the MP server's host-memory tier.
 type MultiprocessL1 struct {
-	// Size of the tier, a whole number of GiB of at least 1Gi
-	// (--l1-size-gb).
+	// Size of the tier, a whole number of GiB of at least 1Gi and at most
+	// 1Pi (--l1-size-gb).
 	Size resource.Quantity `json:"size"`
 
 	// EvictionPolicy is --eviction-policy.
@@ -305,12 +305,15 @@ type MultiprocessRESP struct {
 	// with the username (optional, an ACL user) and password the server
 	// authenticates with. They reach the server's environment only
 	// (LMCACHE_RESP_USERNAME, LMCACHE_RESP_PASSWORD), never its
-	// arguments, which its HTTP port echoes.
+	// arguments, which its HTTP port echoes. Whoever sets the reference,
+	// or changes it or the host and port the credentials go to, must be
+	// allowed to get the Secret: the validating webhook asks the API
+	// server.
 	// +optional
 	CredentialsSecretRef *RESPCredentials `json:"credentialsSecretRef,omitempty"`
 
 	// Capacity bounds what the tier stores, a whole number of GiB of at
-	// least 1Gi (max_capacity_gb).
+	// least 1Gi and at most 1Pi (max_capacity_gb).
 	Capacity resource.Quantity `json:"capacity"`
 }
 
@@ -344,7 +347,8 @@ type MultiprocessDisk struct {
 	Path string `json:"path,omitempty"`
 
 	// Capacity bounds what the tier stores, a whole number of GiB of at
-	// least 1Gi (max_capacity_gb); the volume requests as much.
+	// least 1Gi and at most 1Pi (max_capacity_gb); the volume requests as
+	// much.
 	Capacity resource.Quantity `json:"capacity"`
 
 	// StorageClassName of the server pod's ephemeral volume claim; empty
@@ -370,7 +374,9 @@ type Integration struct {
 	EngineContainer string `json:"engineContainer,omitempty"`
 
 	// EngineOverrides are applied to the engine container after the canonical
-	// injection.
+	// injection. No argument or env value may hold "$(", which the kubelet
+	// would expand from the container's environment: write "$$(" for a
+	// literal "$(".
 	// +optional
 	EngineOverrides *EngineOverrides `json:"engineOverrides,omitempty"`
 }
@@ -383,6 +389,10 @@ type Integration struct {
 // engine and LMCache settings that are configuration and load no code.
 // Anything else goes under OptIn, and reaches only the pods whose template
 // opts in.
+//
+// No argument or env value (OptIn's included) may hold "$(": the kubelet
+// would replace $(NAME) with NAME's value in the engine container's
+// environment. Write "$$(" for a literal "$(".
 //
 // +kubebuilder:validation:XValidation:rule="(has(self.args) ? self.args.map(a, size(a)).sum() : 0) + (has(self.env) ? self.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) + (has(self.optIn) && has(self.optIn.args) ? self.optIn.args.map(a, size(a)).sum() : 0) + (has(self.optIn) && has(self.optIn.env) ? self.optIn.env.map(e, size(e.name) + (has(e.value) ? size(e.value) : 0)).sum() : 0) <= 65536",message="engineOverrides may hold at most 64 KiB of arguments, names and values in total"
 type EngineOverrides struct {

@@ -12,7 +12,10 @@ package controller
 //     sets with blockOwnerDeletion need it where the
 //     OwnerReferencesPermissionEnforcement admission plugin is on.
 //   - tokenreviews and subjectaccessreviews create: the metrics endpoint
-//     authenticates and authorizes its scrapers through the API server.
+//     authenticates and authorizes its scrapers through the API server,
+//     and the CacheBackend validating webhook asks whether the requesting
+//     user may get each Secret a CacheBackend names
+//     (internal/validation/secrets.go).
 //   - Pods: read only (get, list, watch). The receipt controller records
 //     one event per pod and never writes to the pod (docs/security.md).
 //   - pods/eviction create is not here: it is a ClusterRole of its own,

@@ -111,7 +111,8 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 			return err
 		}
 		srv.Register(podmutation.MutatePath, podmutation.Served(&podmutation.Handler{Backends: idx, Reader: mgr.GetClient(), Options: opts.Inject, Keys: keys}, opts.Inject.Limits))
-		srv.Register(validation.Path, &webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme())}})
+		srv.Register(validation.Path, validation.Guard(&webhook.Admission{Handler: &validation.Handler{Decoder: admission.NewDecoder(mgr.GetScheme()),
+			Secrets: validation.SubjectAccessReviews{Client: mgr.GetClient()}}}, 0, 0))
 	}
 	return nil
 }

@@ -446,6 +446,9 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		{"a denied name even under optIn", func(cb *v1alpha1.CacheBackend) {
 			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{Env: []corev1.EnvVar{{Name: "LD_PRELOAD", Value: "/x.so"}}}}
 		}, "spec.integration.engineOverrides.optIn.env[0].name", "LD_*"},
+		{"an override value the kubelet would expand (issue 35)", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{Args: []string{"--served-model-name", "$(HF_TOKEN)"}}
+		}, "spec.integration.engineOverrides.args[1]", "write $$( for a literal $("},
 		{"invalid selector key", func(cb *v1alpha1.CacheBackend) {
 			cb.Spec.EngineSelector.MatchLabels = map[string]string{"bad key!": "x"}
 		}, "spec.engineSelector.matchLabels[bad key!]", "label key"},

@@ -283,8 +283,43 @@ func OutsideAllowList(cb *v1alpha1.CacheBackend) string {
 			return fmt.Sprintf("engineOverrides.env[%d] %s is outside the allow-list", i, e.Name)
 		}
 	}
+	for i, a := range o.Args {
+		if ExpandsVariable(a) {
+			return fmt.Sprintf("engineOverrides.args[%d] references a variable of the container's environment", i)
+		}
+	}
+	for i, e := range o.Env {
+		if ExpandsVariable(e.Value) {
+			return fmt.Sprintf("engineOverrides.env[%d] %s references a variable of the container's environment", i, e.Name)
+		}
+	}
 	return ""
 }
+
+// ExpandsVariable reports whether the kubelet may expand a variable
+// reference in v, an argument or env value of a container: v holds a "$("
+// not escaped as "$$(". The kubelet replaces $(NAME) with NAME's value in
+// the container's environment (a Secret-backed HF_TOKEN of the engine's
+// owner, for one) and "$$" with "$"; a value without an unescaped "$("
+// comes out of it with no variable's value in it.
+func ExpandsVariable(v string) bool {
+	for i := 0; i+1 < len(v); i++ {
+		if v[i] != '$' {
+			continue
+		}
+		switch v[i+1] {
+		case '$':
+			i++ // an escaped "$"
+		case '(':
+			return true
+		}
+	}
+	return false
+}
+
+// ExpandsVariableMessage is why a value with an unescaped "$(" is refused.
+const ExpandsVariableMessage = "the kubelet would replace $(NAME) with the value of NAME in the container's environment (another team's Secret-backed variable, for one); " +
+	"write $$( for a literal $("
 
 // NeedsOptIn reports why cb wires only the pods annotated
 // AnnotationAllowOverrides="true" (it has an optIn, or unlisted entries),

@@ -80,7 +80,10 @@ func multiprocessErrors(cb *v1alpha1.CacheBackend) field.ErrorList {
 	if mp.Port != 0 && mp.Port == mp.HTTPPort {
 		errs = append(errs, field.Duplicate(mpPath.Child("httpPort"), mp.HTTPPort))
 	}
-	errs = append(errs, wholeGiB(mpPath.Child("l1", "size"), mp.L1.Size)...)
+	errs = append(errs, mpSize(mpPath.Child("l1", "size"), mp.L1.Size)...)
+	if q := mp.EngineSharedMemory; q != nil && q.Cmp(MaxMPSize) > 0 {
+		errs = append(errs, field.Invalid(mpPath.Child("engineSharedMemory"), q.String(), "must be at most "+MaxMPSize.String()))
+	}
 	if mp.L2 == nil {
 		return errs
 	}
@@ -107,7 +110,7 @@ func multiprocessErrors(cb *v1alpha1.CacheBackend) field.ErrorList {
 				}
 			}
 		}
-		errs = append(errs, wholeGiB(resp.Child("capacity"), r.Capacity)...)
+		errs = append(errs, mpSize(resp.Child("capacity"), r.Capacity)...)
 	}
 	if d := mp.L2.Disk; d != nil {
 		disk := mpPath.Child("l2", "disk")
@@ -123,9 +126,26 @@ func multiprocessErrors(cb *v1alpha1.CacheBackend) field.ErrorList {
 		case p == render.ScratchPath || strings.HasPrefix(p, render.ScratchPath+"/"):
 			errs = append(errs, field.Invalid(disk.Child("path"), p, fmt.Sprintf("must not be in %s, the server's scratch space", render.ScratchPath)))
 		}
-		errs = append(errs, wholeGiB(disk.Child("capacity"), d.Capacity)...)
+		errs = append(errs, mpSize(disk.Child("capacity"), d.Capacity)...)
 	}
 	return errs
+}
+
+// MaxMPSize bounds every size of spec.multiprocess: 1 PiB, above any
+// node's memory or disk, and far below what overflows the rendering (the
+// server's GiB counts are int32, --l1-size-gb and max_capacity_gb; its
+// memory limit, 1.5 × (L1 + 5 GiB), is int64 bytes). LMCache reads the
+// sizes as floats and multiplies them back into bytes, exactly up to
+// 2^53. A larger size, 4Ei, was rendered --l1-size-gb 0.
+var MaxMPSize = resource.MustParse("1Pi")
+
+// mpSize refuses a size of spec.multiprocess above MaxMPSize, or not a
+// whole number of GiB of at least one.
+func mpSize(p *field.Path, q resource.Quantity) field.ErrorList {
+	if q.Cmp(MaxMPSize) > 0 {
+		return field.ErrorList{field.Invalid(p, q.String(), fmt.Sprintf("must be at most %s (%d GiB)", MaxMPSize.String(), MaxMPSize.Value()>>30))}
+	}
+	return wholeGiB(p, q)
 }
 
 // wholeGiB refuses a size that is not a whole number of GiB of at least

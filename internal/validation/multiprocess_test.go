@@ -1,13 +1,18 @@
 package validation
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/render"
 )
 
 // TestMPServerMemoryLimit: in multiprocess mode a memory limit of the
@@ -51,4 +56,45 @@ func TestMPServerMemoryLimit(t *testing.T) {
 
 func limits(memory string) *corev1.ResourceRequirements {
 	return &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memory)}}
+}
+
+// TestMPSizesAreBounded: issue 35. Every size of spec.multiprocess above
+// 1Pi is refused with its field path (4Ei was admitted and rendered
+// --l1-size-gb 0: the GiB count overflowed int32), and the largest
+// admitted size renders exactly: the server's arguments, its L2 adapters'
+// capacities and its memory.
+func TestMPSizesAreBounded(t *testing.T) {
+	backend := func(l1, resp, disk, shm string) *v1alpha1.CacheBackend {
+		return &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Runtime: v1alpha1.RuntimeVLLM,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen"}},
+			Multiprocess: &v1alpha1.Multiprocess{L1: v1alpha1.MultiprocessL1{Size: resource.MustParse(l1)},
+				EngineSharedMemory: ptr.To(resource.MustParse(shm)),
+				L2: &v1alpha1.MultiprocessL2{RESP: &v1alpha1.MultiprocessRESP{Host: "redis", Capacity: resource.MustParse(resp)},
+					Disk: &v1alpha1.MultiprocessDisk{Capacity: resource.MustParse(disk)}}}}}
+	}
+	paths := func(cb *v1alpha1.CacheBackend) []string {
+		var out []string
+		for _, e := range Validate(cb) {
+			out = append(out, e.Field)
+			assert.Contains(t, e.Detail, "must be at most 1Pi", e.Field)
+		}
+		return out
+	}
+	for _, big := range []string{"4Ei", "1025Ti", "8Ei"} {
+		assert.Equal(t, []string{"spec.multiprocess.l1.size", "spec.multiprocess.engineSharedMemory",
+			"spec.multiprocess.l2.resp.capacity", "spec.multiprocess.l2.disk.capacity"}, paths(backend(big, big, big, big)), big)
+	}
+
+	largest := backend("1Pi", "1Pi", "1Pi", "1Pi")
+	require.Empty(t, Validate(largest))
+	s := render.MPServerFor(largest)
+	args := render.MPServerArgs(s)
+	at := slices.Index(args, "--l1-size-gb")
+	require.GreaterOrEqual(t, at, 0)
+	assert.Equal(t, "1048576", args[at+1])
+	assert.Contains(t, strings.Join(args, " "), `"max_capacity_gb":1048576,"port":6379,"type":"resp"`)
+	assert.Contains(t, strings.Join(args, " "), `"max_capacity_gb":1048576,"type":"fs_native"`)
+	res := render.MPResources(s)
+	assert.Equal(t, "1048581Gi", ptr.To((*res.Requests)[corev1.ResourceMemory]).String(), "L1 + 5Gi")
+	assert.Equal(t, "1572872Gi", ptr.To((*res.Limits)[corev1.ResourceMemory]).String(), "1.5 × (L1 + 5Gi), rounded up")
 }

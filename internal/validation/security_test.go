@@ -66,12 +66,15 @@ func TestDeniedOverrideEnv(t *testing.T) {
 
 // FuzzValidate: any CacheBackend the schema could admit never panics the
 // validating webhook's rules, and every rejection names a field under
-// spec or metadata.
+// spec or metadata; in a CacheBackend it admits, no value that reaches a
+// container's args or env expands a variable (the kubelet's own
+// expansion, test/testutil/expansion).
 func FuzzValidate(f *testing.F) {
 	for _, s := range []string{
 		`{"metadata":{"name":"c"},"spec":{"type":"LMCache","integration":{"engineOverrides":{"args":["--kv_transfer_config"],"env":[{"name":"LD_PRELOAD"}]}}}}`,
 		`{"metadata":{"name":"c"},"spec":{"type":"SGLangHiCache","runtime":"SGLang","deploymentKind":"StatefulSet","storage":{"pvc":{"size":"1Gi"}},"autoscaling":{"maxReplicas":100}}}`,
 		`{"spec":{"engineSelector":{"matchLabels":{"a/b/c":"-"}},"integration":{"engineContainer":"A_B"}}}`,
+		`{"metadata":{"name":"c"},"spec":{"type":"LMCache","integration":{"engineOverrides":{"args":["--served-model-name","$$$(HF_TOKEN)"],"env":[{"name":"VLLM_LOGGING_PREFIX","value":"$$(HF_TOKEN)"}]}},"observation":{"modelID":"m-$(X)"}}}`,
 	} {
 		f.Add([]byte(s), []byte(`{"metadata":{"name":"c"},"spec":{"type":"LMCache","storage":{"pvc":{"size":"2Gi"}}}}`))
 	}
@@ -87,5 +90,35 @@ func FuzzValidate(f *testing.F) {
 				}
 			}
 		}
+		if len(Validate(cb)) > 0 {
+			return
+		}
+		for _, v := range containerValues(cb) {
+			if !expandsNothing(v) {
+				t.Fatalf("admitted %q, which the kubelet expands", v)
+			}
+		}
 	})
+}
+
+// containerValues are the values of cb that the operator puts into a
+// container's args or env values.
+func containerValues(cb *v1alpha1.CacheBackend) []string {
+	var out []string
+	if o := cb.Spec.Integration.EngineOverrides; o != nil {
+		out = append(append(out, o.Args...), envValues(o.Env)...)
+		if o.OptIn != nil {
+			out = append(append(out, o.OptIn.Args...), envValues(o.OptIn.Env)...)
+		}
+	}
+	if lc := cb.Spec.LMCache; lc != nil && lc.LocalDisk != nil {
+		out = append(out, lc.LocalDisk.Path)
+	}
+	if o := cb.Spec.Observation; o != nil {
+		out = append(out, o.ModelID)
+	}
+	if mp := cb.Spec.Multiprocess; mp != nil && mp.L2 != nil && mp.L2.Disk != nil {
+		out = append(out, mp.L2.Disk.Path)
+	}
+	return out
 }

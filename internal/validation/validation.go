@@ -96,7 +96,48 @@ func validate(old, cb *v1alpha1.CacheBackend) field.ErrorList {
 		}
 	}
 	errs = append(errs, validateHiCache(cb)...)
+	errs = append(errs, expansionErrors(cb)...)
 	return append(errs, allowListErrors(cb, errs)...)
+}
+
+// expansionErrors refuses, in every value of the spec that becomes a
+// container's argument or env value, a "$(" the kubelet would expand from
+// that container's environment: engineOverrides (optIn too), the LMCache
+// local disk path (the engines' LMCACHE_LOCAL_DISK), the observed model
+// (the sidecar's MODEL_ID) and the multiprocess server's disk path (its
+// --l2-adapter argument).
+func expansionErrors(cb *v1alpha1.CacheBackend) field.ErrorList {
+	var errs field.ErrorList
+	check := func(p *field.Path, v string) {
+		if inject.ExpandsVariable(v) {
+			errs = append(errs, field.Invalid(p, v, inject.ExpandsVariableMessage))
+		}
+	}
+	over := field.NewPath("spec", "integration", "engineOverrides")
+	lists := func(p *field.Path, args []string, env []corev1.EnvVar) {
+		for i, a := range args {
+			check(p.Child("args").Index(i), a)
+		}
+		for i, e := range env {
+			check(p.Child("env").Index(i).Child("value"), e.Value)
+		}
+	}
+	if o := cb.Spec.Integration.EngineOverrides; o != nil {
+		lists(over, o.Args, o.Env)
+		if o.OptIn != nil {
+			lists(over.Child("optIn"), o.OptIn.Args, o.OptIn.Env)
+		}
+	}
+	if lc := cb.Spec.LMCache; lc != nil && lc.LocalDisk != nil {
+		check(field.NewPath("spec", "lmCache", "localDisk", "path"), lc.LocalDisk.Path)
+	}
+	if o := cb.Spec.Observation; o != nil {
+		check(field.NewPath("spec", "observation", "modelID"), o.ModelID)
+	}
+	if mp := cb.Spec.Multiprocess; mp != nil && mp.L2 != nil && mp.L2.Disk != nil {
+		check(mpPath.Child("l2", "disk", "path"), mp.L2.Disk.Path)
+	}
+	return errs
 }
 
 // allowListErrors refuses what engineOverrides.args and .env hold outside
@@ -203,10 +244,13 @@ func ownedFlags(t v1alpha1.BackendType) map[string]string {
 // Handler is the validating webhook for CacheBackends.
 type Handler struct {
 	Decoder admission.Decoder
+	// Secrets answers whether the requesting user may read a Secret the
+	// CacheBackend names (secretErrors); nil refuses every new reference.
+	Secrets SecretAccess
 }
 
 // Handle implements admission.Handler.
-func (h *Handler) Handle(_ context.Context, req admission.Request) admission.Response {
+func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
@@ -223,6 +267,11 @@ func (h *Handler) Handle(_ context.Context, req admission.Request) admission.Res
 		}
 		errs = ValidateUpdate(old, cb)
 	}
+	ns := req.Namespace
+	if ns == "" {
+		ns = cb.Namespace
+	}
+	errs = append(errs, h.secretErrors(ctx, req.UserInfo, ns, old, cb)...)
 	if len(errs) == 0 {
 		return admission.Allowed("").WithWarnings(append(HiCacheWarnings(cb), Warnings(old, cb)...)...)
 	}
