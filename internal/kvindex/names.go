@@ -25,6 +25,27 @@ const (
 	MaxCandidatePods = 1024
 )
 
+// Bounds on one query's prompt: the index hashes token IDs into block
+// keys (one SHA-256 a block per hash scheme of the backend's pods) and
+// looks block hashes up, so a prompt's size is the query's cost. 262,144
+// tokens are twice the 128k context of today's common long-context
+// models; 65,536 block hashes are a million tokens at 16 a block.
+const (
+	MaxQueryTokens = 262_144
+	MaxQueryHashes = 65_536
+)
+
+// checkPrompt bounds a query's token IDs and block hashes.
+func checkPrompt(hashes []uint64, tokens []uint32) error {
+	if n := len(tokens); n > MaxQueryTokens {
+		return fmt.Errorf("token_ids has %d tokens, over the index's bound of %d: %w", n, MaxQueryTokens, ErrInvalid)
+	}
+	if n := len(hashes); n > MaxQueryHashes {
+		return fmt.Errorf("block_hashes has %d hashes, over the index's bound of %d: %w", n, MaxQueryHashes, ErrInvalid)
+	}
+	return nil
+}
+
 // checkLen refuses a value of field longer than max bytes: InvalidArgument
 // (HTTP 400) naming the field.
 func checkLen(field, value string, max int) error {

@@ -106,6 +106,9 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 	if err := checkLen("lora_name", lora, MaxLoraBytes); err != nil {
 		return res, err
 	}
+	if err := checkPrompt(hashes, tokens); err != nil {
+		return res, err
+	}
 	if err := ix.opt.Policy.AuthorizeRead(caller, backend); err != nil {
 		ix.opt.Observer.Refused("query")
 		return res, err
