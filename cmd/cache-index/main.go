@@ -65,6 +65,11 @@ const (
 	defaultMaxPodBlocks       = 4_000_000
 	defaultMaxBackendBlocks   = 8_000_000
 	defaultMaxNamespaceBlocks = 8_000_000
+	// defaultMaxNamespaceSpaces bounds the block spaces (model, LoRA
+	// adapter, hash scheme) of a namespace in the memory store: each costs
+	// about 700 heap bytes besides its blocks, so 16,384 take about
+	// 11 MiB, and leave room for thousands of adapters per backend.
+	defaultMaxNamespaceSpaces = 16_384
 )
 
 type stringList []string
@@ -95,6 +100,7 @@ func run(args []string) error {
 	maxPodBlocks := fs.Uint64("max-blocks-per-pod", defaultMaxPodBlocks, "blocks one pod may hold in the index, all ranks and tiers (a block in two tiers counts once); a delta or snapshot past it is refused with ResourceExhausted; 0: no limit")
 	maxBackendBlocks := fs.Uint64("max-blocks-per-backend", defaultMaxBackendBlocks, "blocks the pods of one CacheBackend may hold together; 0: no limit")
 	maxNamespaceBlocks := fs.Uint64("max-blocks-per-namespace", defaultMaxNamespaceBlocks, "blocks the CacheBackends of one namespace may hold together; 0: no limit")
+	maxNamespaceSpaces := fs.Uint64("max-spaces-per-namespace", defaultMaxNamespaceSpaces, "block spaces (model, LoRA adapter, hash scheme) the CacheBackends of one namespace may hold together in the memory store; a delta or snapshot storing into more new ones is refused with ResourceExhausted; 0: no limit")
 	reviewTTL := fs.Duration("token-review-ttl", time.Minute, "how long a TokenReview verdict is reused for the same token")
 	reviewQPS := fs.Float64("token-review-qps", server.DefaultReviewsPerSecond, "TokenReviews per second (and burst) for tokens whose verdict is not cached; beyond it a new token is refused until the next review is allowed")
 	maxStaged := fs.Int("max-staged-blocks", kvindex.DefaultMaxStagedBlocks, "snapshot entries every stream together may stage before their ends (16 bytes each); a chunk past it drops its snapshot, whose end is refused with ResourceExhausted")
@@ -133,7 +139,7 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	limits := kvindex.Limits{PodBlocks: *maxPodBlocks, BackendBlocks: *maxBackendBlocks, NamespaceBlocks: *maxNamespaceBlocks}
+	limits := kvindex.Limits{PodBlocks: *maxPodBlocks, BackendBlocks: *maxBackendBlocks, NamespaceBlocks: *maxNamespaceBlocks, NamespaceSpaces: *maxNamespaceSpaces}
 	var store kvindex.Store
 	switch *storeKind {
 	case "memory":

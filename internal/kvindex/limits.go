@@ -24,6 +24,14 @@ type Limits struct {
 	PodBlocks       uint64
 	BackendBlocks   uint64
 	NamespaceBlocks uint64
+	// NamespaceSpaces bounds the block spaces (model, LoRA adapter and
+	// hash scheme) the CacheBackends of one namespace hold together: a
+	// change that stores into more new spaces than are left is refused
+	// (scope ScopeSpaces). The memory store enforces it, where a space
+	// is a structure of its own (about 700 bytes besides its blocks); in
+	// Redis a space is only a part of its blocks' key names, bounded by
+	// the block limits.
+	NamespaceSpaces uint64
 }
 
 // LimitScope names the count a limit bounds; metrics and messages use it.
@@ -34,6 +42,8 @@ const (
 	ScopePod       LimitScope = "pod"
 	ScopeBackend   LimitScope = "backend"
 	ScopeNamespace LimitScope = "namespace"
+	// ScopeSpaces is Limits.NamespaceSpaces.
+	ScopeSpaces LimitScope = "spaces"
 	// ScopeStaging is the index's budget for snapshot entries staged
 	// before their ends, all streams together (Options.MaxStagedBlocks):
 	// not a Store limit.
@@ -55,6 +65,9 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
+	if e.Scope == ScopeSpaces {
+		return fmt.Sprintf("namespace space limit %d: %d spaces (model, LoRA, hash scheme) held, the change could add %d", e.Limit, e.Held, e.Adding)
+	}
 	return fmt.Sprintf("%s block limit %d: %d held, the change could add %d", e.Scope, e.Limit, e.Held, e.Adding)
 }
 
@@ -84,6 +97,18 @@ func (l Limits) Check(held Held, adding uint64) error {
 		}
 	}
 	return nil
+}
+
+// StoredSpaces lists the spaces of d's store ops of a real tier, as
+// often as its ops name them: the spaces d could add.
+func StoredSpaces(d Delta) []Space {
+	var out []Space
+	for _, op := range d.Ops {
+		if op.Kind == OpStore && op.Tier != TierUnspecified && op.Tier < NumTiers && len(op.Hashes) > 0 {
+			out = append(out, op.Space)
+		}
+	}
+	return out
 }
 
 // StoredHashes is the most blocks d could add: the hashes of its store

@@ -46,6 +46,7 @@ type rateWindow struct {
 	stamps  [60]int64
 }
 
+// rate is the backend's window, made on its first applied delta.
 func (ix *Index) rate(b BackendRef) *rateWindow {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -55,6 +56,19 @@ func (ix *Index) rate(b BackendRef) *rateWindow {
 		ix.rates[b] = r
 	}
 	return r
+}
+
+// eventsPerSecond is the backend's applied block events per second over
+// the last minute. A read makes no window: a backend without one (no
+// delta applied, or a name nobody publishes for) has none.
+func (ix *Index) eventsPerSecond(b BackendRef, now time.Time) float64 {
+	ix.mu.Lock()
+	r := ix.rates[b]
+	ix.mu.Unlock()
+	if r == nil {
+		return 0
+	}
+	return r.perSecond(now)
 }
 
 func (r *rateWindow) add(now time.Time, n uint64) {
@@ -87,6 +101,9 @@ func (ix *Index) Participation(ctx context.Context, caller Caller, req *pb.Parti
 	if backend.Namespace == "" || backend.Name == "" {
 		return nil, fmt.Errorf("a participation request names a cache backend: %w", ErrInvalid)
 	}
+	if err := checkBackend(backend); err != nil {
+		return nil, err
+	}
 	if err := ix.opt.Policy.AuthorizeRead(caller, backend); err != nil {
 		ix.opt.Observer.Refused("query")
 		return nil, err
@@ -103,7 +120,7 @@ func (ix *Index) Participation(ctx context.Context, caller Caller, req *pb.Parti
 	sum := &pb.ParticipationSummary{
 		CacheBackend:       &pb.CacheBackendRef{Namespace: backend.Namespace, Name: backend.Name},
 		ObservedUnixMillis: now.UnixMilli(),
-		EventsPerSecond:    ix.rate(backend).perSecond(now),
+		EventsPerSecond:    ix.eventsPerSecond(backend, now),
 	}
 	for t := TierGPU; t <= TierDisk; t++ {
 		sum.Blocks = append(sum.Blocks, &pb.TierBlocks{Tier: pb.Tier(t), Blocks: tiers[t]})

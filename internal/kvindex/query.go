@@ -16,6 +16,14 @@ import (
 func (ix *Index) Score(ctx context.Context, caller Caller, req *pb.ScoreRequest) (*pb.ScoreResponse, error) {
 	start := time.Now()
 	backend := BackendRef{Namespace: req.GetCacheBackend().GetNamespace(), Name: req.GetCacheBackend().GetName()}
+	if n := len(req.GetCandidatePods()); n > MaxCandidatePods {
+		return nil, fmt.Errorf("candidate_pods names %d pods, over the index's bound of %d: %w", n, MaxCandidatePods, ErrInvalid)
+	}
+	for i, p := range req.GetCandidatePods() {
+		if err := checkLen(fmt.Sprintf("candidate_pods[%d]", i), p, MaxPodNameBytes); err != nil {
+			return nil, err
+		}
+	}
 	res, err := ix.ScoreByRank(ctx, caller, backend, req.GetModel(), req.GetLoraName(), req.GetBlockHashes(), req.GetTokenIds())
 	if err != nil {
 		return nil, err
@@ -88,6 +96,18 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 	var res RankScores
 	if backend.Namespace == "" || backend.Name == "" || model == "" {
 		return res, fmt.Errorf("a query names a cache backend and a model: %w", ErrInvalid)
+	}
+	if err := checkBackend(backend); err != nil {
+		return res, err
+	}
+	if err := checkLen("model", model, MaxModelBytes); err != nil {
+		return res, err
+	}
+	if err := checkLen("lora_name", lora, MaxLoraBytes); err != nil {
+		return res, err
+	}
+	if err := checkPrompt(hashes, tokens); err != nil {
+		return res, err
 	}
 	if err := ix.opt.Policy.AuthorizeRead(caller, backend); err != nil {
 		ix.opt.Observer.Refused("query")

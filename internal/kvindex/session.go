@@ -134,6 +134,9 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	case h.GetModel() == "":
 		return nil, fmt.Errorf("hello without a model: %w", ErrInvalid)
 	}
+	if err := checkHelloNames(h); err != nil {
+		return nil, err
+	}
 	backend := BackendRef{Namespace: be.GetNamespace(), Name: be.GetName()}
 	podKey := pod.GetNamespace() + "/" + pod.GetName()
 	if dp := h.GetDataParallelSize(); dp > s.ix.opt.MaxRanks {
@@ -221,6 +224,30 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	return append([]*pb.IngestResponse{{Message: &pb.IngestResponse_Welcome{Welcome: welcome}}}, resyncs...), nil
 }
 
+// checkHelloNames bounds every name a Hello sends: each becomes a key of
+// the index's state (the backend, the pod, its block spaces) or part of
+// the pod's record.
+func checkHelloNames(h *pb.Hello) error {
+	for _, c := range []struct {
+		field, value string
+		max          int
+	}{
+		{"pod.namespace", h.GetPod().GetNamespace(), MaxNamespaceBytes},
+		{"pod.name", h.GetPod().GetName(), MaxPodNameBytes},
+		{"pod.uid", h.GetPod().GetUid(), MaxPodUIDBytes},
+		{"cache_backend.name", h.GetCacheBackend().GetName(), MaxBackendNameBytes},
+		{"model", h.GetModel(), MaxModelBytes},
+		{"engine", h.GetEngine(), MaxEngineBytes},
+		{"hash_scheme.algorithm", h.GetHashScheme().GetAlgorithm(), MaxHashAlgorithmBytes},
+		{"hash_scheme.seed", h.GetHashScheme().GetSeed(), MaxHashSeedBytes},
+	} {
+		if err := checkLen(c.field, c.value, c.max); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // helloResync decides whether a rank needs a snapshot right after Hello.
 func helloResync(said *pb.RankPosition, pos Position, known bool) pb.ResyncReason {
 	switch {
@@ -280,7 +307,10 @@ func (s *Session) handleDelta(ctx context.Context, d *pb.Delta) ([]*pb.IngestRes
 	}
 	delta := Delta{Epoch: d.GetEpoch(), Sequence: d.GetSequence(), Ops: make([]Op, 0, len(d.GetEvents()))}
 	var blocks int
-	for _, ev := range d.GetEvents() {
+	for i, ev := range d.GetEvents() {
+		if err := checkLen(fmt.Sprintf("delta.events[%d].lora_name", i), eventLora(ev), MaxLoraBytes); err != nil {
+			return nil, err
+		}
 		switch e := ev.Event.(type) {
 		case *pb.BlockEvent_Stored:
 			delta.Ops = append(delta.Ops, Op{Kind: OpStore, Tier: Tier(e.Stored.GetTier()), Space: s.space(e.Stored.GetLoraName()), Hashes: e.Stored.GetBlockHashes()})
@@ -324,6 +354,16 @@ func (s *Session) handleDelta(ctx context.Context, d *pb.Delta) ([]*pb.IngestRes
 	out := []*pb.IngestResponse{s.resync(d.GetRank(), reason, pos, known)}
 	s.rec.AwaitSnapshot = s.awaiting()
 	return out, s.put(ctx, true)
+}
+
+func eventLora(ev *pb.BlockEvent) string {
+	switch e := ev.Event.(type) {
+	case *pb.BlockEvent_Stored:
+		return e.Stored.GetLoraName()
+	case *pb.BlockEvent_Removed:
+		return e.Removed.GetLoraName()
+	}
+	return ""
 }
 
 func (s *Session) knownPosition(ctx context.Context, rank uint32) (Position, bool) {
@@ -378,6 +418,12 @@ func (s *Session) handleSnapshotChunk(c *pb.SnapshotChunk) ([]*pb.IngestResponse
 	st := s.snapshot[c.GetRank()]
 	if st == nil || st.pos.Epoch != c.GetEpoch() {
 		return nil, fmt.Errorf("snapshot chunk for rank %d epoch %d without its begin: %w", c.GetRank(), c.GetEpoch(), ErrInvalid)
+	}
+	for i, e := range c.GetEntries() {
+		if err := checkLen(fmt.Sprintf("snapshot_chunk.entries[%d].lora_name", i), e.GetLoraName(), MaxLoraBytes); err != nil {
+			st.discard(s.ix)
+			return nil, err
+		}
 	}
 	for _, e := range c.GetEntries() {
 		if st.bad || st.over != nil {

@@ -91,6 +91,14 @@ func (s *Snapshot) spaceIndex(sp Space) (uint16, error) {
 	return uint16(len(s.spaces) - 1), nil
 }
 
+// Spaces lists the spaces the snapshot's entries name.
+func (s *Snapshot) Spaces() []Space {
+	if s == nil {
+		return nil
+	}
+	return s.spaces
+}
+
 // Len is the number of entries.
 func (s *Snapshot) Len() int {
 	if s == nil {

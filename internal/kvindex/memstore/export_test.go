@@ -15,3 +15,16 @@ func Backends(s *Store) int {
 	defer s.mu.RUnlock()
 	return len(s.backends) + len(s.namespaces)
 }
+
+// Spaces is how many block spaces the store keeps, all backends together.
+func Spaces(s *Store) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, b := range s.backends {
+		b.mu.RLock()
+		n += len(b.spaces)
+		b.mu.RUnlock()
+	}
+	return n
+}

@@ -32,7 +32,10 @@ type Store struct {
 }
 
 type nsCount struct {
-	blocks   atomic.Int64
+	blocks atomic.Int64
+	// spaces counts the block spaces of the namespace's backends: a space
+	// lives while it holds a block (dropIfEmpty).
+	spaces   atomic.Int64
 	backends int // under Store.mu
 }
 
@@ -84,6 +87,7 @@ type memBackend struct {
 }
 
 type memSpace struct {
+	key    kvindex.Space
 	blocks map[uint64]uint64
 	multi  [][]uint64
 	// dense[i], for a posting of many residents, holds the same residency
@@ -192,10 +196,48 @@ func (b *memBackend) held(uid string, id uint32, exists, fresh bool) kvindex.Hel
 func (b *memBackend) space(sp kvindex.Space, create bool) *memSpace {
 	s := b.spaces[sp]
 	if s == nil && create {
-		s = &memSpace{blocks: map[uint64]uint64{}}
+		s = &memSpace{key: sp, blocks: map[uint64]uint64{}}
 		b.spaces[sp] = s
+		b.ns.spaces.Add(1)
 	}
 	return s
+}
+
+// dropIfEmpty forgets space s once no instance holds a block of it, so
+// that a backend keeps no space without blocks: a pod that stores and
+// removes a block under ever new LoRA names made the index keep one
+// empty space (about 700 bytes) per name before. Instances' logs of s
+// hold only hashes no longer present; they go with it.
+func (b *memBackend) dropIfEmpty(s *memSpace) {
+	if s == nil || len(s.blocks) > 0 || b.spaces[s.key] != s {
+		return
+	}
+	for i := range b.insts {
+		delete(b.insts[i].logs, s)
+	}
+	delete(b.spaces, s.key)
+	b.ns.spaces.Add(-1)
+}
+
+// checkSpaces refuses a change that would make the namespace hold more
+// than limits.NamespaceSpaces spaces with the spaces it stores into.
+func (s *Store) checkSpaces(b *memBackend, spaces []kvindex.Space) error {
+	if s.limits.NamespaceSpaces == 0 {
+		return nil
+	}
+	held := uint64(max(b.ns.spaces.Load(), 0))
+	var adding uint64
+	seen := map[kvindex.Space]bool{}
+	for _, sp := range spaces {
+		if b.spaces[sp] != nil || seen[sp] {
+			continue
+		}
+		seen[sp] = true
+		if adding++; held+adding > s.limits.NamespaceSpaces {
+			return &kvindex.LimitError{Scope: kvindex.ScopeSpaces, Limit: s.limits.NamespaceSpaces, Held: held, Adding: adding}
+		}
+	}
+	return nil
 }
 
 func (b *memBackend) instance(uid string, rank uint32, create bool) (uint32, bool) {
@@ -433,6 +475,7 @@ func (b *memBackend) clearInstance(id uint32, only kvindex.Tier) {
 		} else {
 			in.logs[s] = kept
 		}
+		b.dropIfEmpty(s)
 	}
 }
 
@@ -482,6 +525,9 @@ func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (k
 		if err := s.limits.Check(b.held(src.PodUID, id, exists, restart), kvindex.StoredHashes(d)); err != nil {
 			return 0, pos, fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, err)
 		}
+		if err := s.checkSpaces(b, kvindex.StoredSpaces(d)); err != nil {
+			return 0, pos, fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, err)
+		}
 	}
 	if restart && exists {
 		b.clearInstance(id, kvindex.TierUnspecified)
@@ -513,6 +559,7 @@ func (s *Store) Apply(_ context.Context, src kvindex.Source, d kvindex.Delta) (k
 					b.remove(sp, id, h, op.Tier)
 				}
 			}
+			b.dropIfEmpty(sp)
 		}
 	}
 	pos = kvindex.Position{Epoch: d.Epoch, Sequence: d.Sequence}
@@ -530,6 +577,9 @@ func (s *Store) Replace(_ context.Context, src kvindex.Source, pos kvindex.Posit
 	}
 	if s.limits != (kvindex.Limits{}) {
 		if err := s.limits.Check(b.held(src.PodUID, id, exists, true), snap.DistinctBlocks()); err != nil {
+			return fmt.Errorf("replacing %s rank %d: %w", src.PodUID, src.Rank, err)
+		}
+		if err := s.checkSpaces(b, snap.Spaces()); err != nil {
 			return fmt.Errorf("replacing %s rank %d: %w", src.PodUID, src.Rank, err)
 		}
 	}
@@ -961,6 +1011,7 @@ func (s *Store) drop(ref kvindex.BackendRef, b *memBackend) {
 	b.dead = true
 	delete(s.backends, ref)
 	b.ns.blocks.Add(-int64(b.blocks))
+	b.ns.spaces.Add(-int64(len(b.spaces)))
 	if b.ns.backends--; b.ns.backends == 0 {
 		delete(s.namespaces, ref.Namespace)
 	}

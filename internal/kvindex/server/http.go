@@ -113,6 +113,14 @@ func (h *httpAPI) query(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("decoding the query: %w", errors.Join(err, kvindex.ErrInvalid)))
 		return
 	}
+	if n := len(q.TenantID); n > kvindex.MaxNamespaceBytes+1+kvindex.MaxBackendNameBytes {
+		writeError(w, fmt.Errorf("tenant_id is %d bytes, over the index's bound of %d: %w", n, kvindex.MaxNamespaceBytes+1+kvindex.MaxBackendNameBytes, kvindex.ErrInvalid))
+		return
+	}
+	if n := len(q.InstanceID); n > kvindex.MaxPodNameBytes {
+		writeError(w, fmt.Errorf("instance_id is %d bytes, over the index's bound of %d: %w", n, kvindex.MaxPodNameBytes, kvindex.ErrInvalid))
+		return
+	}
 	ns, name, ok := strings.Cut(q.TenantID, "/")
 	if !ok {
 		writeError(w, fmt.Errorf("tenant_id %q is not a CacheBackend namespace/name: %w", q.TenantID, kvindex.ErrInvalid))
