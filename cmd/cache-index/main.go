@@ -104,6 +104,7 @@ func run(args []string) error {
 	reviewTTL := fs.Duration("token-review-ttl", time.Minute, "how long a TokenReview verdict is reused for the same token")
 	reviewQPS := fs.Float64("token-review-qps", server.DefaultReviewsPerSecond, "TokenReviews per second (and burst) for tokens whose verdict is not cached; beyond it a new token is refused until the next review is allowed")
 	maxStaged := fs.Int("max-staged-blocks", kvindex.DefaultMaxStagedBlocks, "snapshot entries every stream together may stage before their ends (16 bytes each); a chunk past it drops its snapshot, whose end is refused with ResourceExhausted")
+	maxStagedNS := fs.Int("max-staged-blocks-per-namespace", 0, "snapshot entries the streams of one namespace may stage together, so that no namespace takes the whole --max-staged-blocks from the others; 0 (default) is half of --max-staged-blocks; a value above --max-staged-blocks counts as --max-staged-blocks")
 	maxRanks := fs.Uint("max-ranks", kvindex.DefaultMaxRanks, "data-parallel ranks one subscriber's Hello may announce; a Hello with more is refused (each rank may stage a snapshot)")
 	requireBackend := fs.Bool("require-backend", true, "refuse a Hello whose CacheBackend does not exist (watches CacheBackends' metadata; default true with --auth=tokenreview, false with --auth=none)")
 	development := fs.Bool("zap-devel", false, "human-readable console logs at debug level instead of JSON")
@@ -126,6 +127,9 @@ func run(args []string) error {
 	}
 	if *maxStaged < 1 {
 		return fmt.Errorf("--max-staged-blocks %d: want at least 1", *maxStaged)
+	}
+	if *maxStagedNS < 0 {
+		return fmt.Errorf("--max-staged-blocks-per-namespace %d: want 0 (half of --max-staged-blocks) or more", *maxStagedNS)
 	}
 	if *maxRanks < 1 || *maxRanks > 1<<16 {
 		return fmt.Errorf("--max-ranks %d: want 1 to 65536", *maxRanks)
@@ -201,7 +205,7 @@ func run(args []string) error {
 	ix := kvindex.New(kvindex.Options{
 		Store: metrics.Store(store), Authenticator: authn, Policy: kvindex.Policy{ClusterReaders: readers},
 		Lease: *lease, Heartbeat: *heartbeat, Limits: limits, Observer: metrics, Log: log.WithName("index"),
-		MaxRanks: uint32(*maxRanks), MaxStagedBlocks: *maxStaged, Backends: backends,
+		MaxRanks: uint32(*maxRanks), MaxStagedBlocks: *maxStaged, MaxStagedBlocksPerNamespace: *maxStagedNS, Backends: backends,
 	})
 
 	grpcLis, err := net.Listen("tcp", *grpcAddr)

@@ -39,6 +39,13 @@ type Options struct {
 	// end; the subscriber reconnects after its backoff). Default
 	// DefaultMaxStagedBlocks.
 	MaxStagedBlocks int
+	// MaxStagedBlocksPerNamespace bounds what the streams of one namespace
+	// stage together, so that no namespace takes the whole staging budget
+	// from the others (issue 35): a chunk past it ends its snapshot with a
+	// ScopeNamespaceStaging *LimitError. Default (and at most)
+	// MaxStagedBlocks/2: one whole snapshot of the largest size under the
+	// defaults.
+	MaxStagedBlocksPerNamespace int
 	// Limits are the block limits the Store was made with. The Store
 	// enforces them; the session uses PodBlocks only to stop staging a
 	// snapshot that cannot fit (more than NumTiers-1 entries per block
@@ -85,6 +92,9 @@ type Index struct {
 
 	staged atomic.Int64 // snapshot entries staged by every session
 
+	stagedMu sync.Mutex
+	nsStaged map[string]int64 // snapshot entries staged per namespace; no zero entries
+
 	mu       sync.Mutex
 	sessions map[PodKey]*Session
 	rates    map[BackendRef]*rateWindow
@@ -107,6 +117,9 @@ func New(opt Options) *Index {
 	if opt.MaxStagedBlocks <= 0 {
 		opt.MaxStagedBlocks = DefaultMaxStagedBlocks
 	}
+	if opt.MaxStagedBlocksPerNamespace <= 0 || opt.MaxStagedBlocksPerNamespace > opt.MaxStagedBlocks {
+		opt.MaxStagedBlocksPerNamespace = max(opt.MaxStagedBlocks/2, 1)
+	}
 	if opt.MaxRanks == 0 {
 		opt.MaxRanks = DefaultMaxRanks
 	}
@@ -119,7 +132,7 @@ func New(opt Options) *Index {
 	if opt.Observer == nil {
 		opt.Observer = NopObserver{}
 	}
-	return &Index{opt: opt, sessions: map[PodKey]*Session{}, rates: map[BackendRef]*rateWindow{}}
+	return &Index{opt: opt, sessions: map[PodKey]*Session{}, rates: map[BackendRef]*rateWindow{}, nsStaged: map[string]int64{}}
 }
 
 // Authenticate checks a bearer token for a call of api (ingest, query)
@@ -173,4 +186,36 @@ func (ix *Index) dropRateIfEmpty(ctx context.Context, b BackendRef) {
 	ix.mu.Lock()
 	delete(ix.rates, b)
 	ix.mu.Unlock()
+}
+
+// reserveStaging counts adding snapshot entries of namespace ns in the
+// staging budgets, or returns the *LimitError of the one it would pass:
+// the index's (ScopeStaging) or the namespace's share
+// (ScopeNamespaceStaging).
+func (ix *Index) reserveStaging(ns string, adding uint64) error {
+	ix.stagedMu.Lock()
+	defer ix.stagedMu.Unlock()
+	if held := ix.staged.Add(int64(adding)); held > int64(ix.opt.MaxStagedBlocks) {
+		ix.staged.Add(-int64(adding))
+		return &LimitError{Scope: ScopeStaging, Limit: uint64(ix.opt.MaxStagedBlocks), Held: uint64(held) - adding, Adding: adding}
+	}
+	if held := ix.nsStaged[ns]; held+int64(adding) > int64(ix.opt.MaxStagedBlocksPerNamespace) {
+		ix.staged.Add(-int64(adding))
+		return &LimitError{Scope: ScopeNamespaceStaging, Limit: uint64(ix.opt.MaxStagedBlocksPerNamespace), Held: uint64(held), Adding: adding}
+	}
+	ix.nsStaged[ns] += int64(adding)
+	return nil
+}
+
+// releaseStaging gives back n entries of namespace ns.
+func (ix *Index) releaseStaging(ns string, n int64) {
+	if n == 0 {
+		return
+	}
+	ix.stagedMu.Lock()
+	defer ix.stagedMu.Unlock()
+	ix.staged.Add(-n)
+	if ix.nsStaged[ns] -= n; ix.nsStaged[ns] <= 0 {
+		delete(ix.nsStaged, ns)
+	}
 }

@@ -48,6 +48,9 @@ const (
 	// before their ends, all streams together (Options.MaxStagedBlocks):
 	// not a Store limit.
 	ScopeStaging LimitScope = "staging"
+	// ScopeNamespaceStaging is one namespace's share of the staging budget
+	// (Options.MaxStagedBlocksPerNamespace): not a Store limit.
+	ScopeNamespaceStaging LimitScope = "namespace-staging"
 )
 
 // ErrOverLimit marks a change refused because it would pass a Limit

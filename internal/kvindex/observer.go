@@ -28,7 +28,8 @@ type Observer interface {
 	// Scored reports the time one Score query took.
 	Scored(d time.Duration)
 	// OverLimit reports a delta or snapshot refused because it would pass
-	// a block limit, by scope (pod, backend, namespace).
+	// a block limit, by scope (pod, backend, namespace, spaces, staging,
+	// namespace-staging).
 	OverLimit(scope LimitScope)
 }
 

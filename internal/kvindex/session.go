@@ -31,7 +31,8 @@ type staging struct {
 	pos      Position
 	expected uint64
 	snap     *Snapshot
-	reserved int64 // entries counted in the index's staging budget
+	reserved int64  // entries counted in the index's staging budgets
+	ns       string // the namespace whose share they count in
 	bad      bool
 	over     error // a *LimitError: the entries staged could not fit
 }
@@ -40,7 +41,7 @@ type staging struct {
 // staging budget back.
 func (st *staging) discard(ix *Index) {
 	st.snap = nil
-	ix.staged.Add(-st.reserved)
+	ix.releaseStaging(st.ns, st.reserved)
 	st.reserved = 0
 }
 
@@ -390,7 +391,7 @@ func (s *Session) handleSnapshotBegin(b *pb.SnapshotBegin) ([]*pb.IngestResponse
 	// The count is a claim: nothing is reserved for it, the entries take
 	// memory as their chunks arrive (Snapshot), so that a begin costs its
 	// sender as much as the index.
-	st := &staging{pos: Position{Epoch: b.GetEpoch(), Sequence: b.GetSequence()}, expected: b.GetBlockCount(), snap: &Snapshot{}}
+	st := &staging{pos: Position{Epoch: b.GetEpoch(), Sequence: b.GetSequence()}, expected: b.GetBlockCount(), snap: &Snapshot{}, ns: s.pod.Backend.Namespace}
 	if b.GetBlockCount() > uint64(s.ix.opt.MaxSnapshotBlocks)-min(s.staged(), uint64(s.ix.opt.MaxSnapshotBlocks)) {
 		// Over the bound for one rank, or for the ranks the stream stages
 		// at once: the subscriber sends one rank's snapshot at a time, so
@@ -441,11 +442,11 @@ func (s *Session) handleSnapshotChunk(c *pb.SnapshotChunk) ([]*pb.IngestResponse
 			// staging it now rather than hold it until its end.
 			st.over = &LimitError{Scope: ScopePod, Limit: s.ix.opt.Limits.PodBlocks, Adding: staged}
 		default:
-			// The index's staging budget, all streams together: what many
-			// streams may make the index hold before their ends.
-			if held := s.ix.staged.Add(int64(adding)); held > int64(s.ix.opt.MaxStagedBlocks) {
-				s.ix.staged.Add(-int64(adding))
-				st.over = &LimitError{Scope: ScopeStaging, Limit: uint64(s.ix.opt.MaxStagedBlocks), Held: uint64(held) - adding, Adding: adding}
+			// The index's staging budget, all streams together (what many
+			// streams may make the index hold before their ends), and the
+			// namespace's share of it.
+			if err := s.ix.reserveStaging(st.ns, adding); err != nil {
+				st.over = err
 				break
 			}
 			st.reserved += int64(adding)

@@ -184,7 +184,10 @@ func TestStagingBudgetSpansStreams(t *testing.T) {
 	const budget, n, chunk = 30_000, 20_000, 5_000
 	ctx := context.Background()
 	obs := &limitObserver{}
-	ix := kvindex.New(kvindex.Options{Store: memstore.New(), MaxStagedBlocks: budget, Observer: obs})
+	// One namespace's streams, with the namespace's share as large as the
+	// budget: this test is about the index's budget (the share is
+	// TestNamespaceCannotTakeTheStagingBudget's).
+	ix := kvindex.New(kvindex.Options{Store: memstore.New(), MaxStagedBlocks: budget, MaxStagedBlocksPerNamespace: budget, Observer: obs})
 	pod := func(i int) *kvindex.Session {
 		name, uid := fmt.Sprintf("vllm-%d", i), fmt.Sprintf("u%d", i)
 		s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:team-a:vllm", Namespace: "team-a", ServiceAccount: "vllm", PodName: name, PodUID: uid}, func() {})
@@ -222,5 +225,53 @@ func TestStagingBudgetSpansStreams(t *testing.T) {
 	second.Close()
 	if got := kvindex.StagedBlocks(ix); got != 0 {
 		t.Errorf("staged %d entries after the streams closed, want 0", got)
+	}
+}
+
+// TestNamespaceCannotTakeTheStagingBudget (issue 35): the staging budget
+// was first come, first served across namespaces, so the pods of one
+// namespace staging snapshots (each within its own limits) left none for
+// another's. Each namespace now stages at most its share
+// (MaxStagedBlocksPerNamespace, half of the budget by default): team-a's
+// second snapshot is refused with ScopeNamespaceStaging past its share,
+// and team-b's snapshot stages and is acknowledged.
+func TestNamespaceCannotTakeTheStagingBudget(t *testing.T) {
+	const budget, n, chunk = 20_000, 10_000, 2_500
+	ctx := context.Background()
+	obs := &limitObserver{}
+	ix := kvindex.New(kvindex.Options{Store: memstore.New(), MaxStagedBlocks: budget, Observer: obs})
+	pod := func(ns string, i int) *kvindex.Session {
+		name, uid := fmt.Sprintf("vllm-%d", i), fmt.Sprintf("%s-u%d", ns, i)
+		s := ix.NewSession(kvindex.Caller{Username: "system:serviceaccount:" + ns + ":vllm", Namespace: ns, ServiceAccount: "vllm", PodName: name, PodUID: uid}, func() {})
+		h := helloFor(name, uid, 1, "cache")
+		h.GetHello().Pod.Namespace, h.GetHello().CacheBackend.Namespace = ns, ns
+		if _, err := s.Handle(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		return s
+	}
+	end := func(s *kvindex.Session) ([]*pb.IngestResponse, error) {
+		return s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_SnapshotEnd{SnapshotEnd: &pb.SnapshotEnd{Rank: 0, Epoch: 1, Sequence: 1, BlockCount: n}}})
+	}
+	a0, a1 := pod("team-a", 0), pod("team-a", 1)
+	sendSnapshot(t, a0, 0, n, chunk)
+	sendSnapshot(t, a1, 0, n, chunk)
+	b := pod("team-b", 0)
+	sendSnapshot(t, b, 0, n, chunk)
+	out, err := end(b)
+	if err != nil || len(out) != 1 || out[0].GetAck() == nil {
+		t.Fatalf("team-b's snapshot end: %v, %v; want an ack: team-a took the staging budget", out, err)
+	}
+	_, err = end(a1)
+	var le *kvindex.LimitError
+	if !errors.As(err, &le) || le.Scope != kvindex.ScopeNamespaceStaging || le.Limit != budget/2 {
+		t.Fatalf("team-a's second snapshot end: %v, want a namespace-staging LimitError of %d", err, budget/2)
+	}
+	if out, err := end(a0); err != nil || len(out) != 1 || out[0].GetAck() == nil {
+		t.Fatalf("team-a's first snapshot end: %v, %v; want an ack", out, err)
+	}
+	if got := kvindex.StagedBlocks(ix); got != 0 {
+		t.Errorf("staged %d entries after the ends, want 0", got)
 	}
 }

@@ -54,7 +54,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "inferencecache_index_refused_total", Help: "Calls refused by authentication or authorisation, by API (ingest, query).",
 		}, []string{"api"}),
 		overLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inferencecache_index_limit_refusals_total", Help: "Deltas and snapshots refused because they would pass a block limit, by scope (pod, backend, namespace).",
+			Name: "inferencecache_index_limit_refusals_total", Help: "Deltas and snapshots refused because they would pass a block limit, by scope (pod, backend, namespace, spaces, staging, namespace-staging).",
 		}, []string{"scope"}),
 		helloRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferencecache_index_hello_refusals_total", Help: "Subscriber Hellos refused by a cap or check of the index, by reason (ranks: over --max-ranks; unknown_backend: no such CacheBackend, with --require-backend).",

@@ -128,7 +128,7 @@ func TestLimitRefusalsByScope(t *testing.T) {
 	m.OverLimit(kvindex.ScopePod)
 	m.OverLimit(kvindex.ScopeNamespace)
 	want := `
-# HELP inferencecache_index_limit_refusals_total Deltas and snapshots refused because they would pass a block limit, by scope (pod, backend, namespace).
+# HELP inferencecache_index_limit_refusals_total Deltas and snapshots refused because they would pass a block limit, by scope (pod, backend, namespace, spaces, staging, namespace-staging).
 # TYPE inferencecache_index_limit_refusals_total counter
 inferencecache_index_limit_refusals_total{scope="namespace"} 1
 inferencecache_index_limit_refusals_total{scope="pod"} 2
