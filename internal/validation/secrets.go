@@ -116,10 +116,9 @@ func (h *Handler) secretErrors(ctx context.Context, user authenticationv1.UserIn
 		}
 		a, ok := asked[r.name]
 		if !ok {
-			switch {
-			case h.Secrets == nil:
+			if h.Secrets == nil {
 				a.why = "the webhook cannot ask the API server whether you may read it"
-			default:
+			} else {
 				allowed, reason, err := h.Secrets.MayGetSecret(ctx, user, namespace, r.name)
 				switch {
 				case err != nil:
