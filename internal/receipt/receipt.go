@@ -89,18 +89,33 @@ func Sign(k Key, c Claim) string {
 // them are immutable once the pod exists, so the stored pod digests as
 // the webhook's view of it did. The value is "sha256v2:<hex>" (issue 35).
 func Digest(pod *corev1.Pod) string {
-	raw, _ := json.Marshal(struct {
-		Init               []corev1.Container   `json:"i"`
-		Containers         []corev1.Container   `json:"c"`
-		Volumes            []corev1.Volume      `json:"v,omitempty"`
-		HostAliases        []corev1.HostAlias   `json:"h,omitempty"`
-		DNSConfig          *corev1.PodDNSConfig `json:"d,omitempty"`
-		HostNetwork        bool                 `json:"n,omitempty"`
-		ServiceAccountName string               `json:"s,omitempty"`
-	}{stripResources(pod.Spec.InitContainers), stripResources(pod.Spec.Containers), pod.Spec.Volumes, pod.Spec.HostAliases, pod.Spec.DNSConfig,
-		pod.Spec.HostNetwork, pod.Spec.ServiceAccountName})
+	return hashed(digestV2, struct {
+		digestedSpec
+		HostNetwork        bool   `json:"n,omitempty"`
+		ServiceAccountName string `json:"s,omitempty"`
+	}{specOf(pod, pod.Spec.Volumes), pod.Spec.HostNetwork, pod.Spec.ServiceAccountName})
+}
+
+// digestedSpec is what both digest schemes cover, in this order; the
+// current one adds hostNetwork and serviceAccountName after it, and all
+// volumes where the earlier one took the webhook's own.
+type digestedSpec struct {
+	Init        []corev1.Container   `json:"i"`
+	Containers  []corev1.Container   `json:"c"`
+	Volumes     []corev1.Volume      `json:"v,omitempty"`
+	HostAliases []corev1.HostAlias   `json:"h,omitempty"`
+	DNSConfig   *corev1.PodDNSConfig `json:"d,omitempty"`
+}
+
+func specOf(pod *corev1.Pod, volumes []corev1.Volume) digestedSpec {
+	return digestedSpec{stripResources(pod.Spec.InitContainers), stripResources(pod.Spec.Containers), volumes, pod.Spec.HostAliases, pod.Spec.DNSConfig}
+}
+
+// hashed is prefix and the hex SHA-256 of v's JSON.
+func hashed(prefix string, v any) string {
+	raw, _ := json.Marshal(v)
 	sum := sha256.Sum256(raw)
-	return digestV2 + hex.EncodeToString(sum[:])
+	return prefix + hex.EncodeToString(sum[:])
 }
 
 // The prefixes of the two digest schemes.
@@ -131,15 +146,7 @@ func digestV1Of(pod *corev1.Pod) string {
 			volumes = append(volumes, v)
 		}
 	}
-	raw, _ := json.Marshal(struct {
-		Init        []corev1.Container   `json:"i"`
-		Containers  []corev1.Container   `json:"c"`
-		Volumes     []corev1.Volume      `json:"v,omitempty"`
-		HostAliases []corev1.HostAlias   `json:"h,omitempty"`
-		DNSConfig   *corev1.PodDNSConfig `json:"d,omitempty"`
-	}{stripResources(pod.Spec.InitContainers), stripResources(pod.Spec.Containers), volumes, pod.Spec.HostAliases, pod.Spec.DNSConfig})
-	sum := sha256.Sum256(raw)
-	return digestV1 + hex.EncodeToString(sum[:])
+	return hashed(digestV1, specOf(pod, volumes))
 }
 
 func stripResources(cs []corev1.Container) []corev1.Container {
