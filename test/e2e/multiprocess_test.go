@@ -261,10 +261,18 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	})
 	deleteServerOn(t, ns, "mp-cache", "gpu-b")
 	testutil.WaitEvent(t, k8s, ns, "mp-cache", v1alpha1.EventEngineEvictionBlocked, 1)
-	require.NoError(t, k8s.Get(ctx, key, cb))
-	reconciling := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReconciling)
-	require.NotNil(t, reconciling)
-	assert.Contains(t, reconciling.Message, "disruption budget")
+	// The event is recorded during the pass, the status at its end.
+	var reconciling *metav1.Condition
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if err := k8s.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		reconciling = meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReconciling)
+		if reconciling == nil || !strings.Contains(reconciling.Message, "disruption budget") {
+			return fmt.Errorf("Reconciling does not name the budget yet: %+v", reconciling)
+		}
+		return nil
+	})
 	assert.Contains(t, reconciling.Message, final["gpu-b"].Name)
 	assert.Equal(t, final["gpu-b"].UID, engines()["gpu-b"].UID, "the budget holds gpu-b's engine")
 

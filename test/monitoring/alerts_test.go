@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -341,20 +342,21 @@ func TestComponentOnProductionOverlay(t *testing.T) {
 	})
 	ds := render.MPDaemonSet(&cb, render.MPServerFor(&cb))
 	assert.True(t, matches(mp.selector, ds.Spec.Template.Labels), "the selector %v matches the MP server pods' labels %v", mp.selector, ds.Spec.Template.Labels)
-	assert.Contains(t, portNames(ds.Spec.Template.Spec.Containers), mp.ports[0])
+	assert.Contains(t, portNames(ds.Spec.Template.Spec), mp.ports[0], "the metrics-gate sidecar serves the server's /metrics on it")
 	plain := injecttest.Backend("cache")
 	inProcess := render.Render(&plain).Deployment
 	assert.True(t, matches(mp.selector, inProcess.Spec.Template.Labels), "the in-process server pods match too")
-	assert.NotContains(t, portNames(inProcess.Spec.Template.Spec.Containers), mp.ports[0], "but give no target")
+	assert.NotContains(t, portNames(inProcess.Spec.Template.Spec), mp.ports[0], "but give no target")
 	for key, labels := range podLabels {
 		assert.False(t, matches(mp.selector, labels), "%s of the bundle is no MP server", key)
 	}
 }
 
-// portNames lists the names of the containers' ports.
-func portNames(cs []corev1ac.ContainerApplyConfiguration) []string {
+// portNames lists the names of the ports of a pod's containers and init
+// containers (native sidecars serve on theirs).
+func portNames(spec *corev1ac.PodSpecApplyConfiguration) []string {
 	var out []string
-	for _, c := range cs {
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 		for _, p := range c.Ports {
 			if p.Name != nil {
 				out = append(out, *p.Name)
