@@ -379,6 +379,36 @@ type Integration struct {
 	// literal "$(".
 	// +optional
 	EngineOverrides *EngineOverrides `json:"engineOverrides,omitempty"`
+
+	// Versions declares the vLLM and LMCache releases the selected engine
+	// pods run, for pods that say nothing themselves. The webhook wires
+	// each pod for the release it runs, read in this order: the pod's
+	// annotations inferencecache.io/vllm-version and
+	// inferencecache.io/lmcache-version; the tag of the engine container's
+	// image, for the projects' Docker Hub images (vllm/vllm-openai:v0.34.0
+	// is vLLM 0.34.0, lmcache/vllm-openai:v0.5.6 is LMCache 0.5.6); then
+	// these. A pod whose vLLM release is unknown gets the wiring every
+	// supported release accepts, and the CacheBackend a Warning event
+	// (docs/compatibility.md).
+	// +optional
+	Versions *EngineVersions `json:"versions,omitempty"`
+}
+
+// EngineVersions are releases, as major.minor[.patch] with an optional
+// suffix (0.34.0, v0.34.0, 0.5.7rc2).
+type EngineVersions struct {
+	// VLLM is the vLLM release of the engines.
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^v?[0-9]{1,4}[.][0-9]{1,4}([.][0-9]{1,4})?([.+-]?[a-z0-9]+)*$`
+	// +optional
+	VLLM string `json:"vllm,omitempty"`
+
+	// LMCache is the LMCache release inside the engines (and, unless the
+	// server image's tag names one, of the server).
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:Pattern=`^v?[0-9]{1,4}[.][0-9]{1,4}([.][0-9]{1,4})?([.+-]?[a-z0-9]+)*$`
+	// +optional
+	LMCache string `json:"lmcache,omitempty"`
 }
 
 // EngineOverrides adds arguments and environment to the wired engine

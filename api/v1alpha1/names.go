@@ -47,6 +47,16 @@ const (
 	// RuntimeDefault, no privilege escalation, all capabilities dropped,
 	// and default resources (Pod Security "restricted").
 	ServerPodDefaultsRestricted = "restricted"
+	// AnnotationVLLMVersion on an engine pod declares the vLLM release it
+	// runs (e.g. 0.34.0): the first source the webhook reads it from.
+	AnnotationVLLMVersion = "inferencecache.io/vllm-version"
+	// AnnotationLMCacheVersion on an engine pod declares the LMCache
+	// release inside it (e.g. 0.5.6).
+	AnnotationLMCacheVersion = "inferencecache.io/lmcache-version"
+	// AnnotationWiredFor is the receipt's record of the releases the
+	// webhook wired the pod for and where it read each
+	// ("vllm=0.34.0 (image); lmcache=unknown").
+	AnnotationWiredFor = "inferencecache.io/wired-for"
 )
 
 // Names of the KV-event wiring shared by the webhook, the receipts and the

@@ -51,3 +51,22 @@ func TestValidatingWebhookServerRules(t *testing.T) {
 	defer w.mu.Unlock()
 	assert.Contains(t, w.seen, validation.StorageInMemoryOnly)
 }
+
+// TestInProcessServerOnLMCache057IsRefused: through the API server, a
+// CacheBackend with the in-process shape and an LMCache 0.5.7 image (which
+// has no lmcache_server) is refused at the image's field path with the
+// reason; the same image in multiprocess mode is admitted.
+func TestInProcessServerOnLMCache057IsRefused(t *testing.T) {
+	ns := newNamespace(t)
+	cb := newBackend(ns, "inprocess")
+	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "lmcache/vllm-openai:v0.5.7rc2"}}
+	err := k8s.Create(context.Background(), cb)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `spec.remoteStorage.lmCacheServer.image: Invalid value: "lmcache/vllm-openai:v0.5.7rc2": the server image runs LMCache 0.5.7rc2 (read from the image tag), which has no lmcache_server`)
+	assert.Contains(t, err.Error(), "set spec.multiprocess")
+
+	mp := newBackend(ns, "mp")
+	mp.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "lmcache/vllm-openai:v0.5.7rc2"}}
+	mp.Spec.Multiprocess = &v1alpha1.Multiprocess{L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("4Gi")}}
+	require.NoError(t, k8s.Create(context.Background(), mp, client.DryRunAll))
+}

@@ -336,11 +336,8 @@ func MPResources(s MPServer) *corev1ac.ResourceRequirementsApplyConfiguration {
 // refuses hostPath: the disk tier starts empty when its pod is replaced).
 func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApplyConfiguration {
 	probe := func() *corev1ac.ProbeApplyConfiguration { return MPProbe(s) }
-	image, resources := DefaultImage, MPResources(s)
+	image, resources := ServerImage(cb), MPResources(s)
 	if srv := server(cb); srv != nil {
-		if srv.Image != "" {
-			image = srv.Image
-		}
 		if r := srv.Resources; r != nil {
 			resources = corev1ac.ResourceRequirements()
 			if len(r.Requests) > 0 {

@@ -344,12 +344,9 @@ func workloadAnnotations(o Options) map[string]string {
 
 func podTemplate(cb *v1alpha1.CacheBackend, o Options) *corev1ac.PodTemplateSpecApplyConfiguration {
 	port := Port(cb)
-	image := DefaultImage
+	image := ServerImage(cb)
 	var resources *corev1.ResourceRequirements
 	if s := server(cb); s != nil {
-		if s.Image != "" {
-			image = s.Image
-		}
 		resources = s.Resources
 	}
 	p := serverPod(cb)
@@ -783,4 +780,13 @@ func hasAccessMode(p *v1alpha1.PVCStorage, m corev1.PersistentVolumeAccessMode) 
 		}
 	}
 	return false
+}
+
+// ServerImage is the cache server's image: spec.remoteStorage.lmCacheServer.image,
+// else DefaultImage.
+func ServerImage(cb *v1alpha1.CacheBackend) string {
+	if s := server(cb); s != nil && s.Image != "" {
+		return s.Image
+	}
+	return DefaultImage
 }

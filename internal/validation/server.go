@@ -1,11 +1,13 @@
 package validation
 
 import (
+	"fmt"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/engineversion"
 	"github.com/inferencecache/operator/internal/render"
 )
 
@@ -40,15 +42,64 @@ func extraArgs(cb *v1alpha1.CacheBackend) []string {
 }
 
 // serverErrors are the rules of the managed server: extraArgs must be
-// empty. On an update (old set) extraArgs kept exactly as stored are let
-// through, so that an object created before the rule can still be edited
-// (and deleted through finalizer updates); render never passes them.
+// empty, and an in-process server needs an LMCache that still ships
+// lmcache_server. On an update (old set) extraArgs kept exactly as stored
+// are let through, so that an object created before the rule can still be
+// edited (and deleted through finalizer updates); render never passes
+// them. The same holds for a server release stored before its rule.
 func serverErrors(old, cb *v1alpha1.CacheBackend) field.ErrorList {
-	args := extraArgs(cb)
-	if len(args) == 0 || (old != nil && slices.Equal(args, extraArgs(old))) {
-		return nil
+	var errs field.ErrorList
+	if args := extraArgs(cb); len(args) > 0 && (old == nil || !slices.Equal(args, extraArgs(old))) {
+		errs = append(errs, field.Forbidden(extraArgsPath, ExtraArgsRefused))
 	}
-	return field.ErrorList{field.Forbidden(extraArgsPath, ExtraArgsRefused)}
+	if msg := inProcessServerRemoved(cb); msg != "" && (old == nil || inProcessServerRemoved(old) != msg) {
+		errs = append(errs, field.Invalid(imagePath, render.ServerImage(cb), msg))
+	}
+	return errs
+}
+
+var imagePath = field.NewPath("spec", "remoteStorage", "lmCacheServer", "image")
+
+// InProcessServerSince is the first LMCache release without the in-process
+// server (lmcache_server, lmcache.v1.server) and the lm:// connector the
+// engines reach it with.
+var InProcessServerSince = engineversion.MustParse("0.5.7")
+
+// ServerLMCache is the LMCache release of cb's server: the image tag (an
+// lmcache/* image of Docker Hub), else spec.integration.versions.lmcache.
+func ServerLMCache(cb *v1alpha1.CacheBackend) engineversion.Detected {
+	declared := ""
+	if v := cb.Spec.Integration.Versions; v != nil {
+		declared = v.LMCache
+	}
+	d, err := engineversion.Detect(engineversion.LMCache, "", render.ServerImage(cb), declared)
+	if err != nil {
+		return engineversion.Detected{Source: engineversion.Unknown}
+	}
+	return d
+}
+
+// inProcessServerRemoved returns why cb's in-process server cannot run, or
+// "": its LMCache release has no lmcache_server.
+func inProcessServerRemoved(cb *v1alpha1.CacheBackend) string {
+	if cb.Spec.Type != v1alpha1.BackendTypeLMCache || render.IsMultiprocess(cb) {
+		return ""
+	}
+	d := ServerLMCache(cb)
+	if !d.Known || !d.Version.AtLeast(InProcessServerSince) {
+		return ""
+	}
+	return fmt.Sprintf("the server image runs LMCache %s (read from the %s), which has no lmcache_server: LMCache 0.5.7 removed the in-process server "+
+		"(lmcache.v1.server) and the lm:// connector the engines reach it with. The in-process shape (a Deployment or StatefulSet of lmcache_server) "+
+		"needs an LMCache 0.5.6 image (the default, %s); for LMCache 0.5.7 and later set spec.multiprocess "+
+		"(docs/guides/migrate-to-multiprocess.md)", d.Version, sourceNoun(d.Source), render.DefaultImage)
+}
+
+func sourceNoun(s engineversion.Source) string {
+	if s == engineversion.FromBackend {
+		return "spec.integration.versions.lmcache"
+	}
+	return "image tag"
 }
 
 // Warnings are the admission warnings for cb (old is the stored object on

@@ -114,3 +114,60 @@ func TestHandlerServerRules(t *testing.T) {
 	assert.True(t, resp.Allowed)
 	assert.Equal(t, []string{StorageInMemoryOnly, ExtraArgsIgnored}, resp.Warnings)
 }
+
+// TestInProcessServerNeedsLMCacheWithLMCacheServer: LMCache 0.5.7 removed
+// lmcache_server, so the in-process shape with an image of that release
+// (read from an lmcache/* tag, else spec.integration.versions.lmcache) is
+// refused at the image's path; multiprocess mode takes it, the default
+// (0.5.6) and an image whose release is unknown are admitted, and an
+// update that keeps what was stored is let through.
+func TestInProcessServerNeedsLMCacheWithLMCacheServer(t *testing.T) {
+	withImage := func(image, declared string, mp bool) *v1alpha1.CacheBackend {
+		cb := lmcacheBackend(nil, false)
+		cb.Spec.RemoteStorage.LMCacheServer.Image = image
+		if declared != "" {
+			cb.Spec.Integration.Versions = &v1alpha1.EngineVersions{LMCache: declared}
+		}
+		if mp {
+			cb.Spec.Multiprocess = &v1alpha1.Multiprocess{Port: 5555, HTTPPort: 8080, L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("4Gi")}}
+		}
+		return cb
+	}
+	const path = "spec.remoteStorage.lmCacheServer.image"
+	for _, tc := range []struct {
+		name     string
+		cb       *v1alpha1.CacheBackend
+		old      *v1alpha1.CacheBackend
+		refused  bool
+		readFrom string
+	}{
+		{name: "the default image (0.5.6)", cb: withImage("", "", false)},
+		{name: "0.5.6", cb: withImage("lmcache/vllm-openai:v0.5.6", "", false)},
+		{name: "0.5.7rc2", cb: withImage("lmcache/vllm-openai:v0.5.7rc2", "", false), refused: true, readFrom: "image tag"},
+		{name: "0.5.7", cb: withImage("docker.io/lmcache/vllm-openai:v0.5.7", "", false), refused: true, readFrom: "image tag"},
+		{name: "0.6.0 by digest and tag", cb: withImage("lmcache/vllm-openai:v0.6.0@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "", false), refused: true, readFrom: "image tag"},
+		{name: "declared", cb: withImage("registry.example.com/lmcache:prod", "0.5.7", false), refused: true, readFrom: "spec.integration.versions.lmcache"},
+		{name: "the tag before the declaration", cb: withImage("lmcache/vllm-openai:v0.5.6", "0.5.7", false)},
+		{name: "unknown release", cb: withImage("registry.example.com/lmcache:prod", "", false)},
+		{name: "multiprocess on 0.5.7", cb: withImage("lmcache/vllm-openai:v0.5.7rc2", "", true)},
+		{name: "changed to 0.5.7 on an update", cb: withImage("lmcache/vllm-openai:v0.5.7rc2", "", false), old: withImage("", "", false), refused: true, readFrom: "image tag"},
+		{name: "multiprocess dropped on an update", cb: withImage("lmcache/vllm-openai:v0.5.7rc2", "", false), old: withImage("lmcache/vllm-openai:v0.5.7rc2", "", true), refused: true, readFrom: "image tag"},
+		{name: "kept as stored", cb: withImage("lmcache/vllm-openai:v0.5.7rc2", "", false), old: withImage("lmcache/vllm-openai:v0.5.7rc2", "", false)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := Validate(tc.cb)
+			if tc.old != nil {
+				errs = ValidateUpdate(tc.old, tc.cb)
+			}
+			if !tc.refused {
+				assert.Empty(t, errs)
+				return
+			}
+			require.Len(t, errs, 1)
+			assert.Equal(t, path, errs[0].Field)
+			assert.Contains(t, errs[0].Detail, "has no lmcache_server")
+			assert.Contains(t, errs[0].Detail, "(read from the "+tc.readFrom+")")
+			assert.Contains(t, errs[0].Detail, "spec.multiprocess")
+		})
+	}
+}

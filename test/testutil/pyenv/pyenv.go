@@ -126,3 +126,54 @@ func tail(s string, n int) string {
 	}
 	return fmt.Sprintf("...%s", s[len(s)-n:])
 }
+
+// Cell is one environment of test/tools/python/tested-versions.txt with
+// the versions its section pins (package name → version), e.g. env
+// "vllm-0.34": vllm 0.34.0, lmcache 0.5.7rc2.
+type Cell struct {
+	Env      string
+	Versions map[string]string
+}
+
+// VLLM is the cell's vLLM version ("" when it has none).
+func (c Cell) VLLM() string { return c.Versions["vllm"] }
+
+// LMCache is the cell's LMCache version ("" when it has none).
+func (c Cell) LMCache() string { return c.Versions["lmcache"] }
+
+// Cells returns every environment of tested-versions.txt that pins
+// package, in file order: the supported-version matrix the conformance
+// suite runs each check against (package "vllm": every vLLM and LMCache
+// pair; "sglang": every SGLang).
+func Cells(t testing.TB, pkg string) []Cell {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(Root(t), "test", "tools", "python", "tested-versions.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all []Cell
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "# env "):
+			all = append(all, Cell{Env: strings.TrimPrefix(line, "# env "), Versions: map[string]string{}})
+		case line == "" || strings.HasPrefix(line, "#"):
+		case len(all) > 0:
+			name, version, ok := strings.Cut(line, "==")
+			if !ok {
+				t.Fatalf("pyenv: tested-versions.txt: %q is not NAME==VERSION", line)
+			}
+			all[len(all)-1].Versions[strings.TrimSpace(name)] = strings.TrimSpace(version)
+		}
+	}
+	var out []Cell
+	for _, c := range all {
+		if _, ok := c.Versions[pkg]; ok {
+			out = append(out, c)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("pyenv: tested-versions.txt pins no %s", pkg)
+	}
+	return out
+}

@@ -12,16 +12,29 @@ trap 'rm -rf "$tmp"' EXIT
 "$python" -m venv "$tmp/venv"
 
 env=""
-declare -A reqs
+declare -A reqs deviations
 while IFS= read -r line; do
 	case "$line" in
 	"# env "*) env=${line#"# env "} ;;
+	"# lockroots: "*) deviations[$env]+="${line#"# lockroots: "} " ;;
 	"#"* | "") ;;
 	*) reqs[$env]+="$line " ;;
 	esac
 done < "$here/tested-versions.txt"
 
+only=${1:-}
 for env in "${!reqs[@]}"; do
+	if [ -n "$only" ] && [ "$env" != "$only" ]; then
+		continue
+	fi
+	if [ -n "${deviations[$env]:-}" ]; then
+		# Top-level packages pip cannot install together as published:
+		# locked with the deviations the section names (lockroots.py).
+		echo "lock: resolving $env: ${reqs[$env]}with ${deviations[$env]}" >&2
+		# shellcheck disable=SC2086
+		"$tmp/venv/bin/python" "$here/lockroots.py" "$env" "$here/$env.lock" "$tmp/venv/bin/pip" ${reqs[$env]} ${deviations[$env]}
+		continue
+	fi
 	if [ -f "$here/lock-$env.sh" ]; then
 		# An environment pip cannot resolve as is has its own locker.
 		# shellcheck disable=SC2086
