@@ -28,6 +28,11 @@ const (
 	// expandable_segments, or it turns on vLLM's sleep mode
 	// (--enable-sleep-mode, CuMemAllocator).
 	SkippedIsolatedIPCUnsupported = "isolated-ipc-unsupported"
+	// SkippedEngineRelease: the engine runs a release the CacheBackend's
+	// shape cannot serve: LMCache 0.5.7 or later in an engine of an
+	// in-process CacheBackend (LMCache 0.5.7 removed the in-process
+	// adapter vLLM's LMCacheConnectorV1 imports, and the lm:// connector).
+	SkippedEngineRelease = "engine-release-unsupported"
 )
 
 // Reasons the pod webhook admits a matched pod unwired and without

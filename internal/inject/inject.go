@@ -208,12 +208,17 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 			return skip(d, v1alpha1.SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
 		}
 	}
+	rel := ReleasesOf(pod, c, cb)
 	if render.IsMultiprocess(cb) {
 		if why := isolatedIPCUnsupported(c, cmdline); why != "" {
 			return skip(d, v1alpha1.SkippedIsolatedIPCUnsupported, why+"; the webhook leaves the pod unwired")
 		}
+	} else if cb.Spec.Type == v1alpha1.BackendTypeLMCache {
+		if why := inProcessRefused(rel); why != "" {
+			return skip(d, v1alpha1.SkippedEngineRelease, why+"; the webhook leaves the pod unwired")
+		}
 	}
-	want := Desired(cb, opts)
+	want := DesiredFor(cb, opts, rel, cmdline)
 	if msg := overridesDenied(cb, pod); msg != "" {
 		return skip(d, v1alpha1.SkippedOverrideNotAllowed, msg)
 	}
@@ -247,6 +252,13 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	setAnnotation(out, v1alpha1.AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
 	setAnnotation(out, v1alpha1.AnnotationInjectedByUID, string(cb.UID))
 	setAnnotation(out, v1alpha1.AnnotationInjectedGeneration, strconv.FormatInt(cb.Generation, 10))
+	setAnnotation(out, v1alpha1.AnnotationWiredFor, rel.String())
+	if msg := rel.note(cb); msg != "" {
+		if d.Message != "" {
+			d.Message += "; "
+		}
+		d.Message += msg
+	}
 	claim := ClaimOf(out)
 	claim.Digest = receipt.Digest(out)
 	setAnnotation(out, v1alpha1.AnnotationInjectedConfigDigest, claim.Digest)
@@ -276,7 +288,7 @@ func skip(d Decision, reason, msg string) Decision {
 // strippedAnnotations are the annotations the webhook removes from every
 // pod it admits, matched or not (see clearReceipts).
 var strippedAnnotations = []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration, v1alpha1.AnnotationInjectSkipped, v1alpha1.AnnotationKVEventsSkipped,
-	v1alpha1.AnnotationInjectedConfigDigest, v1alpha1.AnnotationReceiptSignature}
+	v1alpha1.AnnotationInjectedConfigDigest, v1alpha1.AnnotationReceiptSignature, v1alpha1.AnnotationWiredFor}
 
 // CarriesStripped reports whether annotations hold one the webhook
 // strips from every pod it admits (a receipt a user pre-set, or a skip
@@ -345,19 +357,31 @@ type Config struct {
 	SharedMemory *resource.Quantity
 }
 
-// Desired computes the configuration cb injects: the canonical settings of
-// its type (for LMCache in multiprocess mode, the MP connector, its env
-// and a private /dev/shm), then integration.engineOverrides (an override
-// env var replaces a canonical one of the same name). The KV-event wiring depends on the pod
-// too: see PlanKVEvents.
+// Desired computes the configuration cb injects into an engine of a
+// release the webhook knows nothing about (DesiredFor).
 func Desired(cb *v1alpha1.CacheBackend, opts Options) Config {
+	return DesiredFor(cb, opts, Releases{}, nil)
+}
+
+// DesiredFor computes the configuration cb injects into an engine of
+// releases rel whose command line is cmdline: the canonical settings of
+// its type (for LMCache in multiprocess mode, the MP connector as the
+// release takes it, its env and a private /dev/shm), then
+// integration.engineOverrides (an override env var replaces a canonical
+// one of the same name). The KV-event wiring depends on the pod too: see
+// PlanKVEvents.
+func DesiredFor(cb *v1alpha1.CacheBackend, opts Options, rel Releases, cmdline []string) Config {
 	var cfg Config
 	switch cb.Spec.Type {
 	case v1alpha1.BackendTypeLMCache:
 		if render.IsMultiprocess(cb) {
 			// The node's MP server holds the tiers: no in-process LMCache
 			// settings, no LMCACHE_REMOTE_URL.
-			cfg.Flags = append(cfg.Flags, mpTransfer(cb, opts.ClusterDomain))
+			modulePath, optOut := mpWiring(rel)
+			cfg.Flags = append(cfg.Flags, mpTransfer(cb, opts.ClusterDomain, modulePath))
+			if optOut && setsExtensibleKVCache(cmdline) == "" {
+				cfg.Flags = append(cfg.Flags, Flag{Name: ExtensibleKVCacheOptOut})
+			}
 			cfg.Env = mpEnv()
 			cfg.SharedMemory = ptr.To(EngineSharedMemory(cb))
 			break

@@ -29,13 +29,26 @@ const (
 // the multiprocess-mode server at host (a DNS name; the connector adds
 // tcp://) and port: what the webhook ensures on the engine container of a
 // pod whose CacheBackend sets spec.multiprocess (Desired).
+//
+// It names kv_connector_module_path; MPKVTransferConfigFor leaves it out
+// for an engine whose vLLM release the webhook cannot tell (mpWiring).
 func MPKVTransferConfig(host string, port int32, role v1alpha1.IntegrationRole) string {
+	return MPKVTransferConfigFor(host, port, role, true)
+}
+
+// MPKVTransferConfigFor is MPKVTransferConfig, with the module path only
+// when modulePath is set.
+func MPKVTransferConfigFor(host string, port int32, role v1alpha1.IntegrationRole, modulePath bool) string {
+	path := ""
+	if modulePath {
+		path = LMCacheMPConnectorModulePath
+	}
 	b, _ := json.Marshal(struct {
 		Connector  string         `json:"kv_connector"`
-		ModulePath string         `json:"kv_connector_module_path"`
+		ModulePath string         `json:"kv_connector_module_path,omitempty"`
 		Role       string         `json:"kv_role"`
 		Extra      map[string]any `json:"kv_connector_extra_config"`
-	}{LMCacheMPConnector, LMCacheMPConnectorModulePath, KVRole(role), map[string]any{
+	}{LMCacheMPConnector, path, KVRole(role), map[string]any{
 		"lmcache.mp.host": "tcp://" + host,
 		"lmcache.mp.port": port,
 		// As the server's --isolated-ipc (render.MPServerArgs).
@@ -83,8 +96,8 @@ func EngineSharedMemory(cb *v1alpha1.CacheBackend) resource.Quantity {
 
 // mpTransfer is the --kv-transfer-config of an engine wired to cb's MP
 // server, reached through its node-local Service.
-func mpTransfer(cb *v1alpha1.CacheBackend, domain string) Flag {
-	return Flag{KVTransferConfigFlag, MPKVTransferConfig(render.Host(cb, domain), render.Port(cb), cb.Spec.Integration.Role)}
+func mpTransfer(cb *v1alpha1.CacheBackend, domain string, modulePath bool) Flag {
+	return Flag{KVTransferConfigFlag, MPKVTransferConfigFor(render.Host(cb, domain), render.Port(cb), cb.Spec.Integration.Role, modulePath)}
 }
 
 // isolatedIPCUnsupported returns why LMCache's isolated IPC cannot share
@@ -103,6 +116,9 @@ func isolatedIPCUnsupported(c *corev1.Container, cmdline []string) string {
 		if ExpandableSegments(e.Value) {
 			return fmt.Sprintf("container %q sets %s=%q: PyTorch's expandable segments are not cudaMalloc memory, which LMCache's isolated IPC (multiprocess mode) needs", c.Name, e.Name, e.Value)
 		}
+	}
+	if setsExtensibleKVCache(cmdline) == extensibleKVCacheOn {
+		return fmt.Sprintf("container %q turns on vLLM's extensible KV cache (%s): its driver-mapped memory is not cudaMalloc memory, which LMCache's isolated IPC (multiprocess mode) needs", c.Name, extensibleKVCacheOn)
 	}
 	if SleepModeOn(cmdline) {
 		return fmt.Sprintf("container %q turns on vLLM's sleep mode (%s): its CuMemAllocator memory is not cudaMalloc memory, which LMCache's isolated IPC (multiprocess mode) needs", c.Name, SleepModeFlag)

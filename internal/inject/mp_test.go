@@ -18,9 +18,12 @@ import (
 
 // mpBackend is an LMCache CacheBackend in multiprocess mode whose
 // status.endpoint is the one the operator publishes for it.
+// mpBackend is a multiprocess-mode CacheBackend whose engines declare
+// vLLM 0.33.0 (TestMPWiringFollowsTheVLLMRelease varies the release).
 func mpBackend(name string, mut ...func(*v1alpha1.CacheBackend)) v1alpha1.CacheBackend {
 	cb := backend(name, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Multiprocess = &v1alpha1.Multiprocess{L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("8Gi")}}
+		cb.Spec.Integration.Versions = &v1alpha1.EngineVersions{VLLM: "0.33.0"}
 	})
 	for _, m := range mut {
 		m(&cb)
