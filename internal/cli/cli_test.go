@@ -364,6 +364,8 @@ func TestExplainMultiprocess(t *testing.T) {
 			"private /dev/shm: volume dshm (emptyDir, medium Memory, sizeLimit 1Gi)",
 			"server tiers: L1 20 GiB of host memory (LRU, eviction from 80% full, frees 20%); L2: RESP (Redis/Valkey) redis.cache.svc:6379, 100 GiB, credentials from Secret redis-auth, no TLS; " +
 				"disk /var/lib/lmcache, 500 GiB, a generic ephemeral volume of class local-nvme (kept over a container restart, empty after the server pod is replaced)"}},
+		"wired for a release": {withWiredFor(stamp(pod("gpu-a", mpConfig, true), cb, key), "vllm=0.34.0 (image); lmcache=unknown"), cb, ExplainInjected, NodeServerReady, false, []string{
+			"wired for the engine releases vllm=0.34.0 (image); lmcache=unknown"}},
 		"server not ready": {stamp(pod("gpu-b", mpConfig, true), cb, key), cb, ExplainInjected, NodeServerNotReady, false, []string{
 			"server of node gpu-b: pod cache-bbbbb, NOT ready (1 of 2 node servers ready)"}},
 		"no server on the node": {stamp(pod("cpu-1", mpConfig, true), cb, key), cb, ExplainInjected, NodeServerNone, false, []string{
@@ -422,4 +424,12 @@ b     llm/cache      injected   verified   stale        multiprocess   LMCacheCo
 		"1 pod(s) wired with another connector than their CacheBackend's mode wires; roll their workloads: llm/b",
 		"1 multiprocess engine pod(s) on a node without a ready server: llm/b (node cpu-1: none)",
 	}, AuditWarnings(rows))
+}
+
+func withWiredFor(p *corev1.Pod, releases string) *corev1.Pod {
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[v1alpha1.AnnotationWiredFor] = releases
+	return p
 }

@@ -172,6 +172,11 @@ func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []
 			e.Outcome = ExplainForged
 			e.Lines = append(e.Lines, j.Message)
 		}
+		if r := a[v1alpha1.AnnotationWiredFor]; r != "" && e.Outcome != ExplainForged {
+			// Not signed: the digest covers the command line the release
+			// decided.
+			e.Lines = append(e.Lines, "wired for the engine releases "+r+" (annotation, image tag or spec.integration.versions; docs/compatibility.md)")
+		}
 		if r := a[v1alpha1.AnnotationKVEventsSkipped]; r != "" && e.Outcome != ExplainForged {
 			e.Lines = append(e.Lines, kvEventsSkipped(r))
 		}
@@ -195,7 +200,9 @@ func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []
 		case v1alpha1.SkippedShellWrapper:
 			e.Lines = append(e.Lines, "the engine container runs a shell command line (sh -c), which the webhook cannot extend")
 		case v1alpha1.SkippedIsolatedIPCUnsupported:
-			e.Lines = append(e.Lines, "the engine container turns on PyTorch's expandable_segments or vLLM's sleep mode, whose memory LMCache's isolated IPC (multiprocess mode) cannot share")
+			e.Lines = append(e.Lines, "the engine container turns on PyTorch's expandable_segments, vLLM's sleep mode or vLLM's extensible KV cache, whose memory LMCache's isolated IPC (multiprocess mode) cannot share")
+		case v1alpha1.SkippedEngineRelease:
+			e.Lines = append(e.Lines, "the engine runs LMCache 0.5.7 or later, which has no in-process connector: wire it to a CacheBackend in multiprocess mode")
 		default:
 			e.Lines = append(e.Lines, "skipped: "+skipped)
 		}
