@@ -388,8 +388,7 @@ type Integration struct {
 	// image, for the projects' Docker Hub images (vllm/vllm-openai:v0.34.0
 	// is vLLM 0.34.0, lmcache/vllm-openai:v0.5.6 is LMCache 0.5.6); then
 	// these. A pod whose vLLM release is unknown gets the wiring every
-	// supported release accepts, and the CacheBackend a Warning event
-	// (docs/compatibility.md).
+	// supported release accepts (docs/compatibility.md).
 	// +optional
 	Versions *EngineVersions `json:"versions,omitempty"`
 }

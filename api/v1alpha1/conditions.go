@@ -150,6 +150,11 @@ const (
 	// EventReceiptMismatch: the pod carries a receipt that does not match a
 	// live CacheBackend (hand-written, copied, or of a deleted backend).
 	EventReceiptMismatch = "ReceiptMismatch"
+	// EventEngineReleaseUnknown (Warning): the pod's receipt matches, but
+	// the webhook could not tell the vLLM release of a pod it wired to a
+	// multiprocess-mode CacheBackend, and wired it as every supported
+	// release accepts (docs/compatibility.md): declare the release.
+	EventEngineReleaseUnknown = "EngineReleaseUnknown"
 )
 
 // The KV-event observation condition and its reasons (present only while

@@ -231,7 +231,23 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *corev1.Pod, keys [
 		}
 		return corev1.EventTypeWarning, v1alpha1.EventReceiptMismatch, cb, j.Message, nil
 	}
+	if msg := releaseUnknown(pod, cb); msg != "" {
+		return corev1.EventTypeWarning, v1alpha1.EventEngineReleaseUnknown, cb, j.Message + "; " + msg, nil
+	}
 	return corev1.EventTypeNormal, v1alpha1.EventInjected, cb, j.Message, nil
+}
+
+// releaseUnknown says, for a pod wired to cb's multiprocess server whose
+// vLLM release the webhook could not tell (its receipt's
+// inferencecache.io/wired-for), what it got and how to declare the
+// release; "" otherwise.
+func releaseUnknown(pod *corev1.Pod, cb *v1alpha1.CacheBackend) string {
+	if cb == nil || cb.Spec.Multiprocess == nil || !strings.HasPrefix(pod.Annotations[v1alpha1.AnnotationWiredFor], "vllm=unknown") {
+		return ""
+	}
+	return fmt.Sprintf("the engine's vLLM release is unknown, so it was wired without kv_connector_module_path (as every supported vLLM accepts); "+
+		"declare the release (pod annotation %s, a vllm/vllm-openai:vX.Y.Z image or spec.integration.versions.vllm) to get the wiring made for it",
+		v1alpha1.AnnotationVLLMVersion)
 }
 
 func (r *ReceiptReconciler) now() time.Time {
