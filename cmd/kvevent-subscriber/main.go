@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string) error {
 	engine := fs.String("engine", envOr("KV_EVENTS_ENGINE", "vllm"), "the engine: vllm or sglang")
 	hashAlgo := fs.String("hash-algorithm", envOr("KV_EVENTS_HASH_ALGORITHM", "sha256_cbor"), "the engine's block hash: sha256_cbor (vLLM --prefix-caching-hash-algo; the default for vllm), sglang_sha256 (the default for sglang), or another (unverifiable)")
 	hashSeeds := fs.String("hash-seeds", envOr("KV_EVENTS_HASH_SEEDS", hashcheck.SeedVLLM), "comma-separated NONE_HASH seeds to try: vllm-none-hash and/or the engine's PYTHONHASHSEED")
-	blockSize := fs.Int("block-size", envInt("KV_EVENTS_BLOCK_SIZE", 16), "tokens per block the engine hashes")
+	blockSize := fs.Int("block-size", envInt("KV_EVENTS_BLOCK_SIZE", 0), "tokens per block the engine hashes, as its command line sets it; 0 (the default) announces none until the engine's events carry it (every BlockStored does), and the hash scheme is announced again whenever the events' block size differs")
 	sendTokens := fs.Bool("send-tokens", false, "forward token IDs while hashes are not Verified (they leave the pod)")
 	httpAddr := fs.String("http-bind-address", ":8090", "address of /healthz, /readyz and /metrics")
 	queue := fs.Int("queue-size", 4096, "live messages buffered for processing; more are dropped (counted) and replayed")

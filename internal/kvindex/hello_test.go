@@ -183,3 +183,84 @@ func TestInterleavedSnapshotsStageOneBound(t *testing.T) {
 		t.Fatalf("rank 1's end: %v, %v; want a resync", out, err)
 	}
 }
+
+// disagreements counts the Observer's SchemeDisagrees.
+type disagreements struct {
+	kvindex.NopObserver
+	mu  sync.Mutex
+	got map[string]int
+}
+
+func (d *disagreements) SchemeDisagrees(what string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.got == nil {
+		d.got = map[string]int{}
+	}
+	d.got[what]++
+}
+
+// TestEventsThatDisagreeWithTheHelloAreReported (issue 36): a stream that
+// announced block size 16 and whose GPU-tier events carry 64 (a sidecar
+// that does not learn it: vLLM 0.34's default) is reported hash Mismatch
+// in the pod's participation, whatever its heartbeats say, and counted
+// once; CPU-tier events (LMCache's chunks) and events of the announced
+// size are not a disagreement. A new hello announcing 64 clears it.
+func TestEventsThatDisagreeWithTheHelloAreReported(t *testing.T) {
+	ctx := context.Background()
+	obs := &disagreements{}
+	ix := kvindex.New(kvindex.Options{Store: memstore.New(), Observer: obs})
+	compat := func() pb.HashCompatibility {
+		t.Helper()
+		sum, err := ix.Participation(ctx, kvindex.Caller{Anonymous: true}, &pb.ParticipationRequest{CacheBackend: &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range sum.GetPodList() {
+			if p.GetName() == "vllm-0" {
+				return p.GetHashCompatibility()
+			}
+		}
+		t.Fatalf("no pod vllm-0 in %v", sum)
+		return 0
+	}
+	verified := &pb.IngestRequest{Message: &pb.IngestRequest_Heartbeat{Heartbeat: &pb.Heartbeat{HashCompatibility: pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED}}}
+	stored := func(seq uint64, tier pb.Tier, bs uint32) *pb.IngestRequest {
+		return &pb.IngestRequest{Message: &pb.IngestRequest_Delta{Delta: &pb.Delta{Epoch: 1, Sequence: seq, Events: []*pb.BlockEvent{
+			{Event: &pb.BlockEvent_Stored{Stored: &pb.BlockStored{BlockHashes: []uint64{seq}, Tier: tier, BlockSize: bs}}}}}}}
+	}
+	s := ix.NewSession(podCaller, func() {})
+	for _, req := range []*pb.IngestRequest{helloOf(1, "cache"),
+		{Message: &pb.IngestRequest_SnapshotBegin{SnapshotBegin: &pb.SnapshotBegin{Epoch: 1, Sequence: 0}}},
+		{Message: &pb.IngestRequest_SnapshotEnd{SnapshotEnd: &pb.SnapshotEnd{Epoch: 1, Sequence: 0}}},
+		stored(1, pb.Tier_TIER_GPU, 16), stored(2, pb.Tier_TIER_CPU, 256), verified} {
+		if _, err := s.Handle(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := compat(); c != pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED || len(obs.got) != 0 {
+		t.Fatalf("agreeing events: %v, disagreements %v; want Verified, none", c, obs.got)
+	}
+	for _, req := range []*pb.IngestRequest{stored(3, pb.Tier_TIER_GPU, 64), stored(4, pb.Tier_TIER_GPU, 64), verified} {
+		if _, err := s.Handle(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := compat(); c != pb.HashCompatibility_HASH_COMPATIBILITY_MISMATCH || obs.got["block_size"] != 1 {
+		t.Fatalf("64-token events on a 16-token hello: %v, disagreements %v; want Mismatch, block_size: 1", c, obs.got)
+	}
+	s.Close()
+
+	s = ix.NewSession(podCaller, func() {})
+	defer s.Close()
+	hello := helloOf(1, "cache")
+	hello.GetHello().HashScheme.BlockSize = 64
+	for _, req := range []*pb.IngestRequest{hello, verified} {
+		if _, err := s.Handle(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := compat(); c != pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED {
+		t.Fatalf("after a hello announcing 64: %v, want Verified", c)
+	}
+}

@@ -31,6 +31,10 @@ type Observer interface {
 	// a block limit, by scope (pod, backend, namespace, spaces, staging,
 	// namespace-staging).
 	OverLimit(scope LimitScope)
+	// SchemeDisagrees reports a pod whose events disagree with the hash
+	// scheme its hello announced, by what (block_size: its GPU-tier
+	// BlockStored events carry another block size).
+	SchemeDisagrees(what string)
 }
 
 // NopObserver is the Observer of an Index given none.
@@ -62,3 +66,6 @@ func (NopObserver) Scored(time.Duration) {}
 
 // OverLimit implements Observer.
 func (NopObserver) OverLimit(LimitScope) {}
+
+// SchemeDisagrees implements Observer.
+func (NopObserver) SchemeDisagrees(string) {}

@@ -25,6 +25,11 @@ type Session struct {
 	putAt    time.Time
 	snapshot map[uint32]*staging
 	asked    map[uint32]bool
+	// disagrees is the block size of the stream's GPU-tier BlockStored
+	// events when it is not the one its hello announced (0 when they
+	// agree): the pod is then reported hash Mismatch, since a token query
+	// hashed with the announced size would match none of its blocks.
+	disagrees uint32
 }
 
 type staging struct {
@@ -86,7 +91,11 @@ func (s *Session) Handle(ctx context.Context, req *pb.IngestRequest) ([]*pb.Inge
 	var err error
 	switch m := req.Message.(type) {
 	case *pb.IngestRequest_Delta:
+		disagreed := s.disagrees
 		out, err = s.handleDelta(ctx, m.Delta)
+		if err == nil && s.disagrees != disagreed {
+			err = s.put(ctx, true) // the Mismatch shows at once
+		}
 	case *pb.IngestRequest_SnapshotBegin:
 		out, err = s.handleSnapshotBegin(m.SnapshotBegin)
 	case *pb.IngestRequest_SnapshotChunk:
@@ -316,6 +325,7 @@ func (s *Session) handleDelta(ctx context.Context, d *pb.Delta) ([]*pb.IngestRes
 		case *pb.BlockEvent_Stored:
 			delta.Ops = append(delta.Ops, Op{Kind: OpStore, Tier: Tier(e.Stored.GetTier()), Space: s.space(e.Stored.GetLoraName()), Hashes: e.Stored.GetBlockHashes()})
 			blocks += len(e.Stored.GetBlockHashes())
+			s.checkBlockSize(e.Stored)
 		case *pb.BlockEvent_Removed:
 			delta.Ops = append(delta.Ops, Op{Kind: OpRemove, Tier: Tier(e.Removed.GetTier()), Space: s.space(e.Removed.GetLoraName()), Hashes: e.Removed.GetBlockHashes()})
 			blocks += len(e.Removed.GetBlockHashes())
@@ -509,8 +519,27 @@ func (s *Session) overLimit(rank uint32, what string, err error) error {
 	return fmt.Errorf("%s of pod %s rank %d refused: %w", what, s.rec.Name, rank, err)
 }
 
+// checkBlockSize compares a GPU-tier BlockStored's block size with the one
+// the hello announced: a disagreement is logged and counted once per
+// block size, and reports the pod hash Mismatch for the rest of the
+// stream (a subscriber that learns the block size from the events
+// announces it in a new hello). A hello that announced none (0: the
+// subscriber has not seen an event yet) disagrees with nothing; the
+// pod's blocks are not scored by token IDs until one announces it.
+func (s *Session) checkBlockSize(e *pb.BlockStored) {
+	bs := e.GetBlockSize()
+	if bs == 0 || e.GetTier() != pb.Tier_TIER_GPU || s.rec.BlockSize == 0 || bs == s.rec.BlockSize || bs == s.disagrees {
+		return
+	}
+	s.disagrees = bs
+	s.rec.Compatibility = int32(pb.HashCompatibility_HASH_COMPATIBILITY_MISMATCH)
+	s.ix.opt.Observer.SchemeDisagrees("block_size")
+	s.ix.opt.Log.Info("the pod's events carry another block size than its hello announced; reported as hash Mismatch",
+		"pod", s.pod.Backend.Namespace+"/"+s.rec.Name, "podUID", s.pod.UID, "announced", s.rec.BlockSize, "events", bs)
+}
+
 func (s *Session) handleHeartbeat(h *pb.Heartbeat) {
-	if c := h.GetHashCompatibility(); c != pb.HashCompatibility_HASH_COMPATIBILITY_UNSPECIFIED {
+	if c := h.GetHashCompatibility(); c != pb.HashCompatibility_HASH_COMPATIBILITY_UNSPECIFIED && s.disagrees == 0 {
 		s.rec.Compatibility = int32(c)
 	}
 	ranks := make([]RankHealth, 0, len(h.GetRanks()))

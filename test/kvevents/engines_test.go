@@ -58,6 +58,7 @@ type wiring struct {
 	kvEvents     string // the engine's --kv-events-config value
 	hashAlgo     string // vLLM's --prefix-caching-hash-algo ("" for SGLang)
 	blockSize    *int   // --block-size / --page-size on the rendered command line
+	env          string // the engine's Python environment ("" for the runtime's default)
 	dp           int
 	sidecar      corev1.Container
 	engineConfig map[string]any
@@ -234,9 +235,20 @@ var (
 // are started together.
 func launchPeer(t *testing.T, rt v1alpha1.Runtime) *enginePeer {
 	t.Helper()
-	env, script := pyenv.VLLM, "vllm_publisher.py"
+	env := pyenv.VLLM
 	if rt == v1alpha1.RuntimeSGLang {
-		env, script = pyenv.SGLang, "sglang_publisher.py"
+		env = pyenv.SGLang
+	}
+	return launchPeerIn(t, rt, env)
+}
+
+// launchPeerIn is launchPeer with the engine of the Python environment
+// env (a supported-version cell).
+func launchPeerIn(t *testing.T, rt v1alpha1.Runtime, env string) *enginePeer {
+	t.Helper()
+	script := "vllm_publisher.py"
+	if rt == v1alpha1.RuntimeSGLang {
+		script = "sglang_publisher.py"
 	}
 	python := pyenv.Python(t, env) // builds the environment if needed
 	peersMu.Lock()
@@ -274,10 +286,16 @@ func launchPeer(t *testing.T, rt v1alpha1.Runtime) *enginePeer {
 	return p
 }
 
-// peerFor is the runtime's driver process, ready.
-func peerFor(t *testing.T, rt v1alpha1.Runtime) *enginePeer {
+// peerFor is the runtime's driver process (in the Python environment
+// env; the runtime's default one when env is ""), ready.
+func peerFor(t *testing.T, rt v1alpha1.Runtime, env string) *enginePeer {
 	t.Helper()
-	p := launchPeer(t, rt)
+	var p *enginePeer
+	if env == "" {
+		p = launchPeer(t, rt)
+	} else {
+		p = launchPeerIn(t, rt, env)
+	}
 	if err, failed := <-p.ready; failed {
 		p.ready <- err
 		t.Fatal(err)
@@ -314,7 +332,7 @@ type enginePublisher struct {
 
 func startEnginePublisher(t *testing.T, w wiring, rank int) *enginePublisher {
 	t.Helper()
-	peer := peerFor(t, w.runtime)
+	peer := peerFor(t, w.runtime, w.env)
 	peer.mu.Lock()
 	peer.n++
 	id := fmt.Sprintf("p%d", peer.n)
@@ -330,7 +348,7 @@ func startEnginePublisher(t *testing.T, w wiring, rank int) *enginePublisher {
 		spec["num_blocks"] = 48
 		if w.blockSize != nil {
 			spec["block_size"] = *w.blockSize
-		} // else vLLM's default, which the driver also uses (16)
+		} // else vLLM's own default (CacheConfig.DEFAULT_BLOCK_SIZE), which the driver uses
 	}
 	p := &enginePublisher{t: t, peer: peer, id: id, rank: rank}
 	p.ready = peer.do(t, spec)
@@ -553,6 +571,9 @@ type engineCase struct {
 	image   string
 	args    []string
 	mut     func(*v1alpha1.CacheBackend)
+	// env is the Python environment of the engine ("" for the runtime's
+	// default one): each supported vLLM is a case.
+	env string
 	// pubs and replays are the endpoints the engine's publisher of each
 	// rank must report having bound: the webhook's, offset by the engine.
 	pubs, replays []string
@@ -587,12 +608,19 @@ func TestEnginePublishers(t *testing.T) {
 	// Both engines import at once, while the first case runs.
 	launchPeer(t, v1alpha1.RuntimeVLLM)
 	launchPeer(t, v1alpha1.RuntimeSGLang)
+	launchPeerIn(t, v1alpha1.RuntimeVLLM, "vllm-0.34")
 	for _, tc := range []engineCase{
 		{name: "vLLM", runtime: v1alpha1.RuntimeVLLM, image: "vllm/vllm-openai:v0.33.0",
 			args: []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"}, pubs: []string{pub0}, replays: []string{rep0}},
 		{name: "vLLM data-parallel 2", runtime: v1alpha1.RuntimeVLLM, image: "vllm/vllm-openai:v0.33.0",
 			args: []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", "--data-parallel-size", "2", "--block-size", "16"},
 			pubs: []string{tcp("*", p), tcp("*", p+1)}, replays: []string{tcp("127.0.0.1", p+2), tcp("127.0.0.1", p+3)}},
+		// vLLM 0.34's default block size is 64 (CacheConfig.DEFAULT_BLOCK_SIZE);
+		// the command line names none, so the sidecar learns it from the
+		// events (every BlockStored carries it) and the index scores token
+		// IDs with it.
+		{name: "vLLM 0.34", runtime: v1alpha1.RuntimeVLLM, image: "vllm/vllm-openai:v0.34.0", env: "vllm-0.34",
+			args: []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"}, pubs: []string{pub0}, replays: []string{rep0}},
 		{name: "SGLang", runtime: v1alpha1.RuntimeSGLang, image: "lmsysorg/sglang:v0.5.23",
 			args: []string{"python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen2.5-0.5B-Instruct"},
 			mut:  func(cb *v1alpha1.CacheBackend) { cb.Spec.HiCache.PageSize = ptr.To[int32](16) }, pubs: []string{pub0}, replays: []string{rep0}},
@@ -606,10 +634,7 @@ func TestEnginePublishers(t *testing.T) {
 
 func engineScenario(t *testing.T, tc engineCase) {
 	w := wire(t, engineBackend(tc.runtime, tc.mut), tc.image, tc.args...)
-	bs := 16 // vLLM's default --block-size, which the driver uses too
-	if w.blockSize != nil {
-		bs = *w.blockSize
-	}
+	w.env = tc.env
 	if w.dp != len(tc.pubs) {
 		t.Fatalf("webhook wired %d ranks, want %d", w.dp, len(tc.pubs))
 	}
@@ -623,6 +648,16 @@ func engineScenario(t *testing.T, tc engineCase) {
 		pubs[r] = startEnginePublisher(t, w, r)
 	}
 	t.Logf("%s imported in %s", pubs[0].peer.name, pubs[0].peer.took.Round(100*time.Millisecond))
+	// The block size the engine really uses: the command line's, else
+	// the engine's own default (the driver reports it).
+	bs := 0
+	if w.blockSize != nil {
+		bs = *w.blockSize
+	}
+	if tc.runtime == v1alpha1.RuntimeVLLM {
+		bs = int(pubs[0].ready["block_size"].(float64))
+		t.Logf("vLLM %v, block size %d", pubs[0].ready["vllm"], bs)
+	}
 	for r, p := range pubs {
 		// What the engine bound: the webhook's endpoints, offset for the
 		// rank by the engine itself; the subscriber's endpoint for the rank

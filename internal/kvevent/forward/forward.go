@@ -33,6 +33,9 @@ type Source interface {
 	HashCompatibility() pb.HashCompatibility
 	// HashSeed is the NONE_HASH seed verification matched; "" if none yet.
 	HashSeed() string
+	// BlockSize is the block size of the engine's own BlockStored events;
+	// 0 before the first.
+	BlockSize() uint32
 }
 
 // Config configures the forwarder.
@@ -86,6 +89,8 @@ type Forwarder struct {
 	sources map[uint32]Source
 	ranks   map[uint32]*rankState
 	depth   int
+	// announced is the block size the current stream's hello announced.
+	announced uint32
 }
 
 // New returns a forwarder reading deltas from in.
@@ -245,6 +250,13 @@ func (f *Forwarder) session(ctx context.Context, client pb.IngestClient) error {
 			break
 		}
 	}
+	if bs := f.blockSize(); bs > 0 && hello.HashScheme != nil && bs != hello.HashScheme.GetBlockSize() {
+		// The block size the engine's events carry, not the configured
+		// guess (vLLM picks it with its attention backend).
+		sc := hello.HashScheme
+		hello.HashScheme = &pb.HashScheme{Algorithm: sc.GetAlgorithm(), Seed: sc.GetSeed(), BlockSize: bs}
+	}
+	f.announced = hello.GetHashScheme().GetBlockSize()
 	for r, st := range f.ranks {
 		if st.valid {
 			hello.Ranks = append(hello.Ranks, &pb.RankPosition{Rank: r, Epoch: st.epoch, Sequence: st.seq})
@@ -310,11 +322,17 @@ func (f *Forwarder) session(ctx context.Context, client pb.IngestClient) error {
 				return err
 			}
 		case <-ticker.C:
+			if err := f.reannounce(); err != nil {
+				return err
+			}
 			if err := f.heartbeat(s); err != nil {
 				return err
 			}
 		case d := <-f.in:
 			if err := f.forward(sctx, s, d); err != nil {
+				return err
+			}
+			if err := f.reannounce(); err != nil {
 				return err
 			}
 		}
@@ -325,6 +343,38 @@ func cloneHello(h *pb.Hello) *pb.Hello {
 	c := &pb.Hello{ProtocolVersion: h.ProtocolVersion, Pod: h.Pod, CacheBackend: h.CacheBackend, Model: h.Model, Engine: h.Engine,
 		HashScheme: h.HashScheme, DataParallelSize: h.DataParallelSize, SubscriberVersion: h.SubscriberVersion}
 	return c
+}
+
+// blockSize is the block size the engine's events carry (the first rank
+// that has seen one), or 0.
+func (f *Forwarder) blockSize() uint32 {
+	for _, src := range f.sources {
+		if bs := src.BlockSize(); bs > 0 {
+			return bs
+		}
+	}
+	return 0
+}
+
+// errReannounce ends a stream whose hello announced another block size
+// than the engine's events carry.
+var errReannounce = errors.New("the hash scheme changed")
+
+// reannounce ends the stream when the engine's events carry another block
+// size than its hello announced: the index hashes token queries with the
+// announced one. Every rank is resent whole on the next stream, under the
+// new hello, so that no block stays in the old scheme's space (a snapshot
+// replaces everything the rank held).
+func (f *Forwarder) reannounce() error {
+	bs := f.blockSize()
+	if bs == 0 || bs == f.announced || f.cfg.Hello == nil || f.cfg.Hello.HashScheme == nil {
+		return nil
+	}
+	for _, st := range f.ranks {
+		f.drop(st)
+		st.lost = true
+	}
+	return fmt.Errorf("the engine's events carry block size %d, the stream announced %d: %w", bs, f.announced, errReannounce)
 }
 
 func (f *Forwarder) hashCompatibility() pb.HashCompatibility {

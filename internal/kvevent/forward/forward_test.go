@@ -101,6 +101,7 @@ func serve(t *testing.T, f *fakeIndex, addr string) (string, func()) {
 type source struct {
 	mu         sync.Mutex
 	epoch, seq uint64
+	blockSize  uint32
 }
 
 func (s *source) Snapshot(context.Context) (*subscriber.Snapshot, error) {
@@ -109,7 +110,12 @@ func (s *source) Snapshot(context.Context) (*subscriber.Snapshot, error) {
 	return &subscriber.Snapshot{Epoch: s.epoch, Sequence: s.seq, Count: 1, Chunks: []*pb.SnapshotChunk{{Epoch: s.epoch,
 		Entries: []*pb.SnapshotEntries{{Tier: pb.Tier_TIER_GPU, BlockHashes: []uint64{7}}}}}}, nil
 }
-func (s *source) HashSeed() string       { return "0" }
+func (s *source) HashSeed() string { return "0" }
+func (s *source) BlockSize() uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.blockSize
+}
 func (s *source) Health() *pb.RankHealth { return &pb.RankHealth{} }
 func (s *source) HashCompatibility() pb.HashCompatibility {
 	return pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED
@@ -258,5 +264,39 @@ func TestDroppedDeltaResendsASnapshot(t *testing.T) {
 	_, d, snaps := f.state()
 	if snaps != before+1 || d[1] != 4 {
 		t.Fatalf("deltas %v, %d snapshots after delta 1; want [1 4] around one snapshot", d, snaps-before)
+	}
+}
+
+// TestBlockSizeFromTheEventsIsAnnounced (issue 36): the hello announces
+// the configured block size (16) until the engine's events carry another
+// (vLLM 0.34's 64); then the forwarder ends the stream, announces the
+// events' block size in a new hello and resends the rank whole as a
+// snapshot, so that no block stays in the old scheme's space. Before the
+// fix the stream stayed on 16: the index hashed token queries with it and
+// matched nothing.
+func TestBlockSizeFromTheEventsIsAnnounced(t *testing.T) {
+	f := &fakeIndex{welcome: &pb.Welcome{HeartbeatSeconds: 60, Applied: []*pb.RankPosition{{Epoch: 5, Sequence: 0}}}}
+	addr, stop := serve(t, f, "127.0.0.1:0")
+	defer stop()
+	src := &source{epoch: 5}
+	in := make(chan *pb.Delta, 16)
+	start(t, addr, 100, src, in, &depth{})
+	in <- delta(5, 1)
+	waitFor(t, "the first delta", func() bool { _, d, _ := f.state(); return len(d) == 1 })
+	src.mu.Lock()
+	src.blockSize, src.seq = 64, 1
+	src.mu.Unlock()
+	in <- delta(5, 2)
+	waitFor(t, "a second hello and a snapshot", func() bool { h, _, s := f.state(); return h == 2 && s >= 1 })
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := f.hellos[0].GetHashScheme().GetBlockSize(); got != 16 {
+		t.Fatalf("first hello block size %d, want the configured 16", got)
+	}
+	if got := f.hellos[1].GetHashScheme().GetBlockSize(); got != 64 {
+		t.Fatalf("second hello block size %d, want the events' 64", got)
+	}
+	if sc := f.hellos[1].GetHashScheme(); sc.GetAlgorithm() != "sha256_cbor" || sc.GetSeed() != "0" {
+		t.Fatalf("second hello scheme %v: algorithm and verified seed kept", sc)
 	}
 }

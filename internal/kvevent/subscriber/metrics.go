@@ -21,6 +21,7 @@ type Metrics struct {
 	Connected     prometheus.Gauge       // replicas with an open stream
 	Targets       prometheus.Gauge       // index replicas forwarded to
 	UnknownRemove *prometheus.CounterVec // rank
+	BlockSize     *prometheus.GaugeVec   // rank
 }
 
 // NewMetrics registers the metrics with reg.
@@ -60,8 +61,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Index replica addresses the index's name resolves to, each with its own forwarder."}),
 		UnknownRemove: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unknown_removals_total",
 			Help: "BlockRemoved hashes the mirror did not hold (cached before the subscriber joined)."}, []string{"rank"}),
+		BlockSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "block_size",
+			Help: "Tokens per block of the engine's own BlockStored events (what the hash scheme announces to the index); 0 before the first."}, []string{"rank"}),
 	}
 	reg.MustRegister(m.Batches, m.Events, m.Gaps, m.Replays, m.Epochs, m.DecodeErrors, m.Dropped, m.LastSequence,
-		m.Lag, m.MirrorBlocks, m.HashVerify, m.JournalDepth, m.Snapshots, m.Connected, m.Targets, m.UnknownRemove)
+		m.Lag, m.MirrorBlocks, m.HashVerify, m.JournalDepth, m.Snapshots, m.Connected, m.Targets, m.UnknownRemove, m.BlockSize)
 	return m
 }

@@ -86,6 +86,9 @@ type Rank struct {
 
 	mu     sync.Mutex
 	health pb.RankHealth
+	// blockSize is the block size of the engine's own (GPU tier, prefix
+	// group) BlockStored events, as they carry it: 0 until the first.
+	blockSize uint32
 	// engineGone explains, while the engine's PUB stream has ended and the
 	// rank dials it again, why the rank reports itself Stale.
 	engineGone string
@@ -165,6 +168,14 @@ func hashResult(h hashcheck.Result) pb.HashCompatibility {
 		return pb.HashCompatibility_HASH_COMPATIBILITY_MISMATCH
 	}
 	return pb.HashCompatibility_HASH_COMPATIBILITY_UNVERIFIABLE
+}
+
+// BlockSize is the block size of the engine's own BlockStored events, or
+// 0 before the first.
+func (r *Rank) BlockSize() uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.blockSize
 }
 
 // HashSeed is the NONE_HASH seed the hash check matched, or "".
@@ -341,6 +352,13 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 		e := &b.Events[i]
 		if e.Kind != wire.BlockStored {
 			continue
+		}
+		if bs := uint32(e.BlockSize); bs > 0 && bs != r.blockSize && mirror.TierOf(e.Medium) == pb.Tier_TIER_GPU && mirror.PrefixGroup(e.SpecKind) {
+			// The engine's real block size (vLLM picks it when its
+			// attention backend is chosen; 0.34's default is 64).
+			r.log.Info("the engine's block size, from its events", "blockSize", bs, "before", r.blockSize)
+			r.blockSize = bs
+			r.m.BlockSize.WithLabelValues(r.label).Set(float64(bs))
 		}
 		r.stored++
 		if r.stored <= r.cfg.VerifyFirst || r.stored%r.cfg.VerifyEvery == 0 {

@@ -24,6 +24,7 @@ type Metrics struct {
 	refused       *prometheus.CounterVec
 	overLimit     *prometheus.CounterVec
 	helloRefused  *prometheus.CounterVec
+	disagrees     *prometheus.CounterVec
 	streams       prometheus.Gauge
 	applyDuration prometheus.Histogram
 	scoreDuration prometheus.Histogram
@@ -59,6 +60,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		helloRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inferencecache_index_hello_refusals_total", Help: "Subscriber Hellos refused by a cap or check of the index, by reason (ranks: over --max-ranks; unknown_backend: no such CacheBackend, with --require-backend).",
 		}, []string{"reason"}),
+		disagrees: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inferencecache_index_scheme_disagreements_total", Help: "Subscriber streams whose events disagree with the hash scheme their hello announced, by what (block_size); the pod is reported hash Mismatch until a hello announces its events' scheme.",
+		}, []string{"what"}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inferencecache_index_streams", Help: "Subscriber streams connected to this replica.",
 		}),
@@ -72,7 +76,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.deltas, m.blockEvents, m.resyncs, m.snapshots, m.evictions, m.refused, m.overLimit, m.helloRefused, m.streams, m.applyDuration, m.scoreDuration)
+		reg.MustRegister(m.deltas, m.blockEvents, m.resyncs, m.snapshots, m.evictions, m.refused, m.overLimit, m.helloRefused, m.disagrees, m.streams, m.applyDuration, m.scoreDuration)
 	}
 	return m
 }
@@ -98,6 +102,9 @@ func (m *Metrics) SnapshotApplied() { m.snapshots.Inc() }
 
 // Refused implements kvindex.Observer.
 func (m *Metrics) Refused(api string) { m.refused.WithLabelValues(api).Inc() }
+
+// SchemeDisagrees implements kvindex.Observer.
+func (m *Metrics) SchemeDisagrees(what string) { m.disagrees.WithLabelValues(what).Inc() }
 
 // HelloRefused implements kvindex.Observer.
 func (m *Metrics) HelloRefused(reason string) { m.helloRefused.WithLabelValues(reason).Inc() }

@@ -6,7 +6,9 @@ Every command names a publisher ("pub"); {"op": "open", "pub": NAME, SPEC...}
 builds one, {"op": "close"} shuts it down. SPEC:
   kv_events_config  the --kv-events-config value exactly as the webhook renders it
   hash_algo         the --prefix-caching-hash-algo value the webhook sets
-  block_size        tokens per block (vLLM's --block-size; 16 by default)
+  block_size        tokens per block (vLLM's --block-size; by default vLLM's
+                    own default, CacheConfig.DEFAULT_BLOCK_SIZE: 16 in vLLM
+                    0.33, 64 in 0.34)
   dp_rank           the data-parallel rank this publisher stands for (0 by default)
   num_blocks        blocks in the pool (evictions start once it is full)
 
@@ -53,7 +55,9 @@ def setup(spec):
         raise SystemExit(f"vLLM built {type(publisher).__name__} from {spec['kv_events_config']}, not ZmqEventPublisher")
     hash_fn = get_hash_fn_by_name(spec["hash_algo"])
     kv_cache_utils.init_none_hash(hash_fn)
-    bs = int(spec.get("block_size", 16))
+    from vllm.config import CacheConfig
+
+    bs = int(spec.get("block_size", getattr(CacheConfig, "DEFAULT_BLOCK_SIZE", 16)))
     pool = BlockPool(num_gpu_blocks=int(spec.get("num_blocks", 64)) + 1, enable_caching=True,
                      hash_block_size=bs, enable_kv_cache_events=True)
     hasher = kv_cache_utils.get_request_block_hasher(bs, hash_fn)
@@ -118,8 +122,10 @@ def handler(e):
         reply = {"ok": True}
         if op == "open":
             cfg = e["publisher"].get_publisher_config()
+            import vllm
+
             return {"ok": True, "endpoint": cfg.endpoint, "replay_endpoint": cfg.replay_endpoint,
-                    "topic": cfg.topic, "rank": e["rank"]}
+                    "topic": cfg.topic, "rank": e["rank"], "block_size": e["block_size"], "vllm": vllm.__version__}
         if op == "store":
             e["run_request"](c["tokens"])
         elif op == "evict":
