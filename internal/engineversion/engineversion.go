@@ -75,7 +75,7 @@ func (v Version) AtLeast(o Version) bool {
 }
 
 func (v Version) String() string {
-	return fmt.Sprintf("%d.%d.%d%s", v.Major, v.Minor, v.Patch, v.Pre)
+	return strconv.Itoa(v.Major) + "." + strconv.Itoa(v.Minor) + "." + strconv.Itoa(v.Patch) + v.Pre
 }
 
 // Project is a project whose release a pod may run.
@@ -87,22 +87,31 @@ const (
 	LMCache Project = "lmcache"
 )
 
-// FromImage reads the release of project from an image reference's tag:
-// an image of the project's own Docker Hub organisation (docker.io/vllm/...,
-// docker.io/lmcache/...) whose tag is a release version. ok is false for
-// any other image, and for one without a tag.
-func FromImage(image string, project Project) (Version, bool) {
+// Image is what an image reference says about releases: its Docker Hub
+// organisation (vllm, lmcache, ...) and its tag, when it has both.
+type Image struct {
+	Org, Tag string
+}
+
+// ParseImage reads an image reference once for every project: the
+// organisation of a Docker Hub repository (docker.io/ORG/NAME) and the
+// tag (also one written before a digest). Any other registry, a library
+// image or a reference without a tag gives the zero Image.
+func ParseImage(image string) Image {
+	if !strings.Contains(image, "/") || !strings.Contains(image, ":") {
+		return Image{} // a library image, or no tag
+	}
 	ref, err := name.ParseReference(image, name.WeakValidation)
 	if err != nil {
-		return Version{}, false
+		return Image{}
 	}
 	repo := ref.Context()
 	if repo.RegistryStr() != name.DefaultRegistry {
-		return Version{}, false
+		return Image{}
 	}
 	org, _, found := strings.Cut(repo.RepositoryStr(), "/")
-	if !found || org != string(project) {
-		return Version{}, false
+	if !found {
+		return Image{}
 	}
 	tag := ""
 	switch r := ref.(type) {
@@ -116,11 +125,30 @@ func FromImage(image string, project Project) (Version, bool) {
 			tag = before[i+1:]
 		}
 	}
-	v, err := Parse(tag)
+	if tag == "" {
+		return Image{}
+	}
+	return Image{Org: org, Tag: tag}
+}
+
+// Release is the release of project the image's tag names: an image of
+// the project's own Docker Hub organisation (docker.io/vllm/...,
+// docker.io/lmcache/...) whose tag is a release version.
+func (i Image) Release(project Project) (Version, bool) {
+	if i.Org != string(project) {
+		return Version{}, false
+	}
+	v, err := Parse(i.Tag)
 	if err != nil {
 		return Version{}, false
 	}
 	return v, true
+}
+
+// FromImage reads the release of project from an image reference's tag
+// (ParseImage, then Release).
+func FromImage(image string, project Project) (Version, bool) {
+	return ParseImage(image).Release(project)
 }
 
 // Source says where a version was read from.
@@ -146,7 +174,7 @@ func (d Detected) String() string {
 	if !d.Known {
 		return "unknown"
 	}
-	return fmt.Sprintf("%s (%s)", d.Version, d.Source)
+	return d.Version.String() + " (" + string(d.Source) + ")"
 }
 
 // Detect reads project's release in the documented order: annotation (a
@@ -155,6 +183,12 @@ func (d Detected) String() string {
 // unset). An annotation or default that is not a version is an error: the
 // user said something the webhook cannot read.
 func Detect(project Project, annotation, image, declared string) (Detected, error) {
+	return DetectIn(project, annotation, ParseImage(image), declared)
+}
+
+// DetectIn is Detect with the image already parsed (one parse for every
+// project).
+func DetectIn(project Project, annotation string, image Image, declared string) (Detected, error) {
 	if annotation != "" {
 		v, err := Parse(annotation)
 		if err != nil {
@@ -162,7 +196,7 @@ func Detect(project Project, annotation, image, declared string) (Detected, erro
 		}
 		return Detected{Version: v, Known: true, Source: FromAnnotation}, nil
 	}
-	if v, ok := FromImage(image, project); ok {
+	if v, ok := image.Release(project); ok {
 		return Detected{Version: v, Known: true, Source: FromImageTag}, nil
 	}
 	if declared != "" {

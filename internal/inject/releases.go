@@ -28,8 +28,9 @@ func ReleasesOf(pod *corev1.Pod, c *corev1.Container, cb *v1alpha1.CacheBackend)
 	if declared == nil {
 		declared = &v1alpha1.EngineVersions{}
 	}
+	image := engineversion.ParseImage(c.Image)
 	read := func(p engineversion.Project, annotation, decl string) engineversion.Detected {
-		d, err := engineversion.Detect(p, pod.Annotations[annotation], c.Image, decl)
+		d, err := engineversion.DetectIn(p, pod.Annotations[annotation], image, decl)
 		if err != nil {
 			where := annotation
 			if d.Source == engineversion.FromBackend {
@@ -48,7 +49,7 @@ func ReleasesOf(pod *corev1.Pod, c *corev1.Container, cb *v1alpha1.CacheBackend)
 // String is the receipt's record (AnnotationWiredFor):
 // "vllm=0.34.0 (image); lmcache=unknown".
 func (r Releases) String() string {
-	return fmt.Sprintf("vllm=%s; lmcache=%s", r.VLLM, r.LMCache)
+	return "vllm=" + r.VLLM.String() + "; lmcache=" + r.LMCache.String()
 }
 
 // Release thresholds the wiring follows, each from the engines' own code.
