@@ -33,6 +33,13 @@ const (
 	// in-process CacheBackend (LMCache 0.5.7 removed the in-process
 	// adapter vLLM's LMCacheConnectorV1 imports, and the lm:// connector).
 	SkippedEngineRelease = "engine-release-unsupported"
+	// SkippedChunkSizeMisaligned: the CacheBackend runs LMCache's
+	// multiprocess mode, whose server chunk (256 tokens) must be a
+	// multiple of the engine's block size times its decode context
+	// parallel size, and the engine's command line sets a block size that
+	// is not (LMCache's MP connector refuses it at start; LMCache 0.5.7
+	// would renegotiate the node server's chunk for every engine).
+	SkippedChunkSizeMisaligned = "chunk-size-misaligned"
 )
 
 // Reasons the pod webhook admits a matched pod unwired and without

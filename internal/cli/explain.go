@@ -201,6 +201,8 @@ func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []
 			e.Lines = append(e.Lines, "the engine container runs a shell command line (sh -c), which the webhook cannot extend")
 		case v1alpha1.SkippedIsolatedIPCUnsupported:
 			e.Lines = append(e.Lines, "the engine container turns on PyTorch's expandable_segments, vLLM's sleep mode or vLLM's extensible KV cache, whose memory LMCache's isolated IPC (multiprocess mode) cannot share")
+		case v1alpha1.SkippedChunkSizeMisaligned:
+			e.Lines = append(e.Lines, "the engine's --block-size (times its decode context parallel size) does not divide the multiprocess server's chunk of 256 tokens, which LMCache's MP connector refuses at start")
 		case v1alpha1.SkippedEngineRelease:
 			e.Lines = append(e.Lines, "the engine runs LMCache 0.5.7 or later, which has no in-process connector: wire it to a CacheBackend in multiprocess mode")
 		default:

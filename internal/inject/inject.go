@@ -213,6 +213,9 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		if why := isolatedIPCUnsupported(c, cmdline); why != "" {
 			return skip(d, v1alpha1.SkippedIsolatedIPCUnsupported, why+"; the webhook leaves the pod unwired")
 		}
+		if why := chunkMisaligned(cmdline); why != "" {
+			return skip(d, v1alpha1.SkippedChunkSizeMisaligned, fmt.Sprintf("container %q: %s; the webhook leaves the pod unwired", c.Name, why))
+		}
 	} else if cb.Spec.Type == v1alpha1.BackendTypeLMCache {
 		if why := inProcessRefused(rel); why != "" {
 			return skip(d, v1alpha1.SkippedEngineRelease, why+"; the webhook leaves the pod unwired")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -193,4 +194,57 @@ func ensureDevShm(p *corev1.Pod, c *corev1.Container, size resource.Quantity) []
 		EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: &size},
 	}})
 	return nil
+}
+
+// MPChunkTokens is the chunk size of the multiprocess server the operator
+// renders: LMCache's default (--chunk-size is not passed; 256 in LMCache
+// 0.5.6 and 0.5.7rc2, MPServerConfig.chunk_size).
+const MPChunkTokens = 256
+
+// chunkMisaligned returns why LMCache's MP connector would refuse the
+// block size cmdline sets, or "". LMCache 0.5.6 raises at start unless the
+// chunk is a multiple of the engine's block size times its decode context
+// parallel size (LMCacheMPSchedulerAdapter: "LMCache chunk size ... must
+// be a multiple of ..."); LMCache 0.5.7 instead rounds the node server's
+// chunk up once, for every engine of the node. A command line without
+// --block-size gets vLLM's default (16 in 0.33, 64 in 0.34), which
+// divides 256.
+func chunkMisaligned(cmdline []string) string {
+	bs := lastValue(cmdline, "--block-size", true)
+	if bs == "" {
+		return ""
+	}
+	n, _ := strconv.Atoi(bs)
+	dcp := decodeContextParallel(cmdline)
+	if MPChunkTokens%(n*dcp) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the engine's block size %d (times decode context parallel size %d) does not divide the multiprocess server's chunk of %d tokens: "+
+		"LMCache's MP connector refuses it at start (LMCache 0.5.7 would change the node server's chunk for every engine); use a --block-size that divides %d",
+		n, dcp, MPChunkTokens, MPChunkTokens)
+}
+
+// decodeContextParallel is the command line's --decode-context-parallel-size
+// (-dcp), 1 when unset or unreadable.
+func decodeContextParallel(cmdline []string) int {
+	dcp := 1
+	if v := lastValue(cmdline, "--decode-context-parallel-size", true); v != "" {
+		dcp, _ = strconv.Atoi(v)
+	}
+	for i, a := range cmdline {
+		if a == "--" {
+			break
+		}
+		v, ok := "", false
+		switch {
+		case a == "-dcp" && i+1 < len(cmdline):
+			v, ok = cmdline[i+1], true
+		case strings.HasPrefix(a, "-dcp="):
+			v, ok = strings.TrimPrefix(a, "-dcp="), true
+		}
+		if n, err := strconv.Atoi(v); ok && err == nil && n > 0 {
+			dcp = n
+		}
+	}
+	return dcp
 }

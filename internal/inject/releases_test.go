@@ -98,3 +98,36 @@ func TestMPWiringFollowsTheVLLMRelease(t *testing.T) {
 		})
 	}
 }
+
+// TestMPChunkGuard: LMCache's MP connector refuses an engine whose block
+// size (times its decode context parallel size) does not divide the
+// server's chunk of 256 tokens: such a pod is left unwired with the
+// reason, in every spelling of the flags vLLM reads; vLLM's own default
+// block sizes (16, 64) and the divisors of 256 are wired.
+func TestMPChunkGuard(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		wired bool
+	}{
+		{nil, true},
+		{[]string{"--block-size", "16"}, true},
+		{[]string{"--block-size=128"}, true},
+		{[]string{"--block-size", "256"}, true},
+		{[]string{"--block-size", "48"}, false},
+		{[]string{"--block_size", "400"}, false},
+		{[]string{"--block-size", "512"}, false},
+		{[]string{"--block-size", "128", "-dcp", "2"}, true},
+		{[]string{"--block-size", "128", "-dcp", "4"}, false},
+		{[]string{"--block-size", "64", "--decode-context-parallel-size=8"}, false},
+		{[]string{"--block-size", "48", "--block-size", "32"}, true}, // argparse keeps the last
+	} {
+		d := Decide(enginePod(withArgsMP(tc.args...)), []v1alpha1.CacheBackend{mpBackend("cache")}, Options{})
+		if tc.wired {
+			assert.Equal(t, Injected, d.Outcome, "%q: %s", tc.args, d.Message)
+			continue
+		}
+		assert.Equal(t, Skipped, d.Outcome, "%q", tc.args)
+		assert.Equal(t, v1alpha1.SkippedChunkSizeMisaligned, d.Reason, "%q", tc.args)
+		assert.Contains(t, d.Message, "does not divide the multiprocess server's chunk of 256 tokens", "%q", tc.args)
+	}
+}

@@ -151,13 +151,31 @@ func testMPWiring(t *testing.T, cell pyenv.Cell, declared bool) {
 	}
 	cases = append(cases, mpCase{name: "sleep mode turned off last", role: v1alpha1.RoleReadWrite,
 		pod: newEnginePod(plain("--enable-sleep-mode", "--no-enable-sleep-mode"), release), outcome: inject.Injected})
+	// The chunk guard: LMCache's MP connector refuses a block size (times
+	// the decode context parallel size) that does not divide the server's
+	// chunk; the webhook's reading of the flags is held to vLLM's.
+	for _, bs := range []struct {
+		args    []string
+		outcome inject.Outcome
+	}{
+		{[]string{"--block-size", "128"}, inject.Injected},
+		{[]string{"--block-size", "48"}, inject.Skipped},
+		{[]string{"--block_size=400"}, inject.Skipped},
+		{[]string{"--block-size", "128", "-dcp", "4"}, inject.Skipped},
+	} {
+		tc := mpCase{name: "block size " + strings.Join(bs.args, " "), role: v1alpha1.RoleReadWrite, pod: newEnginePod(plain(bs.args...), release), outcome: bs.outcome}
+		if bs.outcome == inject.Skipped {
+			tc.reason = v1alpha1.SkippedChunkSizeMisaligned
+		}
+		cases = append(cases, tc)
+	}
 
 	var req struct {
 		Cases  []argvCase `json:"cases"`
 		Fields []string   `json:"fields"`
 		Models []string   `json:"models"`
 	}
-	req.Models, req.Fields = []string{model}, []string{"model", "enable_sleep_mode", "max_model_len"}
+	req.Models, req.Fields = []string{model}, []string{"model", "enable_sleep_mode", "max_model_len", "block_size", "decode_context_parallel_size"}
 	decisions := make([]inject.Decision, len(cases))
 	procs := make([]Process, len(cases))
 	for i, tc := range cases {
@@ -197,6 +215,12 @@ func testMPWiring(t *testing.T, cell pyenv.Cell, declared bool) {
 			require.Empty(t, res.Error, "vLLM's parser refused the engine's command line")
 			assert.Equal(t, model, res.Fields["model"], "the model")
 			assert.Equal(t, tc.sleep, res.Fields["enable_sleep_mode"], "vLLM's reading of the sleep-mode flags")
+			aligned := true // vLLM's default block size (16, 64) divides the chunk
+			if bs, ok := res.Fields["block_size"].(float64); ok {
+				dcp, _ := res.Fields["decode_context_parallel_size"].(float64)
+				aligned = inject.MPChunkTokens%(int(bs)*max(int(dcp), 1)) == 0
+			}
+			assert.Equal(t, !aligned, tc.reason == v1alpha1.SkippedChunkSizeMisaligned, "vLLM reads block size %v, decode context parallel size %v", res.Fields["block_size"], res.Fields["decode_context_parallel_size"])
 			if tc.outcome != inject.Injected {
 				assert.Nil(t, res.KVTransferConfig, "an unwired pod gets no kv_transfer_config")
 				assert.Empty(t, d.Pod.Spec.Volumes)
@@ -222,7 +246,7 @@ func testMPWiring(t *testing.T, cell pyenv.Cell, declared bool) {
 			} else {
 				assert.Nil(t, res.ExtensibleKVCache)
 			}
-			if tc.name != "sleep mode turned off last" {
+			if !strings.HasPrefix(tc.name, "sleep mode") && !strings.HasPrefix(tc.name, "block size") {
 				assert.Equal(t, 4096.0, res.Fields["max_model_len"], "the user's own flags")
 			}
 
