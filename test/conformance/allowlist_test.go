@@ -17,16 +17,21 @@ import (
 // allow-list says, and every env name is defined by the owner the
 // allow-list names (vLLM's envs, SGLang's Envs, LMCache's config, the Hub
 // client), read from their installed code.
+//
+// It runs against every supported vLLM and LMCache pair (pyenv.Cells).
 func TestAllowListIsTheEngines(t *testing.T) {
-	for _, tc := range []struct {
+	type engineEnv struct {
 		engine, pyenv string
 		rt            v1alpha1.Runtime
 		t             v1alpha1.BackendType
-	}{
-		{"vllm", pyenv.VLLM, v1alpha1.RuntimeVLLM, v1alpha1.BackendTypeLMCache},
-		{"sglang", pyenv.SGLang, v1alpha1.RuntimeSGLang, v1alpha1.BackendTypeSGLangHiCache},
-	} {
-		t.Run(tc.engine, func(t *testing.T) {
+	}
+	var envs []engineEnv
+	for _, cell := range pyenv.Cells(t, "vllm") {
+		envs = append(envs, engineEnv{"vllm", cell.Env, v1alpha1.RuntimeVLLM, v1alpha1.BackendTypeLMCache})
+	}
+	envs = append(envs, engineEnv{"sglang", pyenv.SGLang, v1alpha1.RuntimeSGLang, v1alpha1.BackendTypeSGLangHiCache})
+	for _, tc := range envs {
+		t.Run(tc.pyenv, func(t *testing.T) {
 			flags := inject.AllowedFlags(tc.rt)
 			owners := inject.AllowedEnvNames(tc.rt, tc.t)
 			req := struct {

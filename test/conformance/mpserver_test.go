@@ -119,12 +119,20 @@ func testMPServerStarts(t *testing.T, cell pyenv.Cell, redisAddr string, secret 
 // the pod the admin API is there, and /env does carry the password (so
 // this test would see it if it were reachable). Before the fix, --http-host
 // 0.0.0.0 served /env to the second namespace.
+//
+// It runs against every supported LMCache (pyenv.Cells).
 func TestMPServerAdminAPIIsPodLocal(t *testing.T) {
+	for _, cell := range pyenv.Cells(t, "lmcache") {
+		t.Run(cell.Env, func(t *testing.T) { testMPAdminAPI(t, cell) })
+	}
+}
+
+func testMPAdminAPI(t *testing.T, cell pyenv.Cell) {
 	const user, password = "lmcache", "s3cret-for-the-admin-test"
 	redisAddr := startRedisWithUser(t, user, password)
 	cb := mpBackend(&v1alpha1.MultiprocessL2{RESP: respTier(t, redisAddr)})
 	require.Empty(t, validation.Validate(cb))
-	pod := startMPPod(t, cb, map[string]string{"username": user, "password": password}, redisAddr, nil, nil)
+	pod := startMPPodIn(t, cell.Env, cb, map[string]string{"username": user, "password": password}, redisAddr, nil, nil)
 
 	code, body := pod.getInside(t, "/env")
 	require.Equal(t, http.StatusOK, code, "inside the pod the admin API answers")
