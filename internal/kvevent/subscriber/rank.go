@@ -353,7 +353,15 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 		if e.Kind != wire.BlockStored {
 			continue
 		}
-		if bs := uint32(e.BlockSize); bs > 0 && bs != r.blockSize && mirror.TierOf(e.Medium) == pb.Tier_TIER_GPU && mirror.PrefixGroup(e.SpecKind) {
+		if mirror.TierOf(e.Medium) != pb.Tier_TIER_GPU {
+			// Another tier's events carry another scheme: LMCache's MP
+			// connector publishes its CPU chunks (block_size = its chunk
+			// size, blake3 chunk hashes) through the engine's publisher.
+			// They are mirrored and indexed under their tier, never
+			// checked against the engine's block hash.
+			continue
+		}
+		if bs := uint32(e.BlockSize); bs > 0 && bs != r.blockSize && mirror.PrefixGroup(e.SpecKind) {
 			// The engine's real block size (vLLM picks it when its
 			// attention backend is chosen; 0.34's default is 64).
 			r.log.Info("the engine's block size, from its events", "blockSize", bs, "before", r.blockSize)
