@@ -809,5 +809,53 @@ func engineScenario(t *testing.T, tc engineCase) {
 			t.Errorf("Score by token IDs: rank 0 matches %d leading blocks, want %d (the engine holds them): %v", got, want, r)
 		}
 	}
+	if tc.runtime == v1alpha1.RuntimeVLLM && w.dp == 1 {
+		lmcacheCPUChunks(t, pubs[0], ix, sc)
+	}
 	t.Logf("final: %d blocks over %d ranks equal; index scheme %s %v; subscriber %v", n, w.dp, s.GetHashScheme(), p.GetHashCompatibility(), m)
+}
+
+// lmcacheCPUChunks (issue 36): LMCache's multiprocess connector publishes
+// its CPU chunks through the engine's publisher, built by LMCache's own
+// code (py/vllm_publisher.py lmcache_store): 256-token chunks, blake3
+// chunk hashes, medium CPU. The index holds them under the CPU tier, the
+// sidecar does not check them against vLLM's block hash (before, the
+// first chunk was a hash Mismatch and the pod's GPU blocks were no longer
+// scored by token IDs), and the block size it announces stays the
+// engine's.
+func lmcacheCPUChunks(t *testing.T, pub *enginePublisher, ix *engineIndex, sc *sidecar) {
+	t.Helper()
+	toks := make([]int, 512)
+	for i := range toks {
+		toks[i] = 70000 + i
+	}
+	r := pub.do(map[string]any{"op": "lmcache_store", "tokens": toks})
+	if got := fmt.Sprint(r["block_sizes"], r["media"]); got != "[256 256] [CPU CPU]" {
+		t.Fatalf("LMCache's events: block sizes and media %s, want two 256-token CPU chunks", got)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		s, _, err := ix.pod()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cpu uint64
+		for _, b := range s.GetBlocks() {
+			if b.GetTier() == pb.Tier_TIER_CPU {
+				cpu = b.GetBlocks()
+			}
+		}
+		if cpu == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the index holds %d CPU-tier blocks, want LMCache's 2 chunks: %v\nsubscriber log:\n%s", cpu, s.GetBlocks(), sc.tail())
+		}
+	}
+	m := fixture.SubscriberMetrics(podHTTP, sc.httpAddr)
+	if m[`hash_verify_total{result="Mismatch"}`] > 0 {
+		t.Errorf("LMCache's CPU chunks were checked against vLLM's block hash: %v", m)
+	}
+	if bs, want := m[`block_size{rank="0"}`], float64(pub.ready["block_size"].(float64)); bs != want {
+		t.Errorf("the sidecar's block size is %v after LMCache's chunks, want the engine's %v", bs, want)
+	}
 }

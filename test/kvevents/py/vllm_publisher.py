@@ -27,6 +27,9 @@ Commands:
   {"op": "store", "tokens": [...]}   one request: prefix hits reused, the rest
                                      allocated (evicting LRU blocks) and cached
   {"op": "evict", "n": k}            evict the k least recently used cached blocks
+  {"op": "lmcache_store", "tokens": [...]}  LMCache's MP connector storing the
+                                     tokens' full chunks in its CPU tier (its
+                                     own event builders)
   {"op": "clear"}                    reset_prefix_cache (AllBlocksCleared)
   {"op": "state"}                    the cached blocks, as the events name them
   {"op": "hashes", "tokens": [...]}  the event hashes of a prompt's full blocks
@@ -128,6 +131,44 @@ def handler(e):
                     "topic": cfg.topic, "rank": e["rank"], "block_size": e["block_size"], "vllm": vllm.__version__}
         if op == "store":
             e["run_request"](c["tokens"])
+        elif op == "lmcache_store":
+            # LMCache's multiprocess connector storing c["tokens"] in its
+            # CPU tier, as its own code builds the events: the worker
+            # adapter's _build_store_kv_events (blake3 chunk hashes, one
+            # BlockStored per chunk, medium CPU) and the connector's
+            # get_kv_connector_kv_cache_events (vLLM's BlockStored, the
+            # hash converted as vLLM's publisher expects), both called on
+            # stand-ins for the state they read; vLLM's scheduler then
+            # publishes them with its own events.
+            from types import SimpleNamespace
+
+            from lmcache.integration.vllm.lmcache_mp_connector import LMCacheMPConnector
+            from lmcache.integration.vllm.vllm_multi_process_adapter import LMCacheMPWorkerAdapter
+            from lmcache.v1.multiprocess.token_hasher import TokenHasher
+            from vllm.distributed.kv_events import KVEventBatch
+
+            chunk = int(c.get("chunk_size", 256))
+            toks = list(c["tokens"])
+            adapter = SimpleNamespace(_kv_event_hasher=TokenHasher(chunk_size=chunk, hash_algorithm="blake3"),
+                                      lmcache_tokens_per_chunk=chunk)
+            import dataclasses
+
+            from lmcache.v1.multiprocess.custom_types import IPCCacheServerKey
+
+            tokens = {"token_ids": tuple(toks)}
+            if "token_bytes" in {f.name for f in dataclasses.fields(IPCCacheServerKey)}:
+                # LMCache 0.5.7 packs the tokens (token_codec).
+                from lmcache.v1.multiprocess.token_codec import pack_token_ids
+
+                tokens = {"token_bytes": pack_token_ids(toks)}
+            key = IPCCacheServerKey(model_name="m", world_size=1, worker_id=0, start=0,
+                                    end=len(toks) // chunk * chunk, request_id="r", **tokens)
+            lm_events = LMCacheMPWorkerAdapter._build_store_kv_events(adapter, key)
+            conn = SimpleNamespace(_enable_kv_events=True, worker_adapter=SimpleNamespace(get_kv_events=lambda: lm_events))
+            events = list(LMCacheMPConnector.get_kv_connector_kv_cache_events(conn).get_all_events())
+            e["publisher"].publish(KVEventBatch(ts=time.time(), events=events))
+            return {"ok": True, "hashes": [str(h) for ev in events for h in ev.block_hashes],
+                    "block_sizes": [ev.block_size for ev in events], "media": [ev.medium for ev in events]}
         elif op == "evict":
             e["evict"](int(c.get("n", 1)))
         elif op == "clear":
