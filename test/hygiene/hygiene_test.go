@@ -22,6 +22,7 @@ type renovateConfig struct {
 		CustomType          string   `json:"customType"`
 		ManagerFilePatterns []string `json:"managerFilePatterns"`
 		MatchStrings        []string `json:"matchStrings"`
+		DatasourceTemplate  string   `json:"datasourceTemplate"`
 	} `json:"customManagers"`
 }
 
@@ -106,4 +107,51 @@ func TestLicenseIsApache2(t *testing.T) {
 	assert.Contains(t, s, "Apache License")
 	assert.Contains(t, s, "Version 2.0, January 2004")
 	assert.Contains(t, s, "END OF TERMS AND CONDITIONS")
+}
+
+// TestRenovateFindsTheEngineReleases (issue 36): the regex manager for
+// test/tools/python/tested-versions.txt finds every release the
+// conformance cells pin (each NAME==VERSION line), looked up on PyPI, so
+// that a new vLLM, LMCache or SGLang release opens a pull request.
+func TestRenovateFindsTheEngineReleases(t *testing.T) {
+	raw, err := os.ReadFile("../../renovate.json")
+	require.NoError(t, err)
+	var cfg renovateConfig
+	require.NoError(t, json.Unmarshal(raw, &cfg))
+	const path = "test/tools/python/tested-versions.txt"
+	text, err := os.ReadFile("../../" + path)
+	require.NoError(t, err)
+	var want []string // NAME==VERSION, in file order (vllm twice: one per cell)
+	for _, line := range strings.Split(string(text), "\n") {
+		if _, _, ok := strings.Cut(line, "=="); ok && !strings.HasPrefix(line, "#") {
+			want = append(want, strings.TrimSpace(line))
+		}
+	}
+	require.Contains(t, want, "vllm==0.34.0")
+	require.Contains(t, want, "lmcache==0.5.7rc2")
+	require.Contains(t, want, "sglang==0.5.23")
+	var found []string
+	for _, m := range cfg.CustomManagers {
+		matches := false
+		for _, p := range m.ManagerFilePatterns {
+			if regexp.MustCompile(strings.Trim(p, "/")).MatchString(path) {
+				matches = true
+			}
+		}
+		if !matches {
+			continue
+		}
+		assert.Equal(t, "pypi", m.DatasourceTemplate)
+		for _, s := range m.MatchStrings {
+			re := regexp.MustCompile(s)
+			for _, sub := range re.FindAllStringSubmatch(string(text), -1) {
+				g := map[string]string{}
+				for i, name := range re.SubexpNames() {
+					g[name] = sub[i]
+				}
+				found = append(found, g["depName"]+"=="+g["currentValue"])
+			}
+		}
+	}
+	assert.Equal(t, want, found)
 }
