@@ -1,7 +1,6 @@
 package conformance_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
@@ -31,6 +30,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
+	"github.com/inferencecache/operator/internal/engineversion"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/test/testutil/freeport"
@@ -477,22 +477,23 @@ func TestHealthBytesAreLMCaches(t *testing.T) {
 
 // TestDefaultImageIsTheTestedLMCache: the server image the CRD defaults to
 // (and render, for a spec without one) is lmcache/vllm-openai tagged with
-// the LMCache version the conformance suite runs (tested-versions.txt).
+// the newest LMCache of the supported-version cells (tested-versions.txt)
+// that still ships lmcache_server: the default shape is the in-process
+// server, which LMCache 0.5.7 removed.
 func TestDefaultImageIsTheTestedLMCache(t *testing.T) {
 	root := pyenv.Root(t)
-	f, err := os.Open(filepath.Join(root, "test", "tools", "python", "tested-versions.txt"))
-	require.NoError(t, err)
-	defer f.Close()
 	var lmcache string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "lmcache=="); ok {
-			require.Empty(t, lmcache, "one lmcache line")
-			lmcache = v
+	var newest engineversion.Version
+	for _, cell := range pyenv.Cells(t, "lmcache") {
+		v := engineversion.MustParse(cell.LMCache())
+		if v.AtLeast(validation.InProcessServerSince) {
+			continue // multiprocess mode only
+		}
+		if lmcache == "" || v.AtLeast(newest) {
+			lmcache, newest = cell.LMCache(), v
 		}
 	}
-	require.NoError(t, sc.Err())
-	require.Regexp(t, regexp.MustCompile(`^\d+\.\d+\.\d+$`), lmcache)
+	require.Regexp(t, regexp.MustCompile(`^\d+\.\d+\.\d+$`), lmcache, "a tested LMCache with lmcache_server")
 	want := "lmcache/vllm-openai:v" + lmcache
 
 	raw, err := os.ReadFile(filepath.Join(root, "kustomize", "base", "crd", "inferencecache.io_cachebackends.yaml"))
