@@ -29,8 +29,8 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
-	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/engineversion"
+	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/test/testutil/freeport"
