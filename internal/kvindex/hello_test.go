@@ -264,3 +264,29 @@ func TestEventsThatDisagreeWithTheHelloAreReported(t *testing.T) {
 		t.Fatalf("after a hello announcing 64: %v, want Verified", c)
 	}
 }
+
+// TestSummarySchemeLeavesOutPodsWithoutABlockSize: a pod whose subscriber
+// announced no block size yet (0: it has seen no event) does not make the
+// backend's hash scheme "mixed" or report a scheme of block size 0.
+func TestSummarySchemeLeavesOutPodsWithoutABlockSize(t *testing.T) {
+	ctx := context.Background()
+	ix := kvindex.New(kvindex.Options{Store: memstore.New()})
+	idle := helloFor("vllm-0", "u0", 1, "cache")
+	idle.GetHello().HashScheme.BlockSize = 0
+	busy := helloFor("vllm-1", "u1", 1, "cache")
+	busy.GetHello().HashScheme.BlockSize = 64
+	for _, h := range []*pb.IngestRequest{idle, busy} {
+		s := ix.NewSession(kvindex.Caller{Anonymous: true}, func() {})
+		defer s.Close()
+		if _, err := s.Handle(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum, err := ix.Participation(ctx, kvindex.Caller{Anonymous: true}, &pb.ParticipationRequest{CacheBackend: &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.GetPods() != 2 || sum.GetHashScheme() != "sha256_cbor/64/vllm-none-hash" {
+		t.Fatalf("summary: %d pods, scheme %q; want 2 pods and the busy pod's sha256_cbor/64/vllm-none-hash", sum.GetPods(), sum.GetHashScheme())
+	}
+}

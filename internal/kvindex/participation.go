@@ -179,7 +179,12 @@ func (ix *Index) Participation(ctx context.Context, caller Caller, req *pb.Parti
 			sum.ConnectingPods++
 		}
 		sum.HashCompatibility = worseCompat(sum.HashCompatibility, p.HashCompatibility)
-		models[r.Model], schemes[r.Scheme] = true, true
+		models[r.Model] = true
+		if r.BlockSize > 0 {
+			// A pod that announced no block size yet (its subscriber has
+			// seen no event) has no scheme to report.
+			schemes[r.Scheme] = true
+		}
 		list = append(list, p)
 	}
 	sum.Model = joinOrMixed(models)
