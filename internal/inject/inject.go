@@ -255,7 +255,11 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	setAnnotation(out, v1alpha1.AnnotationInjectedBy, cb.Namespace+"/"+cb.Name)
 	setAnnotation(out, v1alpha1.AnnotationInjectedByUID, string(cb.UID))
 	setAnnotation(out, v1alpha1.AnnotationInjectedGeneration, strconv.FormatInt(cb.Generation, 10))
-	setAnnotation(out, v1alpha1.AnnotationWiredFor, rel.String())
+	if cb.Spec.Type == v1alpha1.BackendTypeLMCache {
+		// The wiring follows the vLLM and LMCache releases (releases.go);
+		// SGLang's HiCache flags do not depend on a release yet.
+		setAnnotation(out, v1alpha1.AnnotationWiredFor, rel.String())
+	}
 	if msg := rel.note(cb); msg != "" {
 		if d.Message != "" {
 			d.Message += "; "

@@ -131,3 +131,20 @@ func TestMPChunkGuard(t *testing.T) {
 		assert.Contains(t, d.Message, "does not divide the multiprocess server's chunk of 256 tokens", "%q", tc.args)
 	}
 }
+
+// TestWiredForIsLMCaches: the receipt records the releases for pods of an
+// LMCache backend, whose wiring follows them; a pod wired with SGLang's
+// HiCache flags gets no such record.
+func TestWiredForIsLMCaches(t *testing.T) {
+	hicache := backend("cache", func(cb *v1alpha1.CacheBackend) {
+		cb.Spec.Runtime, cb.Spec.Type, cb.Status.Endpoint = v1alpha1.RuntimeSGLang, v1alpha1.BackendTypeSGLangHiCache, ""
+	})
+	d := Decide(enginePod(), []v1alpha1.CacheBackend{hicache}, Options{})
+	require.Equal(t, Injected, d.Outcome, d.Message)
+	assert.NotContains(t, d.Pod.Annotations, v1alpha1.AnnotationWiredFor)
+	lm := backend("cache")
+	lm.Status.Endpoint = render.Endpoint(&lm, "")
+	d = Decide(enginePod(), []v1alpha1.CacheBackend{lm}, Options{})
+	require.Equal(t, Injected, d.Outcome, d.Message)
+	assert.Equal(t, "vllm=unknown; lmcache=unknown", d.Pod.Annotations[v1alpha1.AnnotationWiredFor])
+}
