@@ -189,6 +189,7 @@ type mpPod struct {
 	ns, peer     *netns.NS
 	ip           string
 	server, gate *server
+	pyEnv        string // the Python environment its containers run from
 }
 
 // startMPPod starts cb's MP server pod and waits until its rendered
@@ -210,7 +211,7 @@ func startMPPodIn(t *testing.T, pyEnv string, cb *v1alpha1.CacheBackend, secret 
 		wrap = func(argv ...string) *exec.Cmd { return exec.Command(argv[0], argv[1:]...) }
 		env, scratch = pyenv.Env(), t.TempDir()
 	}
-	p := &mpPod{s: render.MPServerFor(cb)}
+	p := &mpPod{s: render.MPServerFor(cb), pyEnv: pyEnv}
 	p.spec = render.MPDaemonSet(cb, p.s).Spec.Template.Spec
 	p.ns, p.peer = netns.New(t), netns.New(t)
 	p.ip, _ = netns.Link(t, p.ns, p.peer)
@@ -283,7 +284,7 @@ func (p *mpPod) waitProbe(t *testing.T, wrap func(argv ...string) *exec.Cmd, env
 		case probe.Exec != nil:
 			argv := append([]string{}, probe.Exec.Command...)
 			require.Equal(t, "python3", argv[0], "the probe runs the image's python3")
-			argv[0] = pyenv.Python(t, pyenv.VLLM)
+			argv[0] = pyenv.Python(t, p.pyEnv)
 			cmd := wrap(argv...)
 			cmd.Env = env
 			p.ns.Enter(t, cmd)
@@ -428,10 +429,16 @@ func clientsOf(addr, user, password string) (int, error) {
 // TestManagedServerRunsAsItsPodsUser) with its container's command line
 // and env, and answers its probe.
 func TestMPServerRunsAsItsPodsUser(t *testing.T) {
+	for _, cell := range pyenv.Cells(t, "lmcache") {
+		t.Run(cell.Env, func(t *testing.T) { testMPServerAsPodUser(t, cell) })
+	}
+}
+
+func testMPServerAsPodUser(t *testing.T, cell pyenv.Cell) {
 	cb := mpBackend(nil)
 	spec := render.MPDaemonSet(cb, render.MPServerFor(cb)).Spec.Template.Spec
-	wrap, env, _, _ := asPodUser(t, spec)
-	pod := startMPPod(t, cb, nil, "", wrap, env)
+	wrap, env, _, _ := asPodUserIn(t, spec, cell.Env)
+	pod := startMPPodIn(t, cell.Env, cb, nil, "", wrap, env)
 	status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pod.server.cmd.Process.Pid), "status"))
 	require.NoError(t, err)
 	f := procStatus(string(status))

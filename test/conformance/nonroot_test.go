@@ -86,6 +86,13 @@ func TestManagedServerRunsAsItsPodsUser(t *testing.T) {
 // user and group.
 func asPodUser(t *testing.T, spec *corev1ac.PodSpecApplyConfiguration) (wrap func(argv ...string) *exec.Cmd, env []string, uid, gid int64) {
 	t.Helper()
+	return asPodUserIn(t, spec, pyenv.VLLM)
+}
+
+// asPodUserIn is asPodUser for a server run from the Python environment
+// pyEnv (a supported-version cell).
+func asPodUserIn(t *testing.T, spec *corev1ac.PodSpecApplyConfiguration, pyEnv string) (wrap func(argv ...string) *exec.Cmd, env []string, uid, gid int64) {
+	t.Helper()
 	psc, csc := spec.SecurityContext, spec.Containers[0].SecurityContext
 	require.NotNil(t, psc, "a new server's pod has a security context")
 	require.NotNil(t, csc, "and its container")
@@ -101,7 +108,7 @@ func asPodUser(t *testing.T, spec *corev1ac.PodSpecApplyConfiguration) (wrap fun
 		if !asRoot {
 			return exec.Command(argv[0], argv[1:]...)
 		}
-		return exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", exposeScript(t, uid, gid), "sh"}, argv...)...)
+		return exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", exposeScript(t, pyEnv, uid, gid), "sh"}, argv...)...)
 	}
 	// The container's own environment and its scratch mount (an emptyDir,
 	// stood for by a fresh tmpfs in the namespace).
@@ -123,11 +130,11 @@ func asPodUser(t *testing.T, spec *corev1ac.PodSpecApplyConfiguration) (wrap fun
 // namespace, the command line as its arguments) that makes the Python
 // environment readable to uid:gid under its own paths, read-only, and
 // then runs the command as uid:gid without privileges.
-func exposeScript(t *testing.T, uid, gid int64) string {
+func exposeScript(t *testing.T, pyEnv string, uid, gid int64) string {
 	t.Helper()
-	venv, err := filepath.EvalSymlinks(pyenv.Dir(t, pyenv.VLLM))
+	venv, err := filepath.EvalSymlinks(pyenv.Dir(t, pyEnv))
 	require.NoError(t, err)
-	base, err := filepath.EvalSymlinks(pyenv.Python(t, pyenv.VLLM))
+	base, err := filepath.EvalSymlinks(pyenv.Python(t, pyEnv))
 	require.NoError(t, err)
 	prefix := filepath.Dir(filepath.Dir(base)) // <prefix>/bin/python3.x
 	stash := t.TempDir()
