@@ -192,18 +192,12 @@ type mpPod struct {
 	pyEnv        string // the Python environment its containers run from
 }
 
-// startMPPod starts cb's MP server pod and waits until its rendered
-// startup probe passes. secret fills the env the Secret would; redisAddr,
-// if not "", is the host's redis-server, made reachable inside the pod at
-// the same address; wrap (nil: none) runs a command as the pod's user,
-// with env as its base environment.
-func startMPPod(t *testing.T, cb *v1alpha1.CacheBackend, secret map[string]string, redisAddr string, wrap func(argv ...string) *exec.Cmd, env []string) *mpPod {
-	t.Helper()
-	return startMPPodIn(t, pyenv.VLLM, cb, secret, redisAddr, wrap, env)
-}
-
-// startMPPodIn is startMPPod with the LMCache of the Python environment
-// pyEnv.
+// startMPPodIn starts cb's MP server pod, its containers run from the
+// Python environment pyEnv (a supported-version cell), and waits until
+// its rendered startup probe passes. secret fills the env the Secret
+// would; redisAddr, if not "", is the host's redis-server, made reachable
+// inside the pod at the same address; wrap (nil: none) runs a command as
+// the pod's user, with env as its base environment.
 func startMPPodIn(t *testing.T, pyEnv string, cb *v1alpha1.CacheBackend, secret map[string]string, redisAddr string, wrap func(argv ...string) *exec.Cmd, env []string) *mpPod {
 	t.Helper()
 	scratch := "" // the pod user's process has a fresh /tmp of its own
