@@ -23,7 +23,7 @@ import (
 // TestVLLMParsesTheMPWiring: the multiprocess-mode --kv-transfer-config
 // (inject.MPKVTransferConfig, which the webhook adds; see
 // TestVLLMParsesTheWebhooksMPWiring for the webhook's whole command line)
-// for each role, on `vllm serve`, goes through vLLM 0.33's own
+// for each role, on `vllm serve`, goes through each supported vLLM's own
 // parser and EngineArgs; vLLM registers the connector name, loads
 // LMCache's own class for the config (with lmcache installed its registry
 // entry would too: the module path only turns a broken lmcache into an
