@@ -41,7 +41,13 @@ var versionRE = regexp.MustCompile(`^v?(\d{1,4})\.(\d{1,4})(?:\.(\d{1,4}))?((?:[
 func Parse(s string) (Version, error) {
 	m := versionRE.FindStringSubmatch(strings.ToLower(s))
 	if m == nil {
-		return Version{}, fmt.Errorf("%q is not a release version (major.minor[.patch], e.g. 0.34.0 or 0.5.7rc2)", s)
+		shown := s
+		if len(shown) > 40 {
+			// The value may be a user's annotation of any size: the
+			// message goes into admission warnings and logs.
+			shown = shown[:40] + "..."
+		}
+		return Version{}, fmt.Errorf("%q is not a release version (major.minor[.patch], e.g. 0.34.0 or 0.5.7rc2)", shown)
 	}
 	var v Version
 	v.Major, _ = strconv.Atoi(m[1])

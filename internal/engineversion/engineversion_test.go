@@ -1,6 +1,7 @@
 package engineversion
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -124,4 +125,13 @@ func TestDetectOrder(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestParseErrorIsBounded: a long unreadable value (a pod annotation may
+// hold hundreds of KiB) is cut in the error, which reaches admission
+// warnings and logs.
+func TestParseErrorIsBounded(t *testing.T) {
+	_, err := Parse(strings.Repeat("x", 100_000))
+	require.Error(t, err)
+	assert.Less(t, len(err.Error()), 200)
 }
