@@ -22,6 +22,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 )
 
@@ -242,7 +243,7 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *corev1.Pod, keys [
 // inferencecache.io/wired-for), what it got and how to declare the
 // release; "" otherwise.
 func releaseUnknown(pod *corev1.Pod, cb *v1alpha1.CacheBackend) string {
-	if cb == nil || cb.Spec.Multiprocess == nil || !strings.HasPrefix(pod.Annotations[v1alpha1.AnnotationWiredFor], "vllm=unknown") {
+	if cb == nil || cb.Spec.Multiprocess == nil || !inject.VLLMReleaseUnknown(pod.Annotations[v1alpha1.AnnotationWiredFor]) {
 		return ""
 	}
 	return fmt.Sprintf("the engine's vLLM release is unknown, so it was wired without kv_connector_module_path (as every supported vLLM accepts); "+

@@ -457,6 +457,13 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		}, "spec.engineSelector.matchLabels[app]", "label value"},
 		{"invalid engine container", func(cb *v1alpha1.CacheBackend) { cb.Spec.Integration.EngineContainer = "Not_A_Name" },
 			"spec.integration.engineContainer", "container name"},
+		// The declared engine releases (issue 36) are release versions.
+		{"an unreadable vLLM release", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.Versions = &v1alpha1.EngineVersions{VLLM: "newest"}
+		}, "spec.integration.versions.vllm", "should match"},
+		{"an unreadable LMCache release", func(cb *v1alpha1.CacheBackend) {
+			cb.Spec.Integration.Versions = &v1alpha1.EngineVersions{LMCache: "0.5.7; rm -rf"}
+		}, "spec.integration.versions.lmcache", "should match"},
 		// Multiprocess mode (issue 23): what LMCache's server refuses or
 		// runs wrongly, and the in-process server's fields.
 		{"MP L1 not whole GiB", func(cb *v1alpha1.CacheBackend) { mp(cb).L1.Size = resource.MustParse("1536Mi") },
@@ -515,6 +522,8 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		RESP: &v1alpha1.MultiprocessRESP{Host: "redis.cache.svc", Capacity: resource.MustParse("10Gi"),
 			CredentialsSecretRef: &v1alpha1.RESPCredentials{Name: "redis-auth", UsernameKey: "username"}},
 		Disk: &v1alpha1.MultiprocessDisk{Capacity: resource.MustParse("100Gi")}}
+	// and so are declared releases as Parse reads them (issue 36).
+	cb.Spec.Integration.Versions = &v1alpha1.EngineVersions{VLLM: "v0.34.0", LMCache: "0.5.7rc2"}
 	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
 }
 

@@ -151,12 +151,6 @@ func (i Image) Release(project Project) (Version, bool) {
 	return v, true
 }
 
-// FromImage reads the release of project from an image reference's tag
-// (ParseImage, then Release).
-func FromImage(image string, project Project) (Version, bool) {
-	return ParseImage(image).Release(project)
-}
-
 // Source says where a version was read from.
 type Source string
 

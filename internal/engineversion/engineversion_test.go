@@ -59,7 +59,7 @@ func TestAtLeast(t *testing.T) {
 	}
 }
 
-func TestFromImage(t *testing.T) {
+func TestImageRelease(t *testing.T) {
 	for _, tc := range []struct {
 		image   string
 		project Project
@@ -82,7 +82,7 @@ func TestFromImage(t *testing.T) {
 		{"not a reference", VLLM, ""},
 	} {
 		t.Run(tc.image+"/"+string(tc.project), func(t *testing.T) {
-			v, ok := FromImage(tc.image, tc.project)
+			v, ok := ParseImage(tc.image).Release(tc.project)
 			if tc.want == "" {
 				assert.False(t, ok, "read %s", v)
 				return

@@ -208,7 +208,10 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 			return skip(d, v1alpha1.SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
 		}
 	}
-	rel := ReleasesOf(pod, c, cb)
+	var rel Releases // what the LMCache wiring follows (releases.go)
+	if cb.Spec.Type == v1alpha1.BackendTypeLMCache {
+		rel = ReleasesOf(pod, c, cb)
+	}
 	if render.IsMultiprocess(cb) {
 		if why := isolatedIPCUnsupported(c, cmdline); why != "" {
 			return skip(d, v1alpha1.SkippedIsolatedIPCUnsupported, why+"; the webhook leaves the pod unwired")
@@ -362,12 +365,6 @@ type Config struct {
 	// /dev/shm the engine container gets (multiprocess mode) unless it
 	// mounts its own there.
 	SharedMemory *resource.Quantity
-}
-
-// Desired computes the configuration cb injects into an engine of a
-// release the webhook knows nothing about (DesiredFor).
-func Desired(cb *v1alpha1.CacheBackend, opts Options) Config {
-	return DesiredFor(cb, opts, Releases{}, nil)
 }
 
 // DesiredFor computes the configuration cb injects into an engine of

@@ -29,7 +29,8 @@ const (
 // MPKVTransferConfig is the --kv-transfer-config of a vLLM engine wired to
 // the multiprocess-mode server at host (a DNS name; the connector adds
 // tcp://) and port: what the webhook ensures on the engine container of a
-// pod whose CacheBackend sets spec.multiprocess (Desired).
+// pod whose CacheBackend sets spec.multiprocess (DesiredFor), for an engine
+// whose vLLM release the webhook knows.
 //
 // It names kv_connector_module_path; MPKVTransferConfigFor leaves it out
 // for an engine whose vLLM release the webhook cannot tell (mpWiring).

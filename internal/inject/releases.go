@@ -52,6 +52,13 @@ func (r Releases) String() string {
 	return "vllm=" + r.VLLM.String() + "; lmcache=" + r.LMCache.String()
 }
 
+// VLLMReleaseUnknown reports whether a receipt's record (the value of
+// AnnotationWiredFor, Releases.String) says the webhook could not tell
+// the pod's vLLM release.
+func VLLMReleaseUnknown(wiredFor string) bool {
+	return strings.HasPrefix(wiredFor, "vllm="+engineversion.Detected{}.String()+";")
+}
+
 // Release thresholds the wiring follows, each from the engines' own code.
 var (
 	// ExtensibleKVCacheSince: vLLM 0.34 maps the KV cache with the CUDA

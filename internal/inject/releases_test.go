@@ -147,4 +147,8 @@ func TestWiredForIsLMCaches(t *testing.T) {
 	d = Decide(enginePod(), []v1alpha1.CacheBackend{lm}, Options{})
 	require.Equal(t, Injected, d.Outcome, d.Message)
 	assert.Equal(t, "vllm=unknown; lmcache=unknown", d.Pod.Annotations[v1alpha1.AnnotationWiredFor])
+	assert.True(t, VLLMReleaseUnknown(d.Pod.Annotations[v1alpha1.AnnotationWiredFor]))
+	assert.False(t, VLLMReleaseUnknown("vllm=0.34.0 (image); lmcache=unknown"))
+	assert.False(t, VLLMReleaseUnknown("vllm=unknownish"))
+	assert.False(t, VLLMReleaseUnknown(""))
 }

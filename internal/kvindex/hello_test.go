@@ -30,20 +30,25 @@ func helloFor(name, uid string, ranks uint32, backend string) *pb.IngestRequest 
 	}}}
 }
 
-// refusals counts the Observer's HelloRefused reasons.
+// refusals counts the Observer's HelloRefused reasons (got) and
+// SchemeDisagrees (disagreed).
 type refusals struct {
 	kvindex.NopObserver
-	mu  sync.Mutex
-	got map[string]int
+	mu             sync.Mutex
+	got, disagreed map[string]int
 }
 
-func (r *refusals) HelloRefused(reason string) {
+func (r *refusals) HelloRefused(reason string) { r.count(&r.got, reason) }
+
+func (r *refusals) SchemeDisagrees(what string) { r.count(&r.disagreed, what) }
+
+func (r *refusals) count(m *map[string]int, key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.got == nil {
-		r.got = map[string]int{}
+	if *m == nil {
+		*m = map[string]int{}
 	}
-	r.got[reason]++
+	(*m)[key]++
 }
 
 // fakeBackends holds the CacheBackends that exist and counts lookups.
@@ -184,22 +189,6 @@ func TestInterleavedSnapshotsStageOneBound(t *testing.T) {
 	}
 }
 
-// disagreements counts the Observer's SchemeDisagrees.
-type disagreements struct {
-	kvindex.NopObserver
-	mu  sync.Mutex
-	got map[string]int
-}
-
-func (d *disagreements) SchemeDisagrees(what string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.got == nil {
-		d.got = map[string]int{}
-	}
-	d.got[what]++
-}
-
 // TestEventsThatDisagreeWithTheHelloAreReported (issue 36): a stream that
 // announced block size 16 and whose GPU-tier events carry 64 (a sidecar
 // that does not learn it: vLLM 0.34's default) is reported hash Mismatch
@@ -208,7 +197,7 @@ func (d *disagreements) SchemeDisagrees(what string) {
 // size are not a disagreement. A new hello announcing 64 clears it.
 func TestEventsThatDisagreeWithTheHelloAreReported(t *testing.T) {
 	ctx := context.Background()
-	obs := &disagreements{}
+	obs := &refusals{}
 	ix := kvindex.New(kvindex.Options{Store: memstore.New(), Observer: obs})
 	compat := func() pb.HashCompatibility {
 		t.Helper()
@@ -238,16 +227,16 @@ func TestEventsThatDisagreeWithTheHelloAreReported(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if c := compat(); c != pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED || len(obs.got) != 0 {
-		t.Fatalf("agreeing events: %v, disagreements %v; want Verified, none", c, obs.got)
+	if c := compat(); c != pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED || len(obs.disagreed) != 0 {
+		t.Fatalf("agreeing events: %v, disagreements %v; want Verified, none", c, obs.disagreed)
 	}
 	for _, req := range []*pb.IngestRequest{stored(3, pb.Tier_TIER_GPU, 64), stored(4, pb.Tier_TIER_GPU, 64), verified} {
 		if _, err := s.Handle(ctx, req); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if c := compat(); c != pb.HashCompatibility_HASH_COMPATIBILITY_MISMATCH || obs.got["block_size"] != 1 {
-		t.Fatalf("64-token events on a 16-token hello: %v, disagreements %v; want Mismatch, block_size: 1", c, obs.got)
+	if c := compat(); c != pb.HashCompatibility_HASH_COMPATIBILITY_MISMATCH || obs.disagreed["block_size"] != 1 {
+		t.Fatalf("64-token events on a 16-token hello: %v, disagreements %v; want Mismatch, block_size: 1", c, obs.disagreed)
 	}
 	s.Close()
 

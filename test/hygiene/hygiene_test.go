@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -47,28 +48,10 @@ func TestRenovateFindsThePinnedControlPlane(t *testing.T) {
 	require.Len(t, pinned, 3, "KUBE, ETCD and KWOK versions in install.sh")
 
 	found := map[string]string{} // depName -> currentValue
-	for _, m := range cfg.CustomManagers {
-		require.Equal(t, "regex", m.CustomType)
-		matchesScript := false
-		for _, p := range m.ManagerFilePatterns {
-			if regexp.MustCompile(strings.Trim(p, "/")).MatchString("test/tools/install.sh") {
-				matchesScript = true
-			}
-		}
-		if !matchesScript {
-			continue
-		}
-		for _, s := range m.MatchStrings {
-			re := regexp.MustCompile(s)
-			for _, sub := range re.FindAllStringSubmatch(string(script), -1) {
-				g := map[string]string{}
-				for i, name := range re.SubexpNames() {
-					g[name] = sub[i]
-				}
-				assert.Equal(t, "go", g["datasource"], "%s is looked up on the Go module proxy", g["depName"])
-				found[g["depName"]] = g["currentValue"]
-			}
-		}
+	groups, _ := renovateFinds(t, cfg, "test/tools/install.sh", script)
+	for _, g := range groups {
+		assert.Equal(t, "go", g["datasource"], "%s is looked up on the Go module proxy", g["depName"])
+		found[g["depName"]] = g["currentValue"]
 	}
 	assert.Equal(t, map[string]string{
 		"k8s.io/kubernetes":         pinned["KUBE"],
@@ -131,17 +114,28 @@ func TestRenovateFindsTheEngineReleases(t *testing.T) {
 	require.Contains(t, want, "lmcache==0.5.7rc2")
 	require.Contains(t, want, "sglang==0.5.23")
 	var found []string
+	groups, datasources := renovateFinds(t, cfg, path, text)
+	for _, g := range groups {
+		found = append(found, g["depName"]+"=="+g["currentValue"])
+	}
+	for _, d := range datasources {
+		assert.Equal(t, "pypi", d)
+	}
+	assert.Equal(t, want, found)
+}
+
+// renovateFinds runs cfg's regex managers whose file patterns match path
+// over text (ECMAScript named groups are valid Go syntax): the named
+// groups of every match, in order, and each such manager's
+// datasourceTemplate.
+func renovateFinds(t *testing.T, cfg renovateConfig, path string, text []byte) (groups []map[string]string, datasources []string) {
+	t.Helper()
 	for _, m := range cfg.CustomManagers {
-		matches := false
-		for _, p := range m.ManagerFilePatterns {
-			if regexp.MustCompile(strings.Trim(p, "/")).MatchString(path) {
-				matches = true
-			}
-		}
-		if !matches {
+		require.Equal(t, "regex", m.CustomType)
+		if !slices.ContainsFunc(m.ManagerFilePatterns, func(p string) bool { return regexp.MustCompile(strings.Trim(p, "/")).MatchString(path) }) {
 			continue
 		}
-		assert.Equal(t, "pypi", m.DatasourceTemplate)
+		datasources = append(datasources, m.DatasourceTemplate)
 		for _, s := range m.MatchStrings {
 			re := regexp.MustCompile(s)
 			for _, sub := range re.FindAllStringSubmatch(string(text), -1) {
@@ -149,9 +143,9 @@ func TestRenovateFindsTheEngineReleases(t *testing.T) {
 				for i, name := range re.SubexpNames() {
 					g[name] = sub[i]
 				}
-				found = append(found, g["depName"]+"=="+g["currentValue"])
+				groups = append(groups, g)
 			}
 		}
 	}
-	assert.Equal(t, want, found)
+	return groups, datasources
 }

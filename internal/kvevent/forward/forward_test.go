@@ -121,6 +121,19 @@ func (s *source) HashCompatibility() pb.HashCompatibility {
 	return pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED
 }
 
+// startAtEpochStart runs a forwarder of one rank at epoch 5 against a fake
+// index that holds that rank at the epoch's start.
+func startAtEpochStart(t *testing.T) (*fakeIndex, *source, chan *pb.Delta) {
+	t.Helper()
+	f := &fakeIndex{welcome: &pb.Welcome{HeartbeatSeconds: 60, Applied: []*pb.RankPosition{{Epoch: 5, Sequence: 0}}}}
+	addr, stop := serve(t, f, "127.0.0.1:0")
+	t.Cleanup(stop)
+	src := &source{epoch: 5}
+	in := make(chan *pb.Delta, 16)
+	start(t, addr, 100, src, in, &depth{})
+	return f, src, in
+}
+
 func delta(epoch, seq uint64) *pb.Delta {
 	return &pb.Delta{Epoch: epoch, Sequence: seq, Events: []*pb.BlockEvent{{Event: &pb.BlockEvent_Stored{Stored: &pb.BlockStored{BlockHashes: []uint64{seq}}}}}}
 }
@@ -246,12 +259,7 @@ func TestJournalOverflowResendsASnapshot(t *testing.T) {
 // queue was full) shows as a sequence skip; the forwarder sends the mirror
 // instead of a delta the index would refuse.
 func TestDroppedDeltaResendsASnapshot(t *testing.T) {
-	f := &fakeIndex{welcome: &pb.Welcome{HeartbeatSeconds: 60, Applied: []*pb.RankPosition{{Epoch: 5, Sequence: 0}}}}
-	addr, stop := serve(t, f, "127.0.0.1:0")
-	defer stop()
-	src := &source{epoch: 5}
-	in := make(chan *pb.Delta, 16)
-	start(t, addr, 100, src, in, &depth{})
+	f, src, in := startAtEpochStart(t)
 	in <- delta(5, 1)
 	waitFor(t, "delta 1", func() bool { _, d, _ := f.state(); return len(d) == 1 })
 	_, _, before := f.state() // the first delta of a subscriber's epoch goes with a snapshot
@@ -275,12 +283,7 @@ func TestDroppedDeltaResendsASnapshot(t *testing.T) {
 // fix the stream stayed on 16: the index hashed token queries with it and
 // matched nothing.
 func TestBlockSizeFromTheEventsIsAnnounced(t *testing.T) {
-	f := &fakeIndex{welcome: &pb.Welcome{HeartbeatSeconds: 60, Applied: []*pb.RankPosition{{Epoch: 5, Sequence: 0}}}}
-	addr, stop := serve(t, f, "127.0.0.1:0")
-	defer stop()
-	src := &source{epoch: 5}
-	in := make(chan *pb.Delta, 16)
-	start(t, addr, 100, src, in, &depth{})
+	f, src, in := startAtEpochStart(t)
 	in <- delta(5, 1)
 	waitFor(t, "the first delta", func() bool { _, d, _ := f.state(); return len(d) == 1 })
 	src.mu.Lock()
