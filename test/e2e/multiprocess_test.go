@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -233,6 +234,20 @@ func TestMultiprocessUnderBaselineRollsOnlyTheNodesEngines(t *testing.T) {
 	// Once: the change seen again (the old identity put back, as a manager
 	// that crashed before recording it would) evicts nothing more.
 	seeChangeAgain(t, key, first, "mp-engine")
+	// Release-aware wiring through the real webhook (issue 36): the
+	// engines' vllm/vllm-openai:v0.33.0 tag is their vLLM release; the
+	// bystander's untagged image tells none, so its receipt event is the
+	// Warning EngineReleaseUnknown and its connector has no module path.
+	for node, p := range before {
+		assert.Equal(t, "vllm=0.33.0 (image); lmcache=unknown", p.Annotations[v1alpha1.AnnotationWiredFor], "the engine on %s", node)
+		assert.Contains(t, strings.Join(p.Spec.Containers[0].Args, " "), inject.LMCacheMPConnectorModulePath, "the engine on %s", node)
+	}
+	bystander := &corev1.Pod{}
+	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bystander"}, bystander))
+	assert.Equal(t, "vllm=unknown; lmcache=unknown", bystander.Annotations[v1alpha1.AnnotationWiredFor])
+	assert.NotContains(t, strings.Join(bystander.Spec.Containers[0].Args, " "), inject.LMCacheMPConnectorModulePath)
+	testutil.WaitEvent(t, k8s, ns, "bystander", v1alpha1.EventEngineReleaseUnknown, 1)
+	assert.Zero(t, testutil.CountEvents(t, k8s, ns, before["gpu-a"].Name, v1alpha1.EventEngineReleaseUnknown))
 	final := engines()
 	assert.Equal(t, after["gpu-a"].UID, final["gpu-a"].UID, "gpu-a's new engine is not evicted again")
 	assert.Equal(t, after["gpu-b"].UID, final["gpu-b"].UID)
