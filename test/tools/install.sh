@@ -3,7 +3,8 @@
 # kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes), etcd
 # (go.etcd.io/etcd/server/v3) and kwok (sigs.k8s.io/kwok), plus kwok's stage
 # files. Binaries go to a per-user cache folder keyed by version, so a fresh
-# clone reuses them; only missing binaries are built. Prints the folder.
+# clone reuses them; only missing binaries are built; concurrent callers
+# wait for one build (flock). Prints the folder.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,6 +20,11 @@ KWOK_VERSION=v0.8.0
 cache=${INFERENCECACHE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inferencecache-operator}
 dir=${CONTROLPLANE_DIR:-$cache/controlplane-kube${KUBE_VERSION}-etcd${ETCD_VERSION}-kwok${KWOK_VERSION}}
 mkdir -p "$dir"
+# Concurrent callers (make test's phases, a test binary that finds the
+# folder incomplete) wait for one build: without the lock two builds of one
+# binary race on its temporary name.
+exec 9>"$dir/.lock"
+flock 9
 
 log() { echo "controlplane: $*" >&2; }
 
