@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/inferencecache/operator/internal/kvevent/hashcheck"
 )
 
 // ErrTokensUnsupported is returned when a query carries token IDs but the
@@ -35,6 +37,39 @@ func HashTokens(algorithm, seed string, blockSize int, tokens []uint32) ([]uint6
 		buf = append(buf, 0xf6)
 		parent = sha256.Sum256(buf)
 		out = append(out, binary.BigEndian.Uint64(parent[24:]))
+	}
+	return out, nil
+}
+
+// HashPrompt computes a prompt's full-block hashes in a scheme the index
+// can reproduce: vLLM's sha256_cbor (HashTokens), or LMCache's blake3
+// chunk hashes (HashChunks), which its multiprocess connector publishes
+// for its CPU tier.
+func HashPrompt(algorithm, seed string, blockSize int, tokens []uint32) ([]uint64, error) {
+	if algorithm == hashcheck.LMCacheBlake3 {
+		return HashChunks(blockSize, tokens)
+	}
+	return HashTokens(algorithm, seed, blockSize, tokens)
+}
+
+// HashChunks computes LMCache's blake3 chunk hashes of a prompt's full
+// chunks as the engine's publisher carries them (the low 64 bits of each
+// digest): lmcache.v1.multiprocess.token_hasher chained from BLAKE3 of
+// twelve zero bytes, each chunk BLAKE3(parent digest ‖ tokens as
+// big-endian uint32).
+func HashChunks(chunkSize int, tokens []uint32) ([]uint64, error) {
+	if chunkSize <= 0 {
+		return nil, fmt.Errorf("scheme %s/%d: %w", hashcheck.LMCacheBlake3, chunkSize, ErrTokensUnsupported)
+	}
+	n := len(tokens) / chunkSize
+	out := make([]uint64, 0, n)
+	var parent *hashcheck.Digest
+	var d hashcheck.Digest
+	buf := make([]byte, 0, 32+4*chunkSize)
+	for c := range n {
+		d, buf = hashcheck.LMCacheDigest(parent, tokens[c*chunkSize:(c+1)*chunkSize], buf)
+		out = append(out, hashcheck.Low64(d))
+		parent = &d
 	}
 	return out, nil
 }

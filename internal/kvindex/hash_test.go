@@ -45,3 +45,18 @@ func TestHashTokensRefusesIrreproducibleSchemes(t *testing.T) {
 		t.Errorf("no seed: err = %v, want ErrTokensUnsupported", err)
 	}
 }
+
+// LMCache 0.5.6's own TokenHasher(chunk_size=4, hash_algorithm="blake3") on
+// tokens 1..9, low 64 bits (printed by the locked environment's lmcache).
+func TestHashChunksMatchesLMCacheBlake3(t *testing.T) {
+	got, err := HashPrompt("lmcache_blake3", "", 4, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint64{0x231f41368b71123c, 0xbb8cdbd83a8c0e19}; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("chunk hashes %#x, want %#x", got, want)
+	}
+	if _, err := HashPrompt("lmcache_blake3", "", 0, make([]uint32, 8)); !errors.Is(err, ErrTokensUnsupported) {
+		t.Fatalf("chunk size 0: err = %v, want ErrTokensUnsupported", err)
+	}
+}

@@ -90,8 +90,9 @@ type RankScores struct {
 // holds at least the prompt's first block, with its prefix lengths; the
 // Mooncake-shaped HTTP API reports them per rank and medium. The prompt is
 // block hashes, or token IDs that the index hashes with the pods' scheme
-// when that scheme is a Verified sha256_cbor. Pods reported Unsynced are
-// left out: their blocks are not trusted.
+// when that scheme is a Verified sha256_cbor, and with the scheme of the
+// pods' LMCache chunks when their subscribers verified one (scoreTiers).
+// Pods reported Unsynced are left out: their blocks are not trusted.
 func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend BackendRef, model, lora string, hashes []uint64, tokens []uint32) (RankScores, error) {
 	var res RankScores
 	if backend.Namespace == "" || backend.Name == "" || model == "" {
@@ -161,10 +162,79 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 			res.Matches = append(res.Matches, RankMatch{Pod: rec.Name, BlockSize: rec.BlockSize, State: state, Match: m})
 		}
 	}
+	if len(hashes) == 0 && len(tokens) > 0 && lora == "" {
+		tiered, err := ix.scoreTiers(ctx, backend, model, tokens, pods, now, &res)
+		if err != nil {
+			return res, err
+		}
+		hashedTokens = hashedTokens || tiered
+	}
 	if len(hashes) == 0 && len(tokens) > 0 && len(schemes) > 0 && !hashedTokens {
-		return res, fmt.Errorf("no pod of model %s in %s has a Verified sha256_cbor scheme for the base model: %w", model, backend, ErrTokensUnsupported)
+		return res, fmt.Errorf("no pod of model %s in %s has a Verified sha256_cbor scheme or LMCache chunks for the base model: %w", model, backend, ErrTokensUnsupported)
 	}
 	return res, nil
+}
+
+// scoreTiers adds the pods' other tiers to a token query's matches: the
+// LMCache chunks a pod's subscriber verified live in their own scheme's
+// space (their own chunk size and hash), so the index hashes the tokens
+// again in that scheme. A rank's chunk prefix counts in the pod's own
+// blocks (LMCache's connector requires the chunk size to be a multiple of
+// the block size) and merges with the rank's match in the engine's
+// scheme: the pod holds at least the longer of the two. It reports
+// whether any tier scheme hashed the tokens.
+func (ix *Index) scoreTiers(ctx context.Context, backend BackendRef, model string, tokens []uint32, pods map[string]PodRecord, now time.Time, res *RankScores) (bool, error) {
+	tiers := map[string]uint32{}
+	for _, r := range pods {
+		if r.TierScheme != "" && r.ChunkSize > 0 {
+			tiers[r.TierScheme] = r.ChunkSize
+		}
+	}
+	if len(tiers) == 0 {
+		return false, nil
+	}
+	type rankKey struct {
+		uid  string
+		rank uint32
+	}
+	at := map[rankKey]int{}
+	for i, m := range res.Matches {
+		at[rankKey{m.PodUID, m.Rank}] = i
+	}
+	hashed := false
+	for _, scheme := range slices.Sorted(maps.Keys(tiers)) {
+		alg, _ := schemeParts(scheme)
+		hs, err := HashPrompt(alg, "", int(tiers[scheme]), tokens)
+		if err != nil || len(hs) == 0 {
+			continue
+		}
+		hashed = true
+		ms, err := ix.opt.Store.Score(ctx, backend, Space{Model: model, Scheme: scheme}, hs)
+		if err != nil {
+			return hashed, fmt.Errorf("scoring in %s: %w", backend, err)
+		}
+		for _, m := range ms {
+			rec, ok := pods[m.PodUID]
+			if !ok || m.Any == 0 || rec.TierScheme != scheme || rec.BlockSize == 0 || rec.ChunkSize%rec.BlockSize != 0 {
+				continue
+			}
+			state := ix.podState(rec, 1, now)
+			if state == pb.PodState_POD_STATE_UNSYNCED {
+				continue
+			}
+			k := rec.ChunkSize / rec.BlockSize
+			c := Match{PodUID: m.PodUID, Rank: m.Rank, Any: m.Any * k, CPU: m.CPU * k, Disk: m.Disk * k, GPUOrCPU: m.GPUOrCPU * k}
+			i, ok := at[rankKey{m.PodUID, m.Rank}]
+			if !ok {
+				at[rankKey{m.PodUID, m.Rank}] = len(res.Matches)
+				res.Matches = append(res.Matches, RankMatch{Pod: rec.Name, BlockSize: rec.BlockSize, State: state, Match: c})
+				continue
+			}
+			e := &res.Matches[i].Match
+			e.Any, e.CPU, e.Disk, e.GPUOrCPU = max(e.Any, c.Any), max(e.CPU, c.CPU), max(e.Disk, c.Disk), max(e.GPUOrCPU, c.GPUOrCPU)
+		}
+	}
+	return hashed, nil
 }
 
 // RankMatch is one (pod, rank)'s match with the pod's name and state.

@@ -18,13 +18,16 @@ type Session struct {
 	caller Caller
 	cancel context.CancelFunc
 
-	hello    *pb.Hello
-	pod      PodKey
-	rec      PodRecord
-	scheme   string
-	putAt    time.Time
-	snapshot map[uint32]*staging
-	asked    map[uint32]bool
+	hello  *pb.Hello
+	pod    PodKey
+	rec    PodRecord
+	scheme string
+	// tierScheme is the space of the tiers other than GPU when the hello
+	// announced their scheme, "" when they share scheme's.
+	tierScheme string
+	putAt      time.Time
+	snapshot   map[uint32]*staging
+	asked      map[uint32]bool
 	// disagrees is the block size of the stream's GPU-tier BlockStored
 	// events when it is not the one its hello announced (0 when they
 	// agree): the pod is then reported hash Mismatch, since a token query
@@ -176,12 +179,16 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	s.hello = h
 	s.pod = PodKey{Backend: backend, UID: pod.GetUid()}
 	s.scheme = schemeString(h.GetHashScheme())
+	s.tierScheme = ""
+	if ts := h.GetTierScheme(); ts != nil {
+		s.tierScheme = schemeString(ts)
+	}
 	dp := max(h.GetDataParallelSize(), 1)
 	now := s.ix.opt.Now()
 	s.rec = PodRecord{
 		Backend: backend, UID: pod.GetUid(), Name: pod.GetName(), Model: h.GetModel(), Engine: h.GetEngine(),
 		Scheme: s.scheme, BlockSize: h.GetHashScheme().GetBlockSize(), Compatibility: int32(h.GetHashCompatibility()),
-		DPSize: dp, LastSeen: now,
+		TierScheme: s.tierScheme, ChunkSize: h.GetTierScheme().GetBlockSize(), DPSize: dp, LastSeen: now,
 	}
 	// Keep the counters and last event of an earlier stream of this pod.
 	if old, err := s.ix.opt.Store.Pods(ctx, backend); err == nil {
@@ -250,6 +257,8 @@ func checkHelloNames(h *pb.Hello) error {
 		{"engine", h.GetEngine(), MaxEngineBytes},
 		{"hash_scheme.algorithm", h.GetHashScheme().GetAlgorithm(), MaxHashAlgorithmBytes},
 		{"hash_scheme.seed", h.GetHashScheme().GetSeed(), MaxHashSeedBytes},
+		{"tier_scheme.algorithm", h.GetTierScheme().GetAlgorithm(), MaxHashAlgorithmBytes},
+		{"tier_scheme.seed", h.GetTierScheme().GetSeed(), MaxHashSeedBytes},
 	} {
 		if err := checkLen(c.field, c.value, c.max); err != nil {
 			return err
@@ -300,7 +309,13 @@ func (s *Session) source(rank uint32) Source {
 	return Source{Backend: s.pod.Backend, PodUID: s.pod.UID, Rank: rank}
 }
 
-func (s *Session) space(lora string) Space {
+// space is where the blocks of a tier live: the GPU tier (and every tier
+// when the hello announced no tier scheme) in the engine's scheme, the
+// other tiers in theirs.
+func (s *Session) space(lora string, tier pb.Tier) Space {
+	if s.tierScheme != "" && tier != pb.Tier_TIER_GPU {
+		return Space{Model: s.rec.Model, Lora: lora, Scheme: s.tierScheme}
+	}
 	return Space{Model: s.rec.Model, Lora: lora, Scheme: s.scheme}
 }
 
@@ -323,11 +338,11 @@ func (s *Session) handleDelta(ctx context.Context, d *pb.Delta) ([]*pb.IngestRes
 		}
 		switch e := ev.Event.(type) {
 		case *pb.BlockEvent_Stored:
-			delta.Ops = append(delta.Ops, Op{Kind: OpStore, Tier: Tier(e.Stored.GetTier()), Space: s.space(e.Stored.GetLoraName()), Hashes: e.Stored.GetBlockHashes()})
+			delta.Ops = append(delta.Ops, Op{Kind: OpStore, Tier: Tier(e.Stored.GetTier()), Space: s.space(e.Stored.GetLoraName(), e.Stored.GetTier()), Hashes: e.Stored.GetBlockHashes()})
 			blocks += len(e.Stored.GetBlockHashes())
 			s.checkBlockSize(e.Stored)
 		case *pb.BlockEvent_Removed:
-			delta.Ops = append(delta.Ops, Op{Kind: OpRemove, Tier: Tier(e.Removed.GetTier()), Space: s.space(e.Removed.GetLoraName()), Hashes: e.Removed.GetBlockHashes()})
+			delta.Ops = append(delta.Ops, Op{Kind: OpRemove, Tier: Tier(e.Removed.GetTier()), Space: s.space(e.Removed.GetLoraName(), e.Removed.GetTier()), Hashes: e.Removed.GetBlockHashes()})
 			blocks += len(e.Removed.GetBlockHashes())
 		case *pb.BlockEvent_Cleared:
 			delta.Ops = append(delta.Ops, Op{Kind: OpClear, Tier: Tier(e.Cleared.GetTier())})
@@ -460,7 +475,7 @@ func (s *Session) handleSnapshotChunk(c *pb.SnapshotChunk) ([]*pb.IngestResponse
 				break
 			}
 			st.reserved += int64(adding)
-			if err := st.snap.Add(s.space(e.GetLoraName()), Tier(e.GetTier()), hashes, refs); err != nil {
+			if err := st.snap.Add(s.space(e.GetLoraName(), e.GetTier()), Tier(e.GetTier()), hashes, refs); err != nil {
 				st.bad = true
 			}
 		}

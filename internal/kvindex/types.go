@@ -153,13 +153,18 @@ type Match struct {
 // Store keeps it so that every replica on a shared store reports the same
 // participation.
 type PodRecord struct {
-	Backend       BackendRef   `json:"-"`
-	UID           string       `json:"uid"`
-	Name          string       `json:"name"`
-	Model         string       `json:"model"`
-	Engine        string       `json:"engine,omitempty"`
-	Scheme        string       `json:"scheme"`
-	BlockSize     uint32       `json:"blockSize"`
+	Backend   BackendRef `json:"-"`
+	UID       string     `json:"uid"`
+	Name      string     `json:"name"`
+	Model     string     `json:"model"`
+	Engine    string     `json:"engine,omitempty"`
+	Scheme    string     `json:"scheme"`
+	BlockSize uint32     `json:"blockSize"`
+	// TierScheme is the scheme of the pod's tiers other than GPU when its
+	// subscriber verified one (LMCache's blake3 chunks), "" otherwise;
+	// ChunkSize its block size.
+	TierScheme    string       `json:"tierScheme,omitempty"`
+	ChunkSize     uint32       `json:"chunkSize,omitempty"`
 	Compatibility int32        `json:"compatibility"`
 	DPSize        uint32       `json:"dpSize"`
 	LastSeen      time.Time    `json:"lastSeen"`

@@ -739,8 +739,17 @@ type Hello struct {
 	Ranks []*RankPosition `protobuf:"bytes,9,rep,name=ranks,proto3" json:"ranks,omitempty"`
 	// The subscriber's build, for logs.
 	SubscriberVersion string `protobuf:"bytes,10,opt,name=subscriber_version,json=subscriberVersion,proto3" json:"subscriber_version,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The scheme of the blocks the engine publishes in its other tiers, when
+	// the subscriber verified it: LMCache's multiprocess connector publishes
+	// its CPU chunks through vLLM's publisher with its own chunk size and
+	// hash ("lmcache_blake3": BLAKE3 chained over the parent digest and the
+	// tokens as big-endian uint32, from BLAKE3 of twelve zero bytes). The
+	// index keeps the tiers other than GPU in this scheme's key space and
+	// hashes a router's token IDs with it too. Unset: every tier is in
+	// hash_scheme's space.
+	TierScheme    *HashScheme `protobuf:"bytes,11,opt,name=tier_scheme,json=tierScheme,proto3" json:"tier_scheme,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -841,6 +850,13 @@ func (x *Hello) GetSubscriberVersion() string {
 		return x.SubscriberVersion
 	}
 	return ""
+}
+
+func (x *Hello) GetTierScheme() *HashScheme {
+	if x != nil {
+		return x.TierScheme
+	}
+	return nil
 }
 
 // RankPosition is a (rank, epoch, sequence) position.
@@ -2804,7 +2820,7 @@ const file_inferencecache_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\talgorithm\x18\x01 \x01(\tR\talgorithm\x12\x12\n" +
 	"\x04seed\x18\x02 \x01(\tR\x04seed\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x03 \x01(\rR\tblockSize\"\xac\x04\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\"\xf4\x04\n" +
 	"\x05Hello\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x128\n" +
 	"\x03pod\x18\x02 \x01(\v2&.inferencecache.kvindex.v1.PodIdentityR\x03pod\x12O\n" +
@@ -2817,7 +2833,9 @@ const file_inferencecache_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\x12data_parallel_size\x18\b \x01(\rR\x10dataParallelSize\x12=\n" +
 	"\x05ranks\x18\t \x03(\v2'.inferencecache.kvindex.v1.RankPositionR\x05ranks\x12-\n" +
 	"\x12subscriber_version\x18\n" +
-	" \x01(\tR\x11subscriberVersion\"T\n" +
+	" \x01(\tR\x11subscriberVersion\x12F\n" +
+	"\vtier_scheme\x18\v \x01(\v2%.inferencecache.kvindex.v1.HashSchemeR\n" +
+	"tierScheme\"T\n" +
 	"\fRankPosition\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1a\n" +
@@ -3072,45 +3090,46 @@ var file_inferencecache_kvindex_v1_kvindex_proto_depIdxs = []int32{
 	8,  // 11: inferencecache.kvindex.v1.Hello.hash_scheme:type_name -> inferencecache.kvindex.v1.HashScheme
 	1,  // 12: inferencecache.kvindex.v1.Hello.hash_compatibility:type_name -> inferencecache.kvindex.v1.HashCompatibility
 	10, // 13: inferencecache.kvindex.v1.Hello.ranks:type_name -> inferencecache.kvindex.v1.RankPosition
-	10, // 14: inferencecache.kvindex.v1.Welcome.applied:type_name -> inferencecache.kvindex.v1.RankPosition
-	0,  // 15: inferencecache.kvindex.v1.BlockStored.tier:type_name -> inferencecache.kvindex.v1.Tier
-	0,  // 16: inferencecache.kvindex.v1.BlockRemoved.tier:type_name -> inferencecache.kvindex.v1.Tier
-	0,  // 17: inferencecache.kvindex.v1.AllBlocksCleared.tier:type_name -> inferencecache.kvindex.v1.Tier
-	12, // 18: inferencecache.kvindex.v1.BlockEvent.stored:type_name -> inferencecache.kvindex.v1.BlockStored
-	13, // 19: inferencecache.kvindex.v1.BlockEvent.removed:type_name -> inferencecache.kvindex.v1.BlockRemoved
-	14, // 20: inferencecache.kvindex.v1.BlockEvent.cleared:type_name -> inferencecache.kvindex.v1.AllBlocksCleared
-	15, // 21: inferencecache.kvindex.v1.Delta.events:type_name -> inferencecache.kvindex.v1.BlockEvent
-	0,  // 22: inferencecache.kvindex.v1.SnapshotEntries.tier:type_name -> inferencecache.kvindex.v1.Tier
-	18, // 23: inferencecache.kvindex.v1.SnapshotChunk.entries:type_name -> inferencecache.kvindex.v1.SnapshotEntries
-	2,  // 24: inferencecache.kvindex.v1.RankHealth.state:type_name -> inferencecache.kvindex.v1.PodState
-	21, // 25: inferencecache.kvindex.v1.Heartbeat.ranks:type_name -> inferencecache.kvindex.v1.RankHealth
-	1,  // 26: inferencecache.kvindex.v1.Heartbeat.hash_compatibility:type_name -> inferencecache.kvindex.v1.HashCompatibility
-	10, // 27: inferencecache.kvindex.v1.Ack.applied:type_name -> inferencecache.kvindex.v1.RankPosition
-	3,  // 28: inferencecache.kvindex.v1.ResyncRequest.reason:type_name -> inferencecache.kvindex.v1.ResyncReason
-	10, // 29: inferencecache.kvindex.v1.ResyncRequest.applied:type_name -> inferencecache.kvindex.v1.RankPosition
-	7,  // 30: inferencecache.kvindex.v1.ScoreRequest.cache_backend:type_name -> inferencecache.kvindex.v1.CacheBackendRef
-	26, // 31: inferencecache.kvindex.v1.PodScore.tiers:type_name -> inferencecache.kvindex.v1.TierMatch
-	2,  // 32: inferencecache.kvindex.v1.PodScore.state:type_name -> inferencecache.kvindex.v1.PodState
-	27, // 33: inferencecache.kvindex.v1.ScoreResponse.pods:type_name -> inferencecache.kvindex.v1.PodScore
-	7,  // 34: inferencecache.kvindex.v1.ParticipationRequest.cache_backend:type_name -> inferencecache.kvindex.v1.CacheBackendRef
-	0,  // 35: inferencecache.kvindex.v1.TierBlocks.tier:type_name -> inferencecache.kvindex.v1.Tier
-	2,  // 36: inferencecache.kvindex.v1.PodParticipation.state:type_name -> inferencecache.kvindex.v1.PodState
-	1,  // 37: inferencecache.kvindex.v1.PodParticipation.hash_compatibility:type_name -> inferencecache.kvindex.v1.HashCompatibility
-	7,  // 38: inferencecache.kvindex.v1.ParticipationSummary.cache_backend:type_name -> inferencecache.kvindex.v1.CacheBackendRef
-	1,  // 39: inferencecache.kvindex.v1.ParticipationSummary.hash_compatibility:type_name -> inferencecache.kvindex.v1.HashCompatibility
-	30, // 40: inferencecache.kvindex.v1.ParticipationSummary.blocks:type_name -> inferencecache.kvindex.v1.TierBlocks
-	31, // 41: inferencecache.kvindex.v1.ParticipationSummary.pod_list:type_name -> inferencecache.kvindex.v1.PodParticipation
-	4,  // 42: inferencecache.kvindex.v1.Ingest.Stream:input_type -> inferencecache.kvindex.v1.IngestRequest
-	25, // 43: inferencecache.kvindex.v1.Query.Score:input_type -> inferencecache.kvindex.v1.ScoreRequest
-	29, // 44: inferencecache.kvindex.v1.Query.Participation:input_type -> inferencecache.kvindex.v1.ParticipationRequest
-	5,  // 45: inferencecache.kvindex.v1.Ingest.Stream:output_type -> inferencecache.kvindex.v1.IngestResponse
-	28, // 46: inferencecache.kvindex.v1.Query.Score:output_type -> inferencecache.kvindex.v1.ScoreResponse
-	32, // 47: inferencecache.kvindex.v1.Query.Participation:output_type -> inferencecache.kvindex.v1.ParticipationSummary
-	45, // [45:48] is the sub-list for method output_type
-	42, // [42:45] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	8,  // 14: inferencecache.kvindex.v1.Hello.tier_scheme:type_name -> inferencecache.kvindex.v1.HashScheme
+	10, // 15: inferencecache.kvindex.v1.Welcome.applied:type_name -> inferencecache.kvindex.v1.RankPosition
+	0,  // 16: inferencecache.kvindex.v1.BlockStored.tier:type_name -> inferencecache.kvindex.v1.Tier
+	0,  // 17: inferencecache.kvindex.v1.BlockRemoved.tier:type_name -> inferencecache.kvindex.v1.Tier
+	0,  // 18: inferencecache.kvindex.v1.AllBlocksCleared.tier:type_name -> inferencecache.kvindex.v1.Tier
+	12, // 19: inferencecache.kvindex.v1.BlockEvent.stored:type_name -> inferencecache.kvindex.v1.BlockStored
+	13, // 20: inferencecache.kvindex.v1.BlockEvent.removed:type_name -> inferencecache.kvindex.v1.BlockRemoved
+	14, // 21: inferencecache.kvindex.v1.BlockEvent.cleared:type_name -> inferencecache.kvindex.v1.AllBlocksCleared
+	15, // 22: inferencecache.kvindex.v1.Delta.events:type_name -> inferencecache.kvindex.v1.BlockEvent
+	0,  // 23: inferencecache.kvindex.v1.SnapshotEntries.tier:type_name -> inferencecache.kvindex.v1.Tier
+	18, // 24: inferencecache.kvindex.v1.SnapshotChunk.entries:type_name -> inferencecache.kvindex.v1.SnapshotEntries
+	2,  // 25: inferencecache.kvindex.v1.RankHealth.state:type_name -> inferencecache.kvindex.v1.PodState
+	21, // 26: inferencecache.kvindex.v1.Heartbeat.ranks:type_name -> inferencecache.kvindex.v1.RankHealth
+	1,  // 27: inferencecache.kvindex.v1.Heartbeat.hash_compatibility:type_name -> inferencecache.kvindex.v1.HashCompatibility
+	10, // 28: inferencecache.kvindex.v1.Ack.applied:type_name -> inferencecache.kvindex.v1.RankPosition
+	3,  // 29: inferencecache.kvindex.v1.ResyncRequest.reason:type_name -> inferencecache.kvindex.v1.ResyncReason
+	10, // 30: inferencecache.kvindex.v1.ResyncRequest.applied:type_name -> inferencecache.kvindex.v1.RankPosition
+	7,  // 31: inferencecache.kvindex.v1.ScoreRequest.cache_backend:type_name -> inferencecache.kvindex.v1.CacheBackendRef
+	26, // 32: inferencecache.kvindex.v1.PodScore.tiers:type_name -> inferencecache.kvindex.v1.TierMatch
+	2,  // 33: inferencecache.kvindex.v1.PodScore.state:type_name -> inferencecache.kvindex.v1.PodState
+	27, // 34: inferencecache.kvindex.v1.ScoreResponse.pods:type_name -> inferencecache.kvindex.v1.PodScore
+	7,  // 35: inferencecache.kvindex.v1.ParticipationRequest.cache_backend:type_name -> inferencecache.kvindex.v1.CacheBackendRef
+	0,  // 36: inferencecache.kvindex.v1.TierBlocks.tier:type_name -> inferencecache.kvindex.v1.Tier
+	2,  // 37: inferencecache.kvindex.v1.PodParticipation.state:type_name -> inferencecache.kvindex.v1.PodState
+	1,  // 38: inferencecache.kvindex.v1.PodParticipation.hash_compatibility:type_name -> inferencecache.kvindex.v1.HashCompatibility
+	7,  // 39: inferencecache.kvindex.v1.ParticipationSummary.cache_backend:type_name -> inferencecache.kvindex.v1.CacheBackendRef
+	1,  // 40: inferencecache.kvindex.v1.ParticipationSummary.hash_compatibility:type_name -> inferencecache.kvindex.v1.HashCompatibility
+	30, // 41: inferencecache.kvindex.v1.ParticipationSummary.blocks:type_name -> inferencecache.kvindex.v1.TierBlocks
+	31, // 42: inferencecache.kvindex.v1.ParticipationSummary.pod_list:type_name -> inferencecache.kvindex.v1.PodParticipation
+	4,  // 43: inferencecache.kvindex.v1.Ingest.Stream:input_type -> inferencecache.kvindex.v1.IngestRequest
+	25, // 44: inferencecache.kvindex.v1.Query.Score:input_type -> inferencecache.kvindex.v1.ScoreRequest
+	29, // 45: inferencecache.kvindex.v1.Query.Participation:input_type -> inferencecache.kvindex.v1.ParticipationRequest
+	5,  // 46: inferencecache.kvindex.v1.Ingest.Stream:output_type -> inferencecache.kvindex.v1.IngestResponse
+	28, // 47: inferencecache.kvindex.v1.Query.Score:output_type -> inferencecache.kvindex.v1.ScoreResponse
+	32, // 48: inferencecache.kvindex.v1.Query.Participation:output_type -> inferencecache.kvindex.v1.ParticipationSummary
+	46, // [46:49] is the sub-list for method output_type
+	43, // [43:46] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_inferencecache_kvindex_v1_kvindex_proto_init() }

@@ -822,7 +822,8 @@ func engineScenario(t *testing.T, tc engineCase) {
 // sidecar does not check them against vLLM's block hash (before, the
 // first chunk was a hash Mismatch and the pod's GPU blocks were no longer
 // scored by token IDs), and the block size it announces stays the
-// engine's.
+// engine's. The sidecar verifies them as LMCache's chunks and the index
+// scores them by token IDs in their own scheme.
 func lmcacheCPUChunks(t *testing.T, pub *enginePublisher, ix *engineIndex, sc *sidecar) {
 	t.Helper()
 	toks := make([]int, 512)
@@ -857,5 +858,39 @@ func lmcacheCPUChunks(t *testing.T, pub *enginePublisher, ix *engineIndex, sc *s
 	}
 	if bs, want := m[`block_size{rank="0"}`], float64(pub.ready["block_size"].(float64)); bs != want {
 		t.Errorf("the sidecar's block size is %v after LMCache's chunks, want the engine's %v", bs, want)
+	}
+	// The index scores the chunks by token IDs: the sidecar verified them
+	// as LMCache's blake3 chunks and announced their scheme, the index
+	// hashes the prompt again with it. Before, the prompt (held only in
+	// LMCache's CPU tier) matched nothing.
+	ids := make([]uint32, len(toks))
+	for i, v := range toks {
+		ids[i] = uint32(v)
+	}
+	want := uint32(len(toks)) / uint32(pub.ready["block_size"].(float64))
+	var got *pb.PodScore
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		r, err := ix.q.Score(ctx, &pb.ScoreRequest{CacheBackend: ix.backend, Model: ix.model, TokenIds: ids})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range r.GetPods() {
+			if p.GetPodName() == enginePodName && p.GetRank() == 0 {
+				got = p
+			}
+		}
+		if got.GetTiers().GetCpu() == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			m := fixture.SubscriberMetrics(podHTTP, sc.httpAddr)
+			t.Fatalf("Score by the token IDs of LMCache's two chunks: %v, want %d leading blocks in the CPU tier (tier_hash_verify %v)\nsubscriber log:\n%s",
+				got, want, m[`tier_hash_verify_total{result="Verified"}`], sc.tail())
+		}
+	}
+	if v := fixture.SubscriberMetrics(podHTTP, sc.httpAddr)[`tier_hash_verify_total{result="Verified"}`]; v < 2 {
+		t.Errorf("tier_hash_verify_total{result=\"Verified\"} = %v, want LMCache's 2 chunks", v)
 	}
 }

@@ -36,6 +36,9 @@ type Source interface {
 	// BlockSize is the block size of the engine's own BlockStored events;
 	// 0 before the first.
 	BlockSize() uint32
+	// TierScheme is the verified scheme of the engine's other tiers
+	// (LMCache's chunks), or nil.
+	TierScheme() *pb.HashScheme
 }
 
 // Config configures the forwarder.
@@ -89,8 +92,10 @@ type Forwarder struct {
 	sources map[uint32]Source
 	ranks   map[uint32]*rankState
 	depth   int
-	// announced is the block size the current stream's hello announced.
-	announced uint32
+	// announced is the block size the current stream's hello announced,
+	// announcedTier its tier scheme ("" for none).
+	announced     uint32
+	announcedTier string
 }
 
 // New returns a forwarder reading deltas from in.
@@ -256,7 +261,8 @@ func (f *Forwarder) session(ctx context.Context, client pb.IngestClient) error {
 		sc := hello.HashScheme
 		hello.HashScheme = &pb.HashScheme{Algorithm: sc.GetAlgorithm(), Seed: sc.GetSeed(), BlockSize: bs}
 	}
-	f.announced = hello.GetHashScheme().GetBlockSize()
+	hello.TierScheme = f.tierScheme()
+	f.announced, f.announcedTier = hello.GetHashScheme().GetBlockSize(), tierKey(hello.TierScheme)
 	for r, st := range f.ranks {
 		if st.valid {
 			hello.Ranks = append(hello.Ranks, &pb.RankPosition{Rank: r, Epoch: st.epoch, Sequence: st.seq})
@@ -356,8 +362,26 @@ func (f *Forwarder) blockSize() uint32 {
 	return 0
 }
 
+// tierScheme is the other tiers' verified scheme (the first rank that has
+// one), or nil.
+func (f *Forwarder) tierScheme() *pb.HashScheme {
+	for _, src := range f.sources {
+		if sc := src.TierScheme(); sc != nil {
+			return sc
+		}
+	}
+	return nil
+}
+
+func tierKey(sc *pb.HashScheme) string {
+	if sc == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s/%d", sc.GetAlgorithm(), sc.GetBlockSize())
+}
+
 // errReannounce ends a stream whose hello announced another block size
-// than the engine's events carry.
+// (or tier scheme) than the engine's events carry.
 var errReannounce = errors.New("the hash scheme changed")
 
 // reannounce ends the stream when the engine's events carry another block
@@ -365,16 +389,27 @@ var errReannounce = errors.New("the hash scheme changed")
 // announced one. Every rank is resent whole on the next stream, under the
 // new hello, so that no block stays in the old scheme's space (a snapshot
 // replaces everything the rank held).
+//
+// The same holds for the other tiers' scheme: once LMCache's chunks are
+// verified, the next hello announces it and the index moves those tiers
+// into its space.
 func (f *Forwarder) reannounce() error {
-	bs := f.blockSize()
-	if bs == 0 || bs == f.announced || f.cfg.Hello == nil || f.cfg.Hello.HashScheme == nil {
+	if f.cfg.Hello == nil || f.cfg.Hello.HashScheme == nil {
+		return nil
+	}
+	var why string
+	if bs := f.blockSize(); bs != 0 && bs != f.announced {
+		why = fmt.Sprintf("the engine's events carry block size %d, the stream announced %d", bs, f.announced)
+	} else if tk := tierKey(f.tierScheme()); tk != f.announcedTier {
+		why = fmt.Sprintf("the engine's other tiers carry the scheme %q, the stream announced %q", tk, f.announcedTier)
+	} else {
 		return nil
 	}
 	for _, st := range f.ranks {
 		f.drop(st)
 		st.lost = true
 	}
-	return fmt.Errorf("the engine's events carry block size %d, the stream announced %d: %w", bs, f.announced, errReannounce)
+	return fmt.Errorf("%s: %w", why, errReannounce)
 }
 
 func (f *Forwarder) hashCompatibility() pb.HashCompatibility {

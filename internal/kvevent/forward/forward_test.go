@@ -102,6 +102,7 @@ type source struct {
 	mu         sync.Mutex
 	epoch, seq uint64
 	blockSize  uint32
+	tier       *pb.HashScheme
 }
 
 func (s *source) Snapshot(context.Context) (*subscriber.Snapshot, error) {
@@ -115,6 +116,11 @@ func (s *source) BlockSize() uint32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.blockSize
+}
+func (s *source) TierScheme() *pb.HashScheme {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tier
 }
 func (s *source) Health() *pb.RankHealth { return &pb.RankHealth{} }
 func (s *source) HashCompatibility() pb.HashCompatibility {
@@ -301,5 +307,30 @@ func TestBlockSizeFromTheEventsIsAnnounced(t *testing.T) {
 	}
 	if sc := f.hellos[1].GetHashScheme(); sc.GetAlgorithm() != "sha256_cbor" || sc.GetSeed() != "0" {
 		t.Fatalf("second hello scheme %v: algorithm and verified seed kept", sc)
+	}
+}
+
+// TestTierSchemeIsAnnounced (issue 36): LMCache's CPU chunks, once the
+// subscriber verified them, are announced in a new hello with the rank
+// resent whole, so the index moves them into their own scheme's space.
+func TestTierSchemeIsAnnounced(t *testing.T) {
+	f, src, in := startAtEpochStart(t)
+	in <- delta(5, 1)
+	waitFor(t, "the first delta", func() bool { _, d, _ := f.state(); return len(d) == 1 })
+	src.mu.Lock()
+	src.tier, src.seq = &pb.HashScheme{Algorithm: "lmcache_blake3", BlockSize: 256}, 1
+	src.mu.Unlock()
+	in <- delta(5, 2)
+	waitFor(t, "a second hello and a snapshot", func() bool { h, _, s := f.state(); return h == 2 && s >= 1 })
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := f.hellos[0].GetTierScheme(); got != nil {
+		t.Fatalf("first hello tier scheme %v, want none before the chunks were verified", got)
+	}
+	if got := f.hellos[1].GetTierScheme(); got.GetAlgorithm() != "lmcache_blake3" || got.GetBlockSize() != 256 {
+		t.Fatalf("second hello tier scheme %v, want lmcache_blake3/256", got)
+	}
+	if got := f.hellos[1].GetHashScheme().GetBlockSize(); got != 16 {
+		t.Fatalf("second hello block size %d, want the configured 16 kept", got)
 	}
 }

@@ -9,7 +9,10 @@
 // PYTHONHASHSEED or, since vLLM #51875, "vllm-none-hash". The wire hash is
 // the digest's low 64 bits. SGLang chains SHA-256 over the parent digest
 // and the tokens as little-endian uint32, and sends the first 8 bytes as a
-// signed int64.
+// signed int64. LMCache's multiprocess connector publishes its CPU chunks
+// with its TokenHasher's "blake3": BLAKE3 chained over the parent digest
+// and the chunk's tokens as big-endian uint32, from BLAKE3 of twelve zero
+// bytes; the wire hash is the digest's low 64 bits, as vLLM's.
 package hashcheck
 
 import (
@@ -17,6 +20,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+
+	"lukechampine.com/blake3"
 
 	"github.com/inferencecache/operator/internal/kvevent/wire"
 )
@@ -100,6 +105,28 @@ func SGLangDigest(parent *Digest, tokens []uint32) Digest {
 // SGLangWire is SGLang's wire form of a digest: the first 8 bytes as a
 // signed int64 (kept here as its bit pattern).
 func SGLangWire(d Digest) uint64 { return binary.BigEndian.Uint64(d[:8]) }
+
+// LMCacheBlake3 is the scheme name of LMCache's blake3 chunk hashes.
+const LMCacheBlake3 = "lmcache_blake3"
+
+// lmcacheNone is LMCache's NONE_HASH under blake3: its TokenHasher hashes
+// (0, (0,), None), the int 0 as eight bytes and the token 0 as four.
+var lmcacheNone = blake3.Sum256(make([]byte, 12))
+
+// LMCacheDigest returns LMCache's blake3 digest of one chunk (parent nil
+// for the first chunk of a prompt), as lmcache.v1.multiprocess.token_hasher
+// computes it.
+func LMCacheDigest(parent *Digest, tokens []uint32, buf []byte) (Digest, []byte) {
+	p := &lmcacheNone
+	if parent != nil {
+		p = parent
+	}
+	b := append(buf[:0], p[:]...)
+	for _, t := range tokens {
+		b = binary.BigEndian.AppendUint32(b, t)
+	}
+	return blake3.Sum256(b), b
+}
 
 func cborHead(b []byte, major byte, n uint64) []byte {
 	m := major << 5
@@ -212,8 +239,9 @@ func transcode(b, mp []byte, depth int) ([]byte, []byte, error) {
 
 // Scheme names what a Checker recomputes.
 type Scheme struct {
-	// Algorithm is "sha256_cbor" or "sglang_sha256"; anything else (vLLM's
-	// default pickle "sha256", "xxhash") is Unverifiable.
+	// Algorithm is "sha256_cbor", "sglang_sha256" or LMCacheBlake3;
+	// anything else (vLLM's default pickle "sha256", "xxhash") is
+	// Unverifiable.
 	Algorithm string
 	// Seeds to try for vLLM's NONE_HASH, e.g. SeedVLLM and a PYTHONHASHSEED
 	// value; the first that matches is kept.
@@ -265,6 +293,8 @@ func (c *Checker) Check(e *wire.Event) Result {
 		r = c.checkVLLM(e)
 	case "sglang_sha256":
 		r = c.checkSGLang(e)
+	case LMCacheBlake3:
+		r = c.checkLMCache(e)
 	default:
 		return Unverifiable
 	}
@@ -349,6 +379,26 @@ func (c *Checker) checkVLLM(e *wire.Event) Result {
 }
 
 func (c *Checker) checkSGLang(e *wire.Event) Result {
+	return c.chainFrom(e, func(parent *Digest, tokens []uint32) (Digest, uint64) {
+		d := SGLangDigest(parent, tokens)
+		return d, SGLangWire(d)
+	})
+}
+
+func (c *Checker) checkLMCache(e *wire.Event) Result {
+	if e.Extra != nil {
+		return Unverifiable
+	}
+	return c.chainFrom(e, func(parent *Digest, tokens []uint32) (Digest, uint64) {
+		var d Digest
+		d, c.buf = LMCacheDigest(parent, tokens, c.buf)
+		return d, Low64(d)
+	})
+}
+
+// chainFrom checks an event's blocks with a chained digest whose first
+// block has no parent (nil), from the event's parent when it has one.
+func (c *Checker) chainFrom(e *wire.Event, digest func(parent *Digest, tokens []uint32) (Digest, uint64)) Result {
 	var parent *Digest
 	if e.HasParent {
 		p, ok := c.known[e.Parent]
@@ -358,8 +408,8 @@ func (c *Checker) checkSGLang(e *wire.Event) Result {
 		parent = &p
 	}
 	for i, h := range e.Hashes {
-		d := SGLangDigest(parent, e.Tokens[i*e.BlockSize:(i+1)*e.BlockSize])
-		if SGLangWire(d) != h {
+		d, wire := digest(parent, e.Tokens[i*e.BlockSize:(i+1)*e.BlockSize])
+		if wire != h {
 			return Mismatch
 		}
 		c.remember(h, d)

@@ -24,6 +24,26 @@ func TestNoneHash(t *testing.T) {
 	}
 }
 
+// LMCache 0.5.6's own TokenHasher(chunk_size=4, hash_algorithm="blake3")
+// on tokens 1..8, as its connector puts them on vLLM's wire (the low 64
+// bits): printed by the locked environment's lmcache.
+const lm1, lm2 = 0x231f41368b71123c, 0xbb8cdbd83a8c0e19
+
+// TestLMCacheNoneHash: a prompt's first chunk chains from LMCache's
+// blake3 NONE_HASH, as its TokenHasher prints it (none_hash.hex()).
+func TestLMCacheNoneHash(t *testing.T) {
+	none := "7e3eff9ef7613a50340eb12677ee03b83ac759fcba9bb32705f07248d56d473b"
+	first, _ := hashcheck.LMCacheDigest(nil, []uint32{1, 2, 3, 4}, nil)
+	var p hashcheck.Digest
+	if _, err := hex.Decode(p[:], []byte(none)); err != nil {
+		t.Fatal(err)
+	}
+	viaNone, _ := hashcheck.LMCacheDigest(&p, []uint32{1, 2, 3, 4}, nil)
+	if first != viaNone || hashcheck.Low64(first) != lm1 {
+		t.Fatalf("first chunk %x (low64 %#x), from LMCache's NONE_HASH %x; want equal and %#x", first, hashcheck.Low64(first), viaNone, uint64(lm1))
+	}
+}
+
 func stored(parent *uint64, tokens []uint32, hashes ...uint64) wire.Event {
 	e := wire.Event{Kind: wire.BlockStored, Hashes: hashes, Tokens: tokens, BlockSize: 4}
 	if parent != nil {
@@ -40,6 +60,7 @@ func TestCheck(t *testing.T) {
 	s0b1, _, _ := hashcheck.BlockDigest(seed0, []uint32{1, 2, 3, 4}, nil, nil)
 	sg1 := hashcheck.SGLangDigest(nil, []uint32{1, 2, 3, 4})
 	sg2 := hashcheck.SGLangDigest(&sg1, []uint32{5, 6, 7, 8})
+	pl1 := uint64(lm1)
 	for _, tc := range []struct {
 		name   string
 		scheme hashcheck.Scheme
@@ -71,6 +92,13 @@ func TestCheck(t *testing.T) {
 		{"sglang chain", hashcheck.Scheme{Algorithm: "sglang_sha256"},
 			[]wire.Event{stored(nil, []uint32{1, 2, 3, 4, 5, 6, 7, 8}, hashcheck.SGLangWire(sg1), hashcheck.SGLangWire(sg2))},
 			[]hashcheck.Result{hashcheck.Verified}, hashcheck.Verified},
+		{"lmcache chunks", hashcheck.Scheme{Algorithm: hashcheck.LMCacheBlake3},
+			[]wire.Event{stored(nil, []uint32{1, 2, 3, 4}, lm1), stored(&pl1, []uint32{5, 6, 7, 8}, lm2)},
+			[]hashcheck.Result{hashcheck.Verified, hashcheck.Verified}, hashcheck.Verified},
+		{"vllm blocks under the lmcache scheme", hashcheck.Scheme{Algorithm: hashcheck.LMCacheBlake3},
+			[]wire.Event{stored(nil, []uint32{1, 2, 3, 4}, h1)}, []hashcheck.Result{hashcheck.Mismatch}, hashcheck.Mismatch},
+		{"lmcache chunks under the vllm scheme", hashcheck.Scheme{Algorithm: "sha256_cbor"},
+			[]wire.Event{stored(nil, []uint32{1, 2, 3, 4}, lm1)}, []hashcheck.Result{hashcheck.Mismatch}, hashcheck.Mismatch},
 		{"vllm hashes under the sglang scheme", hashcheck.Scheme{Algorithm: "sglang_sha256"},
 			[]wire.Event{stored(nil, []uint32{1, 2, 3, 4}, h1)}, []hashcheck.Result{hashcheck.Mismatch}, hashcheck.Mismatch},
 	} {

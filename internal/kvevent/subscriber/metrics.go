@@ -16,6 +16,7 @@ type Metrics struct {
 	Lag           *prometheus.HistogramVec // rank
 	MirrorBlocks  *prometheus.GaugeVec     // rank
 	HashVerify    *prometheus.CounterVec   // result
+	TierVerify    *prometheus.CounterVec   // result
 	JournalDepth  prometheus.Gauge
 	Snapshots     *prometheus.CounterVec // reason
 	Connected     prometheus.Gauge       // replicas with an open stream
@@ -51,6 +52,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Distinct blocks in the mirror of the engine's cache."}, []string{"rank"}),
 		HashVerify: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "hash_verify_total",
 			Help: "BlockStored events whose hashes were recomputed, by result."}, []string{"result"}),
+		TierVerify: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "tier_hash_verify_total",
+			Help: "BlockStored events of tiers other than GPU (LMCache's CPU chunks) whose hashes were recomputed as LMCache's blake3 chunk hashes, by result."}, []string{"result"}),
 		JournalDepth: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "forward_journal_depth",
 			Help: "Deltas sent to the index and not yet acknowledged."}),
 		Snapshots: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "forward_snapshots_total",
@@ -65,6 +68,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Tokens per block of the engine's own BlockStored events (what the hash scheme announces to the index); 0 before the first."}, []string{"rank"}),
 	}
 	reg.MustRegister(m.Batches, m.Events, m.Gaps, m.Replays, m.Epochs, m.DecodeErrors, m.Dropped, m.LastSequence,
-		m.Lag, m.MirrorBlocks, m.HashVerify, m.JournalDepth, m.Snapshots, m.Connected, m.Targets, m.UnknownRemove, m.BlockSize)
+		m.Lag, m.MirrorBlocks, m.HashVerify, m.TierVerify, m.JournalDepth, m.Snapshots, m.Connected, m.Targets, m.UnknownRemove, m.BlockSize)
 	return m
 }

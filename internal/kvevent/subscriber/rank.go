@@ -72,15 +72,19 @@ type Rank struct {
 	m   *Metrics
 	out chan<- *Delta
 
-	dec     *wire.Decoder
-	trk     track.Rank
-	mir     *mirror.Mirror
-	chk     *hashcheck.Checker
-	stored  int
-	epoch   uint64
-	seq     uint64 // last delta sequence of the epoch
-	snapReq chan chan *Snapshot
-	label   string
+	dec    *wire.Decoder
+	trk    track.Rank
+	mir    *mirror.Mirror
+	chk    *hashcheck.Checker
+	stored int
+	// tierChk checks the other tiers' BlockStored as LMCache's blake3
+	// chunks; tierStored counts them.
+	tierChk    *hashcheck.Checker
+	tierStored int
+	epoch      uint64
+	seq        uint64 // last delta sequence of the epoch
+	snapReq    chan chan *Snapshot
+	label      string
 
 	queued atomic.Int64 // payload bytes in the live queue
 
@@ -89,6 +93,9 @@ type Rank struct {
 	// blockSize is the block size of the engine's own (GPU tier, prefix
 	// group) BlockStored events, as they carry it: 0 until the first.
 	blockSize uint32
+	// chunkSize is the block size of the verified LMCache chunks of the
+	// other tiers: 0 until one is verified.
+	chunkSize uint32
 	// engineGone explains, while the engine's PUB stream has ended and the
 	// rank dials it again, why the rank reports itself Stale.
 	engineGone string
@@ -116,7 +123,7 @@ func NewRank(cfg Config, log logr.Logger, m *Metrics, out chan<- *Delta) *Rank {
 		cfg.VerifyEvery = 100
 	}
 	r := &Rank{cfg: cfg, log: log.WithValues("rank", cfg.Rank), m: m, out: out, dec: wire.NewDecoder(),
-		mir: mirror.New(), chk: hashcheck.New(cfg.Scheme), snapReq: make(chan chan *Snapshot), label: strconv.Itoa(cfg.Rank)}
+		mir: mirror.New(), chk: hashcheck.New(cfg.Scheme), tierChk: hashcheck.New(hashcheck.Scheme{Algorithm: hashcheck.LMCacheBlake3}), snapReq: make(chan chan *Snapshot), label: strconv.Itoa(cfg.Rank)}
 	r.newEpoch()
 	r.health.Rank = uint32(cfg.Rank)
 	r.health.State = pb.PodState_POD_STATE_CONNECTING
@@ -176,6 +183,17 @@ func (r *Rank) BlockSize() uint32 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.blockSize
+}
+
+// TierScheme is the verified scheme of the blocks in the engine's other
+// tiers (LMCache's blake3 chunks), or nil: none seen, or one failed.
+func (r *Rank) TierScheme() *pb.HashScheme {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.chunkSize == 0 || r.tierChk.Result() != hashcheck.Verified {
+		return nil
+	}
+	return &pb.HashScheme{Algorithm: hashcheck.LMCacheBlake3, BlockSize: r.chunkSize}
 }
 
 // HashSeed is the NONE_HASH seed the hash check matched, or "".
@@ -357,8 +375,10 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 			// Another tier's events carry another scheme: LMCache's MP
 			// connector publishes its CPU chunks (block_size = its chunk
 			// size, blake3 chunk hashes) through the engine's publisher.
-			// They are mirrored and indexed under their tier, never
-			// checked against the engine's block hash.
+			// They are checked as LMCache's chunks, never against the
+			// engine's block hash; once verified, the hello announces
+			// their scheme and the index keeps them in its space.
+			r.checkTier(e)
 			continue
 		}
 		if bs := uint32(e.BlockSize); bs > 0 && bs != r.blockSize && mirror.PrefixGroup(e.SpecKind) {
@@ -408,6 +428,28 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 	r.mu.Unlock()
 	if len(events) > 0 {
 		r.emit(events, seq, seq, ts, false)
+	}
+}
+
+// checkTier checks one BlockStored of a tier other than GPU as an LMCache
+// chunk, on the same schedule as the engine's own blocks. Call with r.mu.
+func (r *Rank) checkTier(e *wire.Event) {
+	r.tierStored++
+	if r.tierStored > r.cfg.VerifyFirst && r.tierStored%r.cfg.VerifyEvery != 0 {
+		return
+	}
+	res := r.tierChk.Check(e)
+	if res == hashcheck.Unverifiable {
+		return
+	}
+	r.m.TierVerify.WithLabelValues(res.String()).Inc()
+	switch bs := uint32(e.BlockSize); {
+	case res == hashcheck.Mismatch && r.tierChk.Failed == 1:
+		r.log.Info("the engine's other-tier blocks are not LMCache's blake3 chunks: they are indexed in the engine's scheme, and token queries do not see them",
+			"tier", mirror.TierOf(e.Medium).String(), "blockSize", bs)
+	case res == hashcheck.Verified && bs != r.chunkSize:
+		r.log.Info("LMCache's chunks, from the engine's events", "tier", mirror.TierOf(e.Medium).String(), "chunkSize", bs, "before", r.chunkSize)
+		r.chunkSize = bs
 	}
 }
 

@@ -1,0 +1,96 @@
+package kvindex_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/inferencecache/operator/internal/kvindex"
+	pb "github.com/inferencecache/operator/internal/kvindexpb"
+)
+
+// TestTokenQueriesScoreLMCacheChunks (issue 36): LMCache's multiprocess
+// connector publishes its CPU chunks (256 tokens, blake3) through the
+// engine's publisher. Before, they sat in the engine's sha256_cbor space,
+// where no token query could match them: a prompt the pod holds only in
+// LMCache's CPU tier scored nothing. With the tier scheme announced, the
+// index keeps them in their own space, hashes the tokens again with it,
+// and counts the chunk prefix in the pod's own blocks, merged with its GPU
+// prefix.
+func TestTokenQueriesScoreLMCacheChunks(t *testing.T) {
+	const bs, chunk = 16, 256
+	prompt := make([]uint32, 3*chunk)
+	for i := range prompt {
+		prompt[i] = uint32(70000 + i)
+	}
+	gpu, err := kvindex.HashTokens("sha256_cbor", "vllm-none-hash", bs, prompt[:2*bs])
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunks, err := kvindex.HashChunks(chunk, prompt[:2*chunk])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		announce  bool
+		gpuBlocks []uint64 // the pod's GPU blocks of the prompt
+		want      *pb.PodScore
+	}{
+		{"chunks only, tier scheme announced", true, nil,
+			&pb.PodScore{MatchedBlocks: 32, MatchedTokens: 512, Tiers: &pb.TierMatch{Gpu: 0, Cpu: 32, Disk: 32}}},
+		{"chunks and a shorter GPU prefix", true, gpu,
+			&pb.PodScore{MatchedBlocks: 32, MatchedTokens: 512, Tiers: &pb.TierMatch{Gpu: 2, Cpu: 32, Disk: 32}}},
+		{"no tier scheme: the GPU prefix alone", false, gpu,
+			&pb.PodScore{MatchedBlocks: 2, MatchedTokens: 32, Tiers: &pb.TierMatch{Gpu: 2, Cpu: 2, Disk: 2}}},
+		{"no tier scheme, chunks only: nothing", false, nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			var tier *pb.HashScheme
+			if tc.announce {
+				tier = &pb.HashScheme{Algorithm: "lmcache_blake3", BlockSize: chunk}
+			}
+			ix, s := verifiedSession(t, tier)
+			events := []*pb.BlockEvent{{Event: &pb.BlockEvent_Stored{Stored: &pb.BlockStored{Tier: pb.Tier_TIER_CPU, BlockSize: chunk, BlockHashes: chunks}}}}
+			if tc.gpuBlocks != nil {
+				events = append(events, &pb.BlockEvent{Event: &pb.BlockEvent_Stored{Stored: &pb.BlockStored{Tier: pb.Tier_TIER_GPU, BlockSize: bs, BlockHashes: tc.gpuBlocks}}})
+			}
+			if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Delta{Delta: &pb.Delta{Epoch: 1, Sequence: 1, Events: events}}}); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := ix.Score(ctx, kvindex.Caller{Namespace: "team-a"}, &pb.ScoreRequest{
+				CacheBackend: &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"}, Model: "m", TokenIds: prompt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == nil {
+				if len(resp.GetPods()) != 0 {
+					t.Fatalf("pods %v, want none", resp.GetPods())
+				}
+				return
+			}
+			if len(resp.GetPods()) != 1 {
+				t.Fatalf("pods %v, want the one pod", resp.GetPods())
+			}
+			got := resp.GetPods()[0]
+			if got.GetMatchedBlocks() != tc.want.MatchedBlocks || got.GetMatchedTokens() != tc.want.MatchedTokens ||
+				got.GetTiers().GetGpu() != tc.want.Tiers.Gpu || got.GetTiers().GetCpu() != tc.want.Tiers.Cpu || got.GetTiers().GetDisk() != tc.want.Tiers.Disk {
+				t.Fatalf("score %v, want %v", got, tc.want)
+			}
+			// A removal of a CPU chunk takes it out of the chunk space.
+			if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Delta{Delta: &pb.Delta{Epoch: 1, Sequence: 2, Events: []*pb.BlockEvent{
+				{Event: &pb.BlockEvent_Removed{Removed: &pb.BlockRemoved{Tier: pb.Tier_TIER_CPU, BlockHashes: chunks[:1]}}}}}}}); err != nil {
+				t.Fatal(err)
+			}
+			resp, err = ix.Score(ctx, kvindex.Caller{Namespace: "team-a"}, &pb.ScoreRequest{
+				CacheBackend: &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"}, Model: "m", TokenIds: prompt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wantAfter := uint32(len(tc.gpuBlocks)); len(resp.GetPods()) > 0 && resp.GetPods()[0].GetMatchedBlocks() != wantAfter ||
+				len(resp.GetPods()) == 0 && wantAfter != 0 {
+				t.Fatalf("after the first chunk's removal: %v, want %d blocks", resp.GetPods(), wantAfter)
+			}
+		})
+	}
+}
