@@ -114,6 +114,14 @@ type IndexParticipation struct {
 	// HashCompatibility is the worst over the pods.
 	// +optional
 	HashCompatibility HashCompatibility `json:"hashCompatibility,omitempty"`
+	// TierScheme is the scheme of the engines' other tiers when their
+	// sidecars verified one: LMCache's CPU chunks in multiprocess mode,
+	// e.g. lmcache_blake3/256/ (the chunk size the server really uses;
+	// "mixed" when pods differ). Token queries are scored in it too.
+	// Empty: the other tiers, if any, are in HashScheme's.
+	// +kubebuilder:validation:MaxLength=128
+	// +optional
+	TierScheme string `json:"tierScheme,omitempty"`
 
 	// LastEventTime is when the index last applied a block event of the
 	// backend.

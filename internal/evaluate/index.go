@@ -223,6 +223,7 @@ func Participation(expected []IndexPod, sum *pb.ParticipationSummary) *v1alpha1.
 	p.LagP50Millis, p.LagP99Millis = int64(sum.GetLagP50Millis()), int64(sum.GetLagP99Millis())
 	p.SequenceGaps, p.GapsRecovered, p.Resyncs = clampInt64(sum.GetSequenceGaps()), clampInt64(sum.GetGapsRecovered()), clampInt64(sum.GetResyncs())
 	p.HashScheme = truncate(sum.GetHashScheme(), 128)
+	p.TierScheme = truncate(sum.GetTierScheme(), 128)
 	p.HashCompatibility = hashCompat(sum.GetHashCompatibility())
 	p.LastEventTime = millisTime(sum.GetLastEventUnixMillis())
 

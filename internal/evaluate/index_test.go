@@ -17,7 +17,7 @@ func pod(name string, st pb.PodState) *pb.PodParticipation {
 }
 
 func summary(pods ...*pb.PodParticipation) *pb.ParticipationSummary {
-	return &pb.ParticipationSummary{Pods: uint32(len(pods)), PodList: pods, HashScheme: "sha256_cbor/16/vllm-none-hash",
+	return &pb.ParticipationSummary{Pods: uint32(len(pods)), PodList: pods, HashScheme: "sha256_cbor/16/vllm-none-hash", TierScheme: "lmcache_blake3/256/",
 		HashCompatibility: pb.HashCompatibility_HASH_COMPATIBILITY_VERIFIED,
 		Blocks:            []*pb.TierBlocks{{Tier: pb.Tier_TIER_GPU, Blocks: 14}, {Tier: pb.Tier_TIER_CPU, Blocks: 3}}}
 }
@@ -116,8 +116,8 @@ func TestParticipationWorstFirstBounded(t *testing.T) {
 	if p.LivePods != 11 || p.StalePods != 1 || p.MissingPods != 2 || p.ExpectedPods != 14 || p.Indexed != "11/14" {
 		t.Fatalf("counts %+v", p)
 	}
-	if p.Blocks.GPU != 14 || p.Blocks.CPU != 3 || p.HashCompatibility != v1alpha1.HashVerified {
-		t.Fatalf("blocks %+v compat %s", p.Blocks, p.HashCompatibility)
+	if p.Blocks.GPU != 14 || p.Blocks.CPU != 3 || p.HashCompatibility != v1alpha1.HashVerified || p.TierScheme != "lmcache_blake3/256/" {
+		t.Fatalf("blocks %+v compat %s tier scheme %q", p.Blocks, p.HashCompatibility, p.TierScheme)
 	}
 }
 

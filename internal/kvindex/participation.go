@@ -125,7 +125,7 @@ func (ix *Index) Participation(ctx context.Context, caller Caller, req *pb.Parti
 	for t := TierGPU; t <= TierDisk; t++ {
 		sum.Blocks = append(sum.Blocks, &pb.TierBlocks{Tier: pb.Tier(t), Blocks: tiers[t]})
 	}
-	models, schemes := map[string]bool{}, map[string]bool{}
+	models, schemes, tierSchemes := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	var list []*pb.PodParticipation
 	for _, r := range recs {
 		key := PodKey{Backend: backend, UID: r.UID}
@@ -185,10 +185,14 @@ func (ix *Index) Participation(ctx context.Context, caller Caller, req *pb.Parti
 			// seen no event) has no scheme to report.
 			schemes[r.Scheme] = true
 		}
+		if r.TierScheme != "" {
+			tierSchemes[r.TierScheme] = true
+		}
 		list = append(list, p)
 	}
 	sum.Model = joinOrMixed(models)
 	sum.HashScheme = joinOrMixed(schemes)
+	sum.TierScheme = joinOrMixed(tierSchemes)
 	slices.SortFunc(list, func(a, b *pb.PodParticipation) int {
 		if c := cmp.Compare(stateSeverity(b.State), stateSeverity(a.State)); c != 0 {
 			return c

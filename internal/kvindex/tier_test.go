@@ -77,6 +77,13 @@ func TestTokenQueriesScoreLMCacheChunks(t *testing.T) {
 				got.GetTiers().GetGpu() != tc.want.Tiers.Gpu || got.GetTiers().GetCpu() != tc.want.Tiers.Cpu || got.GetTiers().GetDisk() != tc.want.Tiers.Disk {
 				t.Fatalf("score %v, want %v", got, tc.want)
 			}
+			sum, err := ix.Participation(ctx, kvindex.Caller{Anonymous: true}, &pb.ParticipationRequest{CacheBackend: &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]string{true: "lmcache_blake3/256/"}[tc.announce]; sum.GetTierScheme() != want {
+				t.Fatalf("summary tier scheme %q, want %q", sum.GetTierScheme(), want)
+			}
 			// A removal of a CPU chunk takes it out of the chunk space.
 			if _, err := s.Handle(ctx, &pb.IngestRequest{Message: &pb.IngestRequest_Delta{Delta: &pb.Delta{Epoch: 1, Sequence: 2, Events: []*pb.BlockEvent{
 				{Event: &pb.BlockEvent_Removed{Removed: &pb.BlockRemoved{Tier: pb.Tier_TIER_CPU, BlockHashes: chunks[:1]}}}}}}}); err != nil {

@@ -2608,6 +2608,10 @@ type ParticipationSummary struct {
 	// lag), at most max_pods.
 	PodList       []*PodParticipation `protobuf:"bytes,20,rep,name=pod_list,json=podList,proto3" json:"pod_list,omitempty"`
 	PodsTruncated bool                `protobuf:"varint,21,opt,name=pods_truncated,json=podsTruncated,proto3" json:"pods_truncated,omitempty"`
+	// The scheme of the pods' other tiers (LMCache's chunks, with the chunk
+	// size the server really uses), e.g. "lmcache_blake3/256/"; "mixed" when
+	// pods differ; empty when no pod announced one.
+	TierScheme    string `protobuf:"bytes,22,opt,name=tier_scheme,json=tierScheme,proto3" json:"tier_scheme,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2787,6 +2791,13 @@ func (x *ParticipationSummary) GetPodsTruncated() bool {
 		return x.PodsTruncated
 	}
 	return false
+}
+
+func (x *ParticipationSummary) GetTierScheme() string {
+	if x != nil {
+		return x.TierScheme
+	}
+	return ""
 }
 
 var File_inferencecache_kvindex_v1_kvindex_proto protoreflect.FileDescriptor
@@ -2970,7 +2981,7 @@ const file_inferencecache_kvindex_v1_kvindex_proto_rawDesc = "" +
 	" \x01(\x04R\aresyncs\x123\n" +
 	"\x16last_event_unix_millis\x18\v \x01(\x03R\x13lastEventUnixMillis\x12[\n" +
 	"\x12hash_compatibility\x18\f \x01(\x0e2,.inferencecache.kvindex.v1.HashCompatibilityR\x11hashCompatibility\x12\x18\n" +
-	"\amessage\x18\r \x01(\tR\amessage\"\xb3\a\n" +
+	"\amessage\x18\r \x01(\tR\amessage\"\xd4\a\n" +
 	"\x14ParticipationSummary\x12O\n" +
 	"\rcache_backend\x18\x01 \x01(\v2*.inferencecache.kvindex.v1.CacheBackendRefR\fcacheBackend\x120\n" +
 	"\x14observed_unix_millis\x18\x02 \x01(\x03R\x12observedUnixMillis\x12\x14\n" +
@@ -2995,7 +3006,9 @@ const file_inferencecache_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\aresyncs\x18\x12 \x01(\x04R\aresyncs\x123\n" +
 	"\x16last_event_unix_millis\x18\x13 \x01(\x03R\x13lastEventUnixMillis\x12F\n" +
 	"\bpod_list\x18\x14 \x03(\v2+.inferencecache.kvindex.v1.PodParticipationR\apodList\x12%\n" +
-	"\x0epods_truncated\x18\x15 \x01(\bR\rpodsTruncated*G\n" +
+	"\x0epods_truncated\x18\x15 \x01(\bR\rpodsTruncated\x12\x1f\n" +
+	"\vtier_scheme\x18\x16 \x01(\tR\n" +
+	"tierScheme*G\n" +
 	"\x04Tier\x12\x14\n" +
 	"\x10TIER_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bTIER_GPU\x10\x01\x12\f\n" +

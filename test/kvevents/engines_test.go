@@ -890,6 +890,9 @@ func lmcacheCPUChunks(t *testing.T, pub *enginePublisher, ix *engineIndex, sc *s
 				got, want, m[`tier_hash_verify_total{result="Verified"}`], sc.tail())
 		}
 	}
+	if s, _, err := ix.pod(); err != nil || s.GetTierScheme() != "lmcache_blake3/256/" {
+		t.Errorf("participation tier scheme %q (%v), want lmcache_blake3/256/", s.GetTierScheme(), err)
+	}
 	if v := fixture.SubscriberMetrics(podHTTP, sc.httpAddr)[`tier_hash_verify_total{result="Verified"}`]; v < 2 {
 		t.Errorf("tier_hash_verify_total{result=\"Verified\"} = %v, want LMCache's 2 chunks", v)
 	}
