@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inferencecache/operator/internal/kvevent/hashcheck"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -150,6 +151,9 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	if err := checkHelloNames(h); err != nil {
 		return nil, err
 	}
+	if err := checkTierScheme(h); err != nil {
+		return nil, err
+	}
 	backend := BackendRef{Namespace: be.GetNamespace(), Name: be.GetName()}
 	podKey := pod.GetNamespace() + "/" + pod.GetName()
 	if dp := h.GetDataParallelSize(); dp > s.ix.opt.MaxRanks {
@@ -239,6 +243,25 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 	s.ix.opt.Log.Info("subscriber connected", "pod", podKey, "cacheBackend", backend.String(),
 		"model", h.GetModel(), "scheme", s.scheme, "ranks", dp, "resyncs", len(resyncs))
 	return append([]*pb.IngestResponse{{Message: &pb.IngestResponse_Welcome{Welcome: welcome}}}, resyncs...), nil
+}
+
+// checkTierScheme admits only a tier scheme the index can hash (LMCache's
+// blake3 chunks) whose chunk is a whole number of the engine's blocks, as
+// LMCache's connector requires: hashing a token query in it then costs no
+// more hashes than in the engine's own scheme.
+func checkTierScheme(h *pb.Hello) error {
+	ts := h.GetTierScheme()
+	if ts == nil {
+		return nil
+	}
+	if ts.GetAlgorithm() != hashcheck.LMCacheBlake3 {
+		return fmt.Errorf("tier_scheme.algorithm %q: the index hashes only %s: %w", ts.GetAlgorithm(), hashcheck.LMCacheBlake3, ErrInvalid)
+	}
+	bs, chunk := h.GetHashScheme().GetBlockSize(), ts.GetBlockSize()
+	if chunk == 0 || bs > 0 && (chunk < bs || chunk%bs != 0) {
+		return fmt.Errorf("tier_scheme.block_size %d is not a positive multiple of hash_scheme.block_size %d: %w", chunk, bs, ErrInvalid)
+	}
+	return nil
 }
 
 // checkHelloNames bounds every name a Hello sends: each becomes a key of

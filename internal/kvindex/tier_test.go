@@ -2,9 +2,12 @@ package kvindex_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -97,6 +100,41 @@ func TestTokenQueriesScoreLMCacheChunks(t *testing.T) {
 			if wantAfter := uint32(len(tc.gpuBlocks)); len(resp.GetPods()) > 0 && resp.GetPods()[0].GetMatchedBlocks() != wantAfter ||
 				len(resp.GetPods()) == 0 && wantAfter != 0 {
 				t.Fatalf("after the first chunk's removal: %v, want %d blocks", resp.GetPods(), wantAfter)
+			}
+		})
+	}
+}
+
+// TestTierSchemesTheIndexCannotHashAreRefused: a hello's tier scheme is
+// admitted only as LMCache's blake3 chunks whose chunk is a whole number
+// of the engine's blocks (LMCache's connector refuses anything else), so
+// that hashing a token query in it costs no more than in the engine's own
+// scheme; anything else ends the stream with InvalidArgument naming the
+// field.
+func TestTierSchemesTheIndexCannotHashAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		tier  *pb.HashScheme
+		field string // "" = admitted
+	}{
+		{"LMCache chunks of 256", &pb.HashScheme{Algorithm: "lmcache_blake3", BlockSize: 256}, ""},
+		{"another algorithm", &pb.HashScheme{Algorithm: "xxhash", BlockSize: 256}, "tier_scheme.algorithm"},
+		{"no chunk size", &pb.HashScheme{Algorithm: "lmcache_blake3"}, "tier_scheme.block_size"},
+		{"a chunk smaller than a block", &pb.HashScheme{Algorithm: "lmcache_blake3", BlockSize: 8}, "tier_scheme.block_size"},
+		{"a chunk not a multiple of the block", &pb.HashScheme{Algorithm: "lmcache_blake3", BlockSize: 40}, "tier_scheme.block_size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := kvindex.New(kvindex.Options{Store: memstore.New()})
+			s := ix.NewSession(podCaller, func() {})
+			defer s.Close()
+			h := helloOf(1, "cache") // block size 16
+			h.GetHello().TierScheme = tc.tier
+			_, err := s.Handle(context.Background(), h)
+			switch {
+			case tc.field == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.field != "" && (!errors.Is(err, kvindex.ErrInvalid) || !strings.Contains(err.Error(), tc.field)):
+				t.Fatalf("err = %v, want InvalidArgument naming %s", err, tc.field)
 			}
 		})
 	}

@@ -261,7 +261,7 @@ func (f *Forwarder) session(ctx context.Context, client pb.IngestClient) error {
 		sc := hello.HashScheme
 		hello.HashScheme = &pb.HashScheme{Algorithm: sc.GetAlgorithm(), Seed: sc.GetSeed(), BlockSize: bs}
 	}
-	hello.TierScheme = f.tierScheme()
+	hello.TierScheme = f.tierScheme(hello.GetHashScheme().GetBlockSize())
 	f.announced, f.announcedTier = hello.GetHashScheme().GetBlockSize(), tierKey(hello.TierScheme)
 	for r, st := range f.ranks {
 		if st.valid {
@@ -363,10 +363,14 @@ func (f *Forwarder) blockSize() uint32 {
 }
 
 // tierScheme is the other tiers' verified scheme (the first rank that has
-// one), or nil.
-func (f *Forwarder) tierScheme() *pb.HashScheme {
+// one) when its chunk is a whole number of blocks of size bs (the index
+// refuses any other, as LMCache's connector does), or nil.
+func (f *Forwarder) tierScheme(bs uint32) *pb.HashScheme {
 	for _, src := range f.sources {
 		if sc := src.TierScheme(); sc != nil {
+			if c := sc.GetBlockSize(); bs > 0 && (c < bs || c%bs != 0) {
+				return nil
+			}
 			return sc
 		}
 	}
@@ -400,7 +404,7 @@ func (f *Forwarder) reannounce() error {
 	var why string
 	if bs := f.blockSize(); bs != 0 && bs != f.announced {
 		why = fmt.Sprintf("the engine's events carry block size %d, the stream announced %d", bs, f.announced)
-	} else if tk := tierKey(f.tierScheme()); tk != f.announcedTier {
+	} else if tk := tierKey(f.tierScheme(f.announced)); tk != f.announcedTier {
 		why = fmt.Sprintf("the engine's other tiers carry the scheme %q, the stream announced %q", tk, f.announcedTier)
 	} else {
 		return nil

@@ -334,3 +334,24 @@ func TestTierSchemeIsAnnounced(t *testing.T) {
 		t.Fatalf("second hello block size %d, want the configured 16 kept", got)
 	}
 }
+
+// TestTierSchemeNotAWholeNumberOfBlocksIsNotAnnounced: a tier scheme whose
+// chunk is not a whole number of the announced blocks is never put in a
+// hello (the index would refuse the hello, and the forwarder would open the
+// same refused stream forever).
+func TestTierSchemeNotAWholeNumberOfBlocksIsNotAnnounced(t *testing.T) {
+	f, src, in := startAtEpochStart(t)
+	src.mu.Lock()
+	src.tier = &pb.HashScheme{Algorithm: "lmcache_blake3", BlockSize: 40}
+	src.mu.Unlock()
+	for seq := uint64(1); seq <= 3; seq++ {
+		in <- delta(5, seq)
+	}
+	waitFor(t, "three deltas", func() bool { _, d, _ := f.state(); return len(d) == 3 })
+	hellos, _, _ := f.state()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if hellos != 1 || f.hellos[0].GetTierScheme() != nil {
+		t.Fatalf("%d hellos, the first with tier scheme %v; want one hello without it", hellos, f.hellos[0].GetTierScheme())
+	}
+}
