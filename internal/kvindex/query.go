@@ -181,7 +181,8 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 // again in that scheme. A rank's chunk prefix counts in the pod's own
 // blocks (LMCache's connector requires the chunk size to be a multiple of
 // the block size) and merges with the rank's match in the engine's
-// scheme: the pod holds at least the longer of the two. It reports
+// scheme: the pod holds at least the longer of the two. A pod whose block
+// size is not known yet is left out. It reports
 // whether any tier scheme hashed the tokens.
 func (ix *Index) scoreTiers(ctx context.Context, backend BackendRef, model string, tokens []uint32, pods map[string]PodRecord, now time.Time, res *RankScores) (bool, error) {
 	tiers := map[string]uint32{}
@@ -215,7 +216,9 @@ func (ix *Index) scoreTiers(ctx context.Context, backend BackendRef, model strin
 		}
 		for _, m := range ms {
 			rec, ok := pods[m.PodUID]
-			if !ok || m.Any == 0 || rec.TierScheme != scheme || rec.BlockSize == 0 || rec.ChunkSize%rec.BlockSize != 0 {
+			// A known block size divides the chunk (checkTierScheme); an
+			// unknown one gives no blocks to count the chunks in.
+			if !ok || m.Any == 0 || rec.TierScheme != scheme || rec.BlockSize == 0 {
 				continue
 			}
 			state := ix.podState(rec, 1, now)

@@ -258,7 +258,7 @@ func checkTierScheme(h *pb.Hello) error {
 		return fmt.Errorf("tier_scheme.algorithm %q: the index hashes only %s: %w", ts.GetAlgorithm(), hashcheck.LMCacheBlake3, ErrInvalid)
 	}
 	bs, chunk := h.GetHashScheme().GetBlockSize(), ts.GetBlockSize()
-	if chunk == 0 || bs > 0 && (chunk < bs || chunk%bs != 0) {
+	if !hashcheck.WholeBlocks(chunk, bs) {
 		return fmt.Errorf("tier_scheme.block_size %d is not a positive multiple of hash_scheme.block_size %d: %w", chunk, bs, ErrInvalid)
 	}
 	return nil

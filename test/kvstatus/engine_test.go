@@ -181,4 +181,19 @@ func TestIndexParticipationWithVLLMsPublisher(t *testing.T) {
 			t.Errorf("the index matches %d leading blocks of a prompt vLLM holds %d of", n, want)
 		}
 	}
+
+	// LMCache's multiprocess connector stores two 256-token chunks in its
+	// CPU tier and publishes them through vLLM's publisher (LMCache's own
+	// event builders, issue 36): the sidecar verifies them as LMCache's
+	// blake3 chunks, and status.indexParticipation carries their scheme
+	// through the real API server (a field the CRD schema lacked would be
+	// pruned) with the chunks in the CPU tier.
+	do(map[string]any{"op": "lmcache_store", "tokens": prompt(90000, 512/bs)})
+	got = c.waitBackend(t, s.key, func(cb *v1alpha1.CacheBackend) error {
+		if p := cb.Status.IndexParticipation; p == nil || p.TierScheme != "lmcache_blake3/256/" || p.Blocks.CPU != 2 {
+			return fmt.Errorf("indexParticipation %+v, want tierScheme lmcache_blake3/256/ and 2 CPU blocks", p)
+		}
+		return nil
+	})
+	t.Logf("indexParticipation after LMCache's chunks %+v", got.Status.IndexParticipation)
 }

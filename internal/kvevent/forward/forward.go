@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/inferencecache/operator/internal/kvevent/hashcheck"
 	"github.com/inferencecache/operator/internal/kvevent/subscriber"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
@@ -368,7 +369,7 @@ func (f *Forwarder) blockSize() uint32 {
 func (f *Forwarder) tierScheme(bs uint32) *pb.HashScheme {
 	for _, src := range f.sources {
 		if sc := src.TierScheme(); sc != nil {
-			if c := sc.GetBlockSize(); bs > 0 && (c < bs || c%bs != 0) {
+			if !hashcheck.WholeBlocks(sc.GetBlockSize(), bs) {
 				return nil
 			}
 			return sc

@@ -113,6 +113,13 @@ const LMCacheBlake3 = "lmcache_blake3"
 // (0, (0,), None), the int 0 as eight bytes and the token 0 as four.
 var lmcacheNone = blake3.Sum256(make([]byte, 12))
 
+// WholeBlocks reports whether a chunk of chunk tokens is a whole number of
+// blocks of block tokens, as LMCache's connector requires of its chunk
+// (block 0: the engine's block size is not known yet, nothing to hold).
+func WholeBlocks(chunk, block uint32) bool {
+	return chunk > 0 && (block == 0 || chunk >= block && chunk%block == 0)
+}
+
 // LMCacheDigest returns LMCache's blake3 digest of one chunk (parent nil
 // for the first chunk of a prompt), as lmcache.v1.multiprocess.token_hasher
 // computes it.

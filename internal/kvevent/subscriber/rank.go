@@ -389,7 +389,7 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 			r.m.BlockSize.WithLabelValues(r.label).Set(float64(bs))
 		}
 		r.stored++
-		if r.stored <= r.cfg.VerifyFirst || r.stored%r.cfg.VerifyEvery == 0 {
+		if r.due(r.stored) {
 			if res := r.chk.Check(e); res != hashcheck.Unverifiable {
 				r.m.HashVerify.WithLabelValues(res.String()).Inc()
 			}
@@ -431,11 +431,15 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 	}
 }
 
+// due reports whether the nth BlockStored of a stream is hash-checked: the
+// first VerifyFirst, then one in VerifyEvery.
+func (r *Rank) due(n int) bool { return n <= r.cfg.VerifyFirst || n%r.cfg.VerifyEvery == 0 }
+
 // checkTier checks one BlockStored of a tier other than GPU as an LMCache
 // chunk, on the same schedule as the engine's own blocks. Call with r.mu.
 func (r *Rank) checkTier(e *wire.Event) {
 	r.tierStored++
-	if r.tierStored > r.cfg.VerifyFirst && r.tierStored%r.cfg.VerifyEvery != 0 {
+	if !r.due(r.tierStored) {
 		return
 	}
 	res := r.tierChk.Check(e)
