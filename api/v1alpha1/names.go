@@ -68,6 +68,12 @@ const (
 	IndexTokenAudience = "inferencecache-index"
 	// VolumeIndexToken is the pod volume the webhook adds for that token.
 	VolumeIndexToken = "inferencecache-index-token"
+	// VolumeNoAPIToken is the empty volume the webhook mounts over the
+	// Kubernetes API token's path in the kvevent-subscriber sidecar: the
+	// sidecar holds no API credentials, and the API server's
+	// ServiceAccount admission, run again after the webhook, leaves the
+	// sidecar as the webhook signed it.
+	VolumeNoAPIToken = "inferencecache-no-api-token"
 	// IndexService is the install bundle's Service in front of cache-index,
 	// in the operator's namespace (kustomize/base/index).
 	IndexService = "inferencecache-index"

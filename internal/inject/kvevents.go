@@ -205,6 +205,8 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 		fieldEnv("POD_UID", "metadata.uid"),
 		fieldEnv("NODE_NAME", "spec.nodeName"),
 	)
+	// Every field the API server would default is set here, as it would
+	// set it: the receipt's digest covers the sidecar as stored.
 	w.Sidecar = corev1.Container{
 		Name:          SubscriberContainer,
 		Image:         opts.KVEventSubscriberImage,
@@ -213,23 +215,36 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 		// The engine starts once the subscriber's loops run, so it never
 		// publishes sequence 0 to nobody.
 		StartupProbe: &corev1.Probe{
-			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(subscriberProbePort)}},
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: "/readyz", Port: intstr.FromInt32(subscriberProbePort), Scheme: corev1.URISchemeHTTP}},
+			TimeoutSeconds:   1,
 			PeriodSeconds:    1,
+			SuccessThreshold: 1,
 			FailureThreshold: 30,
 		},
-		SecurityContext: restricted(),
-		Resources:       subscriberResources(),
+		SecurityContext:          restricted(),
+		Resources:                subscriberResources(),
+		TerminationMessagePath:   corev1.TerminationMessagePathDefault,
+		TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+		ImagePullPolicy:          DefaultPullPolicy(opts.KVEventSubscriberImage),
+		// The API token's path, empty: the API server runs its
+		// ServiceAccount admission again after a webhook changed a pod,
+		// and would mount the pod's token into a container that has
+		// nothing there.
+		VolumeMounts: []corev1.VolumeMount{{Name: v1alpha1.VolumeNoAPIToken, MountPath: ServiceAccountTokenDir, ReadOnly: true}},
 	}
+	w.Volumes = []corev1.Volume{{Name: v1alpha1.VolumeNoAPIToken, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	if opts.IndexEndpoint != "" {
 		env = append(env,
 			corev1.EnvVar{Name: envIndexEndpoint, Value: opts.IndexEndpoint},
 			corev1.EnvVar{Name: envIndexTokenFile, Value: IndexTokenPath})
-		w.Sidecar.VolumeMounts = []corev1.VolumeMount{{Name: v1alpha1.VolumeIndexToken, MountPath: IndexTokenDir, ReadOnly: true}}
-		w.Volumes = []corev1.Volume{{Name: v1alpha1.VolumeIndexToken, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+		w.Sidecar.VolumeMounts = append(w.Sidecar.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.VolumeIndexToken, MountPath: IndexTokenDir, ReadOnly: true})
+		w.Volumes = append(w.Volumes, corev1.Volume{Name: v1alpha1.VolumeIndexToken, VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
 				Audience: v1alpha1.IndexTokenAudience, ExpirationSeconds: ptr.To[int64](indexTokenExpiry), Path: "token",
 			}}},
-		}}}}
+			DefaultMode: ptr.To(corev1.ProjectedVolumeSourceDefaultMode),
+		}}})
 	}
 	w.Sidecar.Env = env
 	if taken := namesTaken(pod, w); taken != "" {
@@ -395,11 +410,34 @@ func namesTaken(pod *corev1.Pod, w *KVEventsWiring) string {
 		return fmt.Sprintf("container named %q", SubscriberContainer)
 	}
 	for _, v := range pod.Spec.Volumes {
-		if v.Name == v1alpha1.VolumeIndexToken && (len(w.Volumes) == 0 || !sameTokenSource(v, w.Volumes[0])) {
+		want := slices.IndexFunc(w.Volumes, func(x corev1.Volume) bool { return x.Name == v.Name })
+		switch {
+		case v.Name == v1alpha1.VolumeIndexToken && (want < 0 || !sameTokenSource(v, w.Volumes[want])):
 			return fmt.Sprintf("volume named %q", v1alpha1.VolumeIndexToken)
+		case v.Name == v1alpha1.VolumeNoAPIToken && (v.EmptyDir == nil || v.EmptyDir.Medium != "" || v.EmptyDir.SizeLimit != nil):
+			return fmt.Sprintf("volume named %q", v1alpha1.VolumeNoAPIToken)
 		}
 	}
 	return ""
+}
+
+// ServiceAccountTokenDir is where the API server's ServiceAccount
+// admission mounts a pod's API token into its containers.
+const ServiceAccountTokenDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// DefaultPullPolicy is the imagePullPolicy the API server gives a
+// container of this image that sets none (SetDefaults_Container): Always
+// for the tag latest, or no tag and no digest; IfNotPresent otherwise.
+func DefaultPullPolicy(image string) corev1.PullPolicy {
+	name, digest, _ := strings.Cut(image, "@")
+	tag := ""
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		tag = name[i+1:]
+	}
+	if tag == "latest" || tag == "" && digest == "" {
+		return corev1.PullAlways
+	}
+	return corev1.PullIfNotPresent
 }
 
 // sameTokenSource reports whether two projected volumes hold one token of

@@ -2,12 +2,14 @@ package inject
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
@@ -164,8 +166,8 @@ func TestKVEventsWiring(t *testing.T) {
 			name: "projected token of the index's audience, mounted read-only, INDEX_TOKEN_FILE and INDEX_ENDPOINT set",
 			pod:  enginePod(), backend: backend("cache", observed), opts: opts,
 			check: func(t *testing.T, out *corev1.Pod) {
-				require.Len(t, out.Spec.Volumes, 1)
-				v := out.Spec.Volumes[0]
+				require.Len(t, out.Spec.Volumes, 2)
+				v := out.Spec.Volumes[1]
 				assert.Equal(t, v1alpha1.VolumeIndexToken, v.Name)
 				require.NotNil(t, v.Projected)
 				require.Len(t, v.Projected.Sources, 1)
@@ -174,7 +176,7 @@ func TestKVEventsWiring(t *testing.T) {
 				assert.Equal(t, "inferencecache-index", tok.Audience, "cache-index's default --audience")
 				assert.Equal(t, v1alpha1.IndexTokenAudience, tok.Audience)
 				c := out.Spec.InitContainers[0]
-				assert.Equal(t, []corev1.VolumeMount{{Name: v1alpha1.VolumeIndexToken, MountPath: IndexTokenDir, ReadOnly: true}}, c.VolumeMounts)
+				assert.Equal(t, []corev1.VolumeMount{noAPITokenMount, {Name: v1alpha1.VolumeIndexToken, MountPath: IndexTokenDir, ReadOnly: true}}, c.VolumeMounts)
 				env := sidecarEnv(t, out)
 				assert.Equal(t, IndexTokenDir+"/"+tok.Path, env["INDEX_TOKEN_FILE"])
 				assert.Equal(t, indexEndpoint, env["INDEX_ENDPOINT"])
@@ -185,7 +187,8 @@ func TestKVEventsWiring(t *testing.T) {
 			name: "no index endpoint: mirror-only sidecar, no token",
 			pod:  enginePod(), backend: backend("cache", observed), opts: Options{KVEventSubscriberImage: subscriberImage},
 			check: func(t *testing.T, out *corev1.Pod) {
-				assert.Empty(t, out.Spec.Volumes)
+				assert.Equal(t, []corev1.Volume{noAPITokenVolume}, out.Spec.Volumes, "only the sidecar's empty API-token path")
+				assert.Equal(t, []corev1.VolumeMount{noAPITokenMount}, out.Spec.InitContainers[0].VolumeMounts)
 				env := sidecarEnv(t, out)
 				assert.NotContains(t, env, "INDEX_ENDPOINT")
 				assert.NotContains(t, env, "INDEX_TOKEN_FILE")
@@ -422,7 +425,7 @@ func TestKVEventsPatchIsMinimal(t *testing.T) {
 		paths[op.Path]++
 	}
 	assert.Equal(t, 1, paths["/spec/initContainers/-"])
-	assert.Equal(t, 1, paths["/spec/volumes/-"])
+	assert.Equal(t, 2, paths["/spec/volumes/-"], "the empty API-token path and the index token")
 	assert.NotContains(t, paths, "/spec/initContainers")
 	assert.NotContains(t, paths, "/spec/volumes")
 }
@@ -483,4 +486,49 @@ func ptrInt32(v int32) *int32 { return &v }
 func TestDefaultIndexEndpoint(t *testing.T) {
 	assert.Equal(t, "inferencecache-index-peers.inferencecache-system.svc.cluster.local:9400", DefaultIndexEndpoint("inferencecache-system", ""))
 	assert.Equal(t, "inferencecache-index-peers.ops.svc.corp.example:9400", DefaultIndexEndpoint("ops", "corp.example"))
+}
+
+var (
+	noAPITokenVolume = corev1.Volume{Name: v1alpha1.VolumeNoAPIToken, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	noAPITokenMount  = corev1.VolumeMount{Name: v1alpha1.VolumeNoAPIToken, MountPath: ServiceAccountTokenDir, ReadOnly: true}
+)
+
+// TestSidecarIsStoredAsSigned (issue 37, found on the real node): the API
+// server defaults every container field a webhook leaves unset, after the
+// webhook, and runs its ServiceAccount admission again on the containers
+// the webhook added; the receipt's digest covers the sidecar, so the
+// webhook sets each of those fields as the API server would (probe
+// scheme, timeout and success threshold; termination message path and
+// policy; the pull policy the image's tag gives; the projected token's
+// mode) and mounts an empty volume over the API token's path, which that
+// admission skips.
+func TestSidecarIsStoredAsSigned(t *testing.T) {
+	for _, img := range []struct {
+		image string
+		want  corev1.PullPolicy
+	}{
+		{"ghcr.io/inferencecache/inferencecache-kvevent-subscriber:v0.9.0", corev1.PullIfNotPresent},
+		{"ghcr.io/inferencecache/inferencecache-kvevent-subscriber:latest", corev1.PullAlways},
+		{"ghcr.io/inferencecache/inferencecache-kvevent-subscriber", corev1.PullAlways},
+		{"localhost:5000/inferencecache-kvevent-subscriber", corev1.PullAlways},
+		{"localhost:5000/inferencecache-kvevent-subscriber:v1", corev1.PullIfNotPresent},
+		{"localhost/inferencecache-kvevent-subscriber@sha256:22f129c3bed97dbef6034c3d3419e8797eb2b480212d51c4a57de5fa4cd25e1a", corev1.PullIfNotPresent},
+		{"ghcr.io/x/y:latest@sha256:22f129c3bed97dbef6034c3d3419e8797eb2b480212d51c4a57de5fa4cd25e1a", corev1.PullAlways},
+	} {
+		out := Decide(enginePod(), []v1alpha1.CacheBackend{backend("cache", observed)}, Options{KVEventSubscriberImage: img.image, IndexEndpoint: indexEndpoint}).Pod
+		require.Len(t, out.Spec.InitContainers, 1, img.image)
+		c := out.Spec.InitContainers[0]
+		assert.Equal(t, img.want, c.ImagePullPolicy, img.image)
+		assert.Equal(t, corev1.TerminationMessagePathDefault, c.TerminationMessagePath)
+		assert.Equal(t, corev1.TerminationMessageReadFile, c.TerminationMessagePolicy)
+		p := c.StartupProbe
+		assert.Equal(t, corev1.URISchemeHTTP, p.HTTPGet.Scheme)
+		assert.Equal(t, int32(1), p.TimeoutSeconds)
+		assert.Equal(t, int32(1), p.SuccessThreshold)
+		assert.Contains(t, c.VolumeMounts, noAPITokenMount)
+		assert.Contains(t, out.Spec.Volumes, noAPITokenVolume)
+		i := slices.IndexFunc(out.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == v1alpha1.VolumeIndexToken })
+		require.GreaterOrEqual(t, i, 0)
+		assert.Equal(t, ptr.To(corev1.ProjectedVolumeSourceDefaultMode), out.Spec.Volumes[i].Projected.DefaultMode)
+	}
 }

@@ -45,6 +45,7 @@ import (
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/kvindex/indexclient"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
+	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/manifests"
 	"github.com/inferencecache/operator/test/testutil"
@@ -456,6 +457,11 @@ func startStack(t *testing.T) *stack {
 	c.create(t, pod)
 	if err := c.k8s.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
 		t.Fatal(err)
+	}
+	// The receipt covers the pod as the API server stored it: defaulted
+	// after the webhook (issue 37, found on the real node).
+	if got, claimed := receipt.Digest(pod), pod.Annotations[v1alpha1.AnnotationInjectedConfigDigest]; got != claimed {
+		t.Fatalf("the stored pod digests %s, its receipt claims %s", got, claimed)
 	}
 	return &stack{c: c, index: index, reader: reader, subscriberBin: subscriberBin, grpcAddr: grpcAddr, httpAddr: httpAddr,
 		readerToken: readerToken, key: key, pod: pod}
