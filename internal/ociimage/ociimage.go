@@ -86,6 +86,9 @@ type Options struct {
 	Created time.Time
 	// Log receives one line per step; nothing when nil.
 	Log io.Writer
+	// Platforms, when not empty, replaces the package's Platforms (the
+	// real-node tests build only the machine's own).
+	Platforms []v1.Platform
 }
 
 // Built is one image layout written by Build.
@@ -148,7 +151,11 @@ func buildImage(ctx context.Context, o Options, img Image, base v1.Layer) (Built
 		return Built{}, err
 	}
 	defer os.RemoveAll(tmp)
-	for _, p := range Platforms {
+	platforms := Platforms
+	if len(o.Platforms) > 0 {
+		platforms = o.Platforms
+	}
+	for _, p := range platforms {
 		bin := filepath.Join(tmp, img.Cmd+"-"+p.Architecture)
 		o.logf("image %s: building cmd/%s for %s/%s", img.Name, img.Cmd, p.OS, p.Architecture)
 		if err := goBuild(ctx, o, img.Cmd, p, bin); err != nil {

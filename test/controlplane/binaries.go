@@ -16,44 +16,51 @@ import (
 	"sync"
 )
 
-var (
-	once   sync.Once
-	dir    string
-	dirErr error
-)
-
 // Dir returns the folder holding the binaries. It honours CONTROLPLANE_DIR
 // (set by the Makefile) and otherwise runs test/tools/install.sh, which
 // builds whatever is missing into a per-user cache.
-func Dir() (string, error) {
-	once.Do(func() {
-		if d := os.Getenv("CONTROLPLANE_DIR"); d != "" {
-			dir, dirErr = d, check(d)
-			return
-		}
-		_, self, _, _ := runtime.Caller(0)
-		script := filepath.Join(filepath.Dir(self), "..", "tools", "install.sh")
-		cmd := exec.Command("bash", script)
-		var out bytes.Buffer
-		cmd.Stdout = &out
-		cmd.Stderr = os.Stderr
-		if err := cmd.Run(); err != nil {
-			dirErr = fmt.Errorf("building the control plane with %s: %w", script, err)
-			return
-		}
-		dir = strings.TrimSpace(out.String())
-		dirErr = check(dir)
-	})
-	return dir, dirErr
-}
+var Dir = Installed("CONTROLPLANE_DIR", "install.sh", Names)
 
 // Names of the binaries in Dir.
 var Names = []string{"etcd", "kube-apiserver", "kubectl", "kube-controller-manager", "kube-scheduler", "kwok"}
 
-func check(d string) error {
-	for _, n := range Names {
+// Installed returns a function that returns, once per process, the folder
+// holding the binaries names: the environment variable env's value, or
+// what the script of test/tools prints (it builds what is missing into a
+// per-user cache).
+func Installed(env, script string, names []string) func() (string, error) {
+	var (
+		once   sync.Once
+		dir    string
+		dirErr error
+	)
+	return func() (string, error) {
+		once.Do(func() {
+			if d := os.Getenv(env); d != "" {
+				dir, dirErr = d, check(d, script, names)
+				return
+			}
+			_, self, _, _ := runtime.Caller(0)
+			path := filepath.Join(filepath.Dir(self), "..", "tools", script)
+			cmd := exec.Command("bash", path)
+			var out bytes.Buffer
+			cmd.Stdout = &out
+			cmd.Stderr = os.Stderr
+			if err := cmd.Run(); err != nil {
+				dirErr = fmt.Errorf("building with %s: %w", path, err)
+				return
+			}
+			dir = strings.TrimSpace(out.String())
+			dirErr = check(dir, script, names)
+		})
+		return dir, dirErr
+	}
+}
+
+func check(d, script string, names []string) error {
+	for _, n := range names {
 		if _, err := os.Stat(filepath.Join(d, n)); err != nil {
-			return fmt.Errorf("control-plane binary %s missing in %s (run test/tools/install.sh): %w", n, d, err)
+			return fmt.Errorf("binary %s missing in %s (run test/tools/%s): %w", n, d, script, err)
 		}
 	}
 	return nil

@@ -58,6 +58,28 @@ func TestRenovateFindsThePinnedControlPlane(t *testing.T) {
 		"go.etcd.io/etcd/server/v3": pinned["ETCD"],
 		"sigs.k8s.io/kwok":          pinned["KWOK"],
 	}, found)
+
+	// The real node's parts (test/tools/install-node.sh); its kubelet is
+	// the control plane's release.
+	script, err = os.ReadFile("../tools/install-node.sh")
+	require.NoError(t, err)
+	node := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^([A-Z]+)_VERSION=(\S+)$`).FindAllStringSubmatch(string(script), -1) {
+		node[m[1]] = m[2]
+	}
+	require.Len(t, node, 3, "KUBE, CONTAINERD and COREDNS versions in install-node.sh")
+	assert.Equal(t, pinned["KUBE"], node["KUBE"], "the kubelet is the control plane's release")
+	found = map[string]string{}
+	groups, _ = renovateFinds(t, cfg, "test/tools/install-node.sh", script)
+	for _, g := range groups {
+		assert.Equal(t, "go", g["datasource"], "%s is looked up on the Go module proxy", g["depName"])
+		found[g["depName"]] = g["currentValue"]
+	}
+	assert.Equal(t, map[string]string{
+		"k8s.io/kubernetes":                   node["KUBE"],
+		"github.com/containerd/containerd/v2": node["CONTAINERD"],
+		"github.com/coredns/coredns":          node["COREDNS"],
+	}, found)
 }
 
 // TestEveryGoModIsAModuleRenovateSees: the gomod manager's default pattern

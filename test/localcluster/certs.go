@@ -27,7 +27,9 @@ type pki struct {
 	caPEM                   []byte
 }
 
-func writePKI(dir string) (*pki, error) {
+// writePKI writes the cluster's certificates; the API server's serves
+// address too.
+func writePKI(dir string, address net.IP) (*pki, error) {
 	p := &pki{
 		CACert: filepath.Join(dir, "ca.crt"), CAKey: filepath.Join(dir, "ca.key"),
 		ServingCert: filepath.Join(dir, "apiserver.crt"), ServingKey: filepath.Join(dir, "apiserver.key"),
@@ -83,7 +85,7 @@ func writePKI(dir string) (*pki, error) {
 		return writeCertKey(certFile, keyFile, der, key)
 	}
 	if err := leaf(2, "kube-apiserver", nil, x509.ExtKeyUsageServerAuth,
-		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1")},
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.0.0.1"), address},
 		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
 		p.ServingCert, p.ServingKey); err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)

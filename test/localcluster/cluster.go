@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -47,6 +48,23 @@ type Options struct {
 	CRDDir string
 	// Log receives progress lines; nil discards them.
 	Log func(format string, args ...any)
+
+	// A cluster of real nodes (test/testutil/realnode) sets these three:
+	// its processes run in the node's namespaces, the API server serves
+	// and advertises a node address (the kubernetes Service gets it as
+	// its endpoint, for pods), and the caller reaches it through Dial.
+
+	// Enter, when set, makes a command, not yet started, run where the
+	// cluster lives (nsenter into the node's namespaces).
+	Enter func(cmd *exec.Cmd)
+	// Address is the API server's bind and advertised address
+	// (127.0.0.1, with no endpoint reconciler, when empty).
+	Address string
+	// Dial reaches Address from this process (the rest.Config's dialer).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// NoKwok starts no kwok: the caller brings its own nodes (Nodes is
+	// then the number of nodes to wait for, 0 for none).
+	NoKwok bool
 }
 
 // Cluster is a running local cluster.
@@ -62,8 +80,12 @@ const pidFile = "pids"
 // Start brings the cluster up and returns once the API server is ready and
 // every kwok node is Ready without the not-ready taint.
 func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
-	if opts.Nodes < 1 {
+	if opts.Nodes < 1 && !opts.NoKwok {
 		opts.Nodes = 1
+	}
+	address, reconciler := "127.0.0.1", "none"
+	if opts.Address != "" {
+		address, reconciler = opts.Address, "lease"
 	}
 	if opts.Log == nil {
 		opts.Log = func(string, ...any) {}
@@ -78,7 +100,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			err = fmt.Errorf("%w (logs in %s)", err, opts.WorkDir)
 		}
 	}()
-	p, err := writePKI(opts.WorkDir)
+	p, err := writePKI(opts.WorkDir, net.ParseIP(address))
 	if err != nil {
 		return c, fmt.Errorf("writing certificates: %w", err)
 	}
@@ -87,7 +109,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	etcdPort, etcdPeer, apiPort := ports[0], ports[1], ports[2]
-	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	server := fmt.Sprintf("https://%s", net.JoinHostPort(address, strconv.Itoa(apiPort)))
 	if err := c.writeKubeconfig(p, server); err != nil {
 		return c, err
 	}
@@ -108,7 +130,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	opts.Log("starting kube-apiserver on %s", server)
 	if err := c.start("kube-apiserver",
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", etcdPort),
-		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		"--bind-address="+address, "--advertise-address="+address,
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--kubelet-client-certificate="+p.AdminCert, "--kubelet-client-key="+p.AdminKey,
 		fmt.Sprintf("--secure-port=%d", apiPort),
 		"--cert-dir="+filepath.Join(opts.WorkDir, "apiserver-certs"),
 		"--tls-cert-file="+p.ServingCert, "--tls-private-key-file="+p.ServingKey,
@@ -118,14 +142,14 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-cluster-ip-range=10.0.0.0/16", // room for a Service per CacheBackend at scale
 		"--authorization-mode=RBAC",
-		"--endpoint-reconciler-type=none",
+		"--endpoint-reconciler-type="+reconciler,
 		"--allow-privileged=true",
 		"--enable-priority-and-fairness=false",
 		"--v=0",
 	); err != nil {
 		return c, err
 	}
-	if err := waitReady(ctx, server+"/readyz", p, 90*time.Second); err != nil {
+	if err := waitReady(ctx, server+"/readyz", p, opts.Dial, 90*time.Second); err != nil {
 		return c, fmt.Errorf("kube-apiserver not ready: %w", err)
 	}
 
@@ -134,6 +158,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	cfg.QPS, cfg.Burst = 50, 100
+	cfg.Dial = opts.Dial
 	c.Config = cfg
 	if opts.CRDDir != "" {
 		opts.Log("installing the CRDs of %s", opts.CRDDir)
@@ -142,7 +167,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 	}
 
-	opts.Log("starting kube-controller-manager, kube-scheduler and kwok")
+	opts.Log("starting kube-controller-manager and kube-scheduler")
 	if err := c.start("kube-controller-manager",
 		"--kubeconfig="+c.Kubeconfig,
 		"--controllers=*,-nodeipam,-ttl,-bootstrapsigner,-tokencleaner",
@@ -159,6 +184,13 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	); err != nil {
 		return c, err
 	}
+	if opts.NoKwok {
+		if err := waitDefaultServiceAccount(ctx, mustClient(cfg), 60*time.Second); err != nil {
+			return c, err
+		}
+		return c, nil
+	}
+	opts.Log("starting kwok")
 	kwokPort, err := freeport.TakeN(1)
 	if err != nil {
 		return c, err
@@ -211,7 +243,7 @@ func kwokNode(name string) *corev1.Node {
 }
 
 func waitNodesReady(ctx context.Context, cl client.Client, n int, timeout time.Duration) error {
-	return poll(ctx, timeout, func() error {
+	return Poll(ctx, timeout, func() error {
 		var nodes corev1.NodeList
 		if err := cl.List(ctx, &nodes); err != nil {
 			return err
@@ -238,12 +270,13 @@ func waitNodesReady(ctx context.Context, cl client.Client, n int, timeout time.D
 }
 
 func waitDefaultServiceAccount(ctx context.Context, cl client.Client, timeout time.Duration) error {
-	return poll(ctx, timeout, func() error {
+	return Poll(ctx, timeout, func() error {
 		return cl.Get(ctx, client.ObjectKey{Namespace: "default", Name: "default"}, &corev1.ServiceAccount{})
 	})
 }
 
-func poll(ctx context.Context, timeout time.Duration, f func() error) error {
+// Poll calls f until it returns nil, every 250 ms for at most timeout.
+func Poll(ctx context.Context, timeout time.Duration, f func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		err := f()
@@ -261,7 +294,17 @@ func poll(ctx context.Context, timeout time.Duration, f func() error) error {
 	}
 }
 
-func waitReady(ctx context.Context, url string, p *pki, timeout time.Duration) error {
+// mustClient is a client of cfg; client.New fails only on a config it
+// cannot use, which Start never makes.
+func mustClient(cfg *rest.Config) client.Client {
+	cl, err := client.New(cfg, client.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return cl
+}
+
+func waitReady(ctx context.Context, url string, p *pki, dial func(ctx context.Context, network, addr string) (net.Conn, error), timeout time.Duration) error {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(p.caPEM)
 	cert, err := tls.LoadX509KeyPair(p.AdminCert, p.AdminKey)
@@ -270,8 +313,9 @@ func waitReady(ctx context.Context, url string, p *pki, timeout time.Duration) e
 	}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+		DialContext:     dial,
 	}}
-	return poll(ctx, timeout, func() error {
+	return Poll(ctx, timeout, func() error {
 		resp, err := hc.Get(url)
 		if err != nil {
 			return err
@@ -311,7 +355,23 @@ func (c *Cluster) start(name string, args ...string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(c.opts.BinDir, name), args...)
+	return c.startCmd(name, exec.Command(filepath.Join(c.opts.BinDir, name), args...), logf)
+}
+
+// Start runs bin args where the cluster lives (Options.Enter), with its
+// output in WorkDir/<name>.log, and ends it with the cluster (Stop).
+func (c *Cluster) Start(name, bin string, args ...string) error {
+	logf, err := os.Create(filepath.Join(c.opts.WorkDir, name+".log"))
+	if err != nil {
+		return err
+	}
+	return c.startCmd(name, exec.Command(bin, args...), logf)
+}
+
+func (c *Cluster) startCmd(name string, cmd *exec.Cmd, logf *os.File) error {
+	if c.opts.Enter != nil {
+		c.opts.Enter(cmd)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if c.opts.Detach {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

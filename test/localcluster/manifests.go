@@ -83,7 +83,7 @@ func InstallCRDs(ctx context.Context, cfg *rest.Config, dir string) error {
 		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("localcluster"), client.ForceOwnership); err != nil {
 			return fmt.Errorf("applying CRD %s: %w", o.GetName(), err)
 		}
-		if err := poll(ctx, 30*time.Second, func() error {
+		if err := Poll(ctx, 30*time.Second, func() error {
 			crd := &apiextensionsv1.CustomResourceDefinition{}
 			if err := c.Get(ctx, client.ObjectKey{Name: o.GetName()}, crd); err != nil {
 				return err

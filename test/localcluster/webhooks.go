@@ -72,7 +72,7 @@ func InstallWebhooks(ctx context.Context, cfg *rest.Config, baseURL string, caPE
 
 // WaitServing waits until a TLS server completes a handshake on addr.
 func WaitServing(ctx context.Context, addr string, timeout time.Duration) error {
-	return poll(ctx, timeout, func() error {
+	return Poll(ctx, timeout, func() error {
 		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: time.Second}, Config: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // a readiness probe, not a client
 		conn, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {

@@ -7,7 +7,9 @@
 # (test/realengine), python3.11-venv so that test/tools/install-python.sh
 # can make the engines' virtual environments, and util-linux's nsenter,
 # unshare and setpriv (network namespaces; the cache server run as its
-# pod's user in test/conformance).
+# pod's user in test/conformance), and the real node's runc, CNI plugins
+# and iptables (test/testutil/realnode; Debian's containerd is left out:
+# its 1.6 shim on PATH would shadow the 2.x one install-node.sh builds).
 # CI runs as root on a fresh machine: one `apt-get update`, then
 # `apt-get install -y`. Prints nothing on success when everything is
 # already there.
@@ -29,6 +31,9 @@ need=(
 	"/usr/bin/unshare:util-linux"
 	"/usr/bin/setpriv:util-linux"
 	"/sbin/ip:iproute2"
+	"/usr/sbin/runc:runc"
+	"/usr/lib/cni/bridge:containernetworking-plugins"
+	"/usr/sbin/iptables:iptables"
 )
 
 missing=()

@@ -1,0 +1,154 @@
+// Package realnode_test runs the operator on a real node: the local
+// control plane and a kubelet with containerd that start real containers
+// (test/testutil/realnode), in a namespace of their own on this machine.
+// The install bundle runs from the project's own images (`make image`'s
+// layouts, built here for this machine's platform, imported by digest as
+// the bundle pins them); the kubelet runs their real probes inside them
+// as their non-root user, the API server reaches the webhook through its
+// Service, and the pods reach the API server, the index and each other
+// through kube-proxy and CoreDNS.
+//
+// One node serves the whole package (TestMain); after the tests it is
+// torn down and the host checked unchanged, which fails the run if not.
+package realnode_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/inferencecache/operator/internal/installer"
+	"github.com/inferencecache/operator/internal/ociimage"
+	"github.com/inferencecache/operator/test/controlplane"
+	"github.com/inferencecache/operator/test/testutil"
+	"github.com/inferencecache/operator/test/testutil/realnode"
+)
+
+var (
+	node   *realnode.Node
+	cpDir  string
+	root   string
+	bundle string // the dev install bundle, pinned to the imported images
+)
+
+// registry is the bundle's registry: the images exist only in the node's
+// containerd, imported under it.
+const registry = "localhost"
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	_, self, _, _ := runtime.Caller(0)
+	root = filepath.Join(filepath.Dir(self), "..", "..")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	fail := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "realnode: "+format+"\n", args...)
+		return 1
+	}
+	var err error
+	if cpDir, err = controlplane.Dir(); err != nil {
+		return fail("%v", err)
+	}
+	nodeDir, err := realnode.Dir()
+	if err != nil {
+		return fail("%v", err)
+	}
+	// Short: containerd's socket lives in it (108 bytes at most).
+	work, err := os.MkdirTemp("", "rn-")
+	if err != nil {
+		return fail("%v", err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			_ = os.RemoveAll(work)
+		}
+	}()
+
+	start := time.Now()
+	images := filepath.Join(work, "images")
+	built, err := ociimage.Build(ctx, ociimage.Options{
+		RepoRoot: root, OutDir: images, Version: "realnode",
+		Platforms: []v1.Platform{{OS: "linux", Architecture: runtime.GOARCH}},
+	})
+	if err != nil {
+		return fail("building the images: %v", err)
+	}
+	b, err := installer.Build(installer.Options{Overlay: filepath.Join(root, "kustomize", "overlays", "dev"), ImagesDir: images, Registry: registry, Version: "realnode"})
+	if err != nil {
+		return fail("building the install bundle: %v", err)
+	}
+	bundle = filepath.Join(work, "install-dev.yaml")
+	if err := os.WriteFile(bundle, b, 0o644); err != nil {
+		return fail("%v", err)
+	}
+	for _, img := range built {
+		fmt.Fprintf(os.Stderr, "realnode: image %s %s\n", img.Image.Name, img.Digest)
+	}
+	fmt.Fprintf(os.Stderr, "realnode: images and bundle built in %s\n", time.Since(start).Round(time.Second))
+
+	start = time.Now()
+	node, err = realnode.Start(ctx, realnode.Options{
+		ControlPlaneDir: cpDir, NodeDir: nodeDir, WorkDir: filepath.Join(work, "n"), Scheme: testutil.Scheme(),
+		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "realnode: "+format+"\n", args...) },
+	})
+	if err != nil {
+		keep = true
+		return fail("%v", err)
+	}
+	for _, img := range built {
+		if err := node.ImportLayout(ctx, img.Path, registry+"/"+img.Image.Name); err != nil {
+			keep = true
+			_ = node.Stop()
+			return fail("importing %s: %v", img.Image.Name, err)
+		}
+	}
+	if out, err := node.Run(ctx, filepath.Join(nodeDir, "ctr"), "--address", filepath.Join(work, "n", "containerd", "containerd.sock"), "--namespace", "k8s.io", "images", "ls", "-q"); err == nil {
+		fmt.Fprintf(os.Stderr, "realnode: images:\n%s", out)
+	}
+	fmt.Fprintf(os.Stderr, "realnode: node Ready and images imported in %s\n", time.Since(start).Round(time.Second))
+
+	code := m.Run()
+	start = time.Now()
+	if err := node.Stop(); err != nil {
+		keep = true
+		return fail("teardown: %v", err)
+	}
+	fmt.Fprintf(os.Stderr, "realnode: torn down in %s, the host unchanged\n", time.Since(start).Round(time.Second))
+	if code != 0 {
+		keep = true
+		fmt.Fprintf(os.Stderr, "realnode: logs kept in %s\n", work)
+	}
+	return code
+}
+
+// kubectl runs kubectl against the cluster, in the node's namespace.
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := kubectlErr(args...)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return out
+}
+
+func kubectlErr(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(cpDir, "kubectl"), append([]string{"--kubeconfig", node.Cluster.Kubeconfig}, args...)...)
+	node.Enter(cmd)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
