@@ -63,16 +63,18 @@ func podsOf(ns string, labels map[string]string) string {
 
 // TestInstallBundleOnARealNode (issue 37): the dev install bundle, its
 // images the project's own, applied with kubectl apply --server-side:
-//   - the manager and the index become available through their real
-//     readiness probes, run by the kubelet inside their images as the
-//     non-root user the images declare;
+//   - in a namespace enforcing Pod Security restricted, the manager and
+//     the index become available through their real readiness probes, run
+//     by the kubelet inside their images as the non-root user the images
+//     declare;
 //   - the manager reaches the API server through the kubernetes Service
 //     (kube-proxy), provisions its webhook certificate and publishes the
 //     CA: the API server then calls both webhooks through their Service
 //     (a CacheBackend the schema admits but the validating webhook
 //     refuses is refused with its field path; an engine pod is wired at
 //     CREATE by the mutating webhook);
-//   - the wired engine pod (a stand-in engine container: the pause image,
+//   - the wired engine pod, in a namespace enforcing restricted too (a
+//     stand-in engine container: the pause image,
 //     which ignores the arguments the webhook adds; no engine image fits
 //     on this machine yet) is started by the kubelet after its
 //     kvevent-subscriber native sidecar passed its startup probe, and the
@@ -84,6 +86,14 @@ func TestInstallBundleOnARealNode(t *testing.T) {
 	ctx := context.Background()
 	ns := "realnode-engines"
 	dumpOnFailure(t, operatorNamespace, ns)
+	// Both namespaces enforce Pod Security restricted, as the operator's
+	// pods and the wired engine pods (the sidecar included) claim to meet
+	// it: a pod that did not would not be created.
+	for _, n := range []string{operatorNamespace, ns} {
+		require.NoError(t, node.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{
+			"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+		}}}))
+	}
 	out := kubectl(t, "apply", "--server-side", "-f", bundle)
 	require.Contains(t, out, "deployment.apps/inferencecache-operator serverside-applied")
 
@@ -97,7 +107,6 @@ func TestInstallBundleOnARealNode(t *testing.T) {
 	// The validating webhook, through its Service: the schema admits a
 	// multiprocess L1 of 1536Mi, LMCache's server refuses anything but
 	// whole GiB, and so does the webhook.
-	kubectl(t, "create", "namespace", ns)
 	bad := &v1alpha1.CacheBackend{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bad"},
 		Spec: v1alpha1.CacheBackendSpec{
@@ -138,10 +147,16 @@ func TestInstallBundleOnARealNode(t *testing.T) {
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "sglang"}},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "sglang"}},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{
-					Name: "sglang", Image: realnode.PauseImage,
-					Args: []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--port", "30000"},
-				}}},
+				Spec: corev1.PodSpec{
+					SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+					Containers: []corev1.Container{{
+						Name: "sglang", Image: realnode.PauseImage,
+						Args: []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--port", "30000"},
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+					}},
+				},
 			},
 		},
 	}
