@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -86,23 +87,8 @@ func TestInstallBundleOnARealNode(t *testing.T) {
 	ctx := context.Background()
 	ns := "realnode-engines"
 	dumpOnFailure(t, operatorNamespace, ns)
-	// Both namespaces enforce Pod Security restricted, as the operator's
-	// pods and the wired engine pods (the sidecar included) claim to meet
-	// it: a pod that did not would not be created.
-	for _, n := range []string{operatorNamespace, ns} {
-		require.NoError(t, node.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{
-			"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
-		}}}))
-	}
-	out := kubectl(t, "apply", "--server-side", "-f", bundle)
-	require.Contains(t, out, "deployment.apps/inferencecache-operator serverside-applied")
-
-	for _, name := range []string{"inferencecache-operator", "inferencecache-index"} {
-		d := available(t, operatorNamespace, name, 3*time.Minute)
-		image := d.Spec.Template.Spec.Containers[0].Image
-		assert.True(t, strings.HasPrefix(image, registry+"/"), "%s runs the imported image, pinned by digest: %s", name, image)
-		assert.Contains(t, image, "@sha256:", name)
-	}
+	install(t)
+	require.NoError(t, node.Client.Create(ctx, restrictedNamespace(ns)))
 
 	// The validating webhook, through its Service: the schema admits a
 	// multiprocess L1 of 1536Mi, LMCache's server refuses anything but
@@ -208,10 +194,59 @@ func dumpOnFailure(t *testing.T, namespaces ...string) {
 		for _, ns := range namespaces {
 			out, _ := kubectlErr("get", "events", "-n", ns, "--sort-by=.lastTimestamp")
 			t.Logf("events of %s:\n%s", ns, out)
+			var pods corev1.PodList
+			_ = node.Client.List(context.Background(), &pods, client.InNamespace(ns))
+			for _, p := range pods.Items {
+				for _, previous := range []string{"--previous=false", "--previous=true"} {
+					out, _ := kubectlErr("logs", "-n", ns, p.Name, "--all-containers", "--prefix", "--tail=40", previous)
+					t.Logf("logs of %s/%s (%s):\n%s", ns, p.Name, previous, out)
+				}
+			}
 		}
 		for _, l := range []string{"app.kubernetes.io/name=inferencecache-operator", "app.kubernetes.io/name=inferencecache-index"} {
 			out, _ := kubectlErr("logs", "-n", operatorNamespace, "-l", l, "--tail=60", "--all-containers", "--prefix")
 			t.Logf("logs of %s:\n%s", l, out)
 		}
 	})
+}
+
+var (
+	installOnce sync.Once
+	installErr  error
+)
+
+// install applies the dev bundle once for the package, in a namespace
+// enforcing Pod Security restricted (the operator's pods claim to meet it:
+// a pod that did not would not be created), and waits until the manager
+// and the index are available, through their real readiness probes.
+func install(t *testing.T) {
+	t.Helper()
+	installOnce.Do(func() {
+		if err := node.Client.Create(context.Background(), restrictedNamespace(operatorNamespace)); err != nil {
+			installErr = err
+			return
+		}
+		out, err := kubectlErr("apply", "--server-side", "-f", bundle)
+		if err != nil {
+			installErr = err
+			return
+		}
+		if !strings.Contains(out, "deployment.apps/inferencecache-operator serverside-applied") {
+			installErr = fmt.Errorf("kubectl apply:\n%s", out)
+		}
+	})
+	require.NoError(t, installErr)
+	for _, name := range []string{"inferencecache-operator", "inferencecache-index"} {
+		d := available(t, operatorNamespace, name, 3*time.Minute)
+		image := d.Spec.Template.Spec.Containers[0].Image
+		assert.True(t, strings.HasPrefix(image, registry+"/"), "%s runs the imported image, pinned by digest: %s", name, image)
+		assert.Contains(t, image, "@sha256:", name)
+	}
+}
+
+// restrictedNamespace is a namespace enforcing Pod Security restricted.
+func restrictedNamespace(name string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+	}}}
 }

@@ -73,7 +73,12 @@ func run(m *testing.M) int {
 	defer func() {
 		if !keep {
 			_ = os.RemoveAll(work)
+			return
 		}
+		// The logs stay; the images and containerd's store (gigabytes)
+		// do not.
+		_ = os.RemoveAll(filepath.Join(work, "images"))
+		_ = os.RemoveAll(filepath.Join(work, "n", "containerd"))
 	}()
 
 	start := time.Now()
@@ -133,16 +138,7 @@ func run(m *testing.M) int {
 	return code
 }
 
-// kubectl runs kubectl against the cluster, in the node's namespace.
-func kubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := kubectlErr(args...)
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	return out
-}
-
+// kubectlErr runs kubectl against the cluster, in the node's namespace.
 func kubectlErr(args ...string) (string, error) {
 	cmd := exec.Command(filepath.Join(cpDir, "kubectl"), append([]string{"--kubeconfig", node.Cluster.Kubeconfig}, args...)...)
 	node.Enter(cmd)

@@ -1,0 +1,154 @@
+package realnode_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/lmcacheproto"
+	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/test/testutil"
+	"github.com/inferencecache/operator/test/testutil/pyenv"
+	"github.com/inferencecache/operator/test/testutil/realnode"
+)
+
+// engineProgram is where the stand-in engine's program is in the image
+// (the webhook leaves `python3 -c` unwired, as a shell-like wrapper).
+const engineProgram = "/usr/local/lib/inferencecache-test/engine.py"
+
+// engineScript is the stand-in engine's program: it sends LMCache's HEALTH
+// request to the address the webhook gave it (LMCACHE_REMOTE_URL, the
+// backend's status.endpoint: a Service name CoreDNS resolves) with the
+// rendered probe's own script, marks itself ready once the server
+// answered, and then waits, as an engine would keep its connection.
+const engineScript = `
+import os, subprocess, sys, time, urllib.parse
+u = urllib.parse.urlparse(os.environ["LMCACHE_REMOTE_URL"])
+probe = os.environ["PROBE"].replace("127.0.0.1", u.hostname)
+while subprocess.run([sys.executable, "-c", probe, str(u.port)]).returncode != 0:
+    time.sleep(1)
+print("lmcache_server at", u.hostname, "answered HEALTH", flush=True)
+open("/tmp/connected", "w").close()
+while True:
+    time.sleep(3600)
+`
+
+// TestManagedServerOnARealNode (issue 37): the quickstart's shape, a
+// managed in-process LMCache server, on the real node. The server image is
+// built from the locked Python environment of LMCache 0.5.6 (the files
+// lmcache_server and the rendered probe use, at their paths; see
+// realnode.LMCacheServerArchive) and imported under the default server
+// image's name. The server pod, as rendered (non-root, read-only root,
+// restricted Pod Security), becomes Ready through its exec probe, which
+// runs python3 inside the image; the operator's functional probe reaches
+// it through its Service; status.endpoint is published. An engine pod
+// (stand-in: the same image running a script added to it, since no vLLM
+// image fits on this machine) is wired with that endpoint and reaches the server by its
+// Service's DNS name. The server pod replaced, the engine Deployment is
+// rolled once.
+func TestManagedServerOnARealNode(t *testing.T) {
+	ctx := context.Background()
+	ns := "realnode-server"
+	dumpOnFailure(t, operatorNamespace, ns)
+	install(t)
+
+	cache := filepath.Join(os.Getenv("HOME"), ".cache", "inferencecache-operator", "images")
+	if d := os.Getenv("INFERENCECACHE_TOOLS_CACHE"); d != "" {
+		cache = filepath.Join(d, "images")
+	}
+	start := time.Now()
+	archive, err := realnode.LMCacheServerArchive(ctx, pyenv.Dir(t, "vllm"), cache, render.DefaultImage, map[string]string{engineProgram: engineScript})
+	require.NoError(t, err)
+	require.NoError(t, node.Import(ctx, archive))
+	t.Logf("LMCache server image %s ready and imported in %s", render.DefaultImage, time.Since(start).Round(time.Second))
+
+	require.NoError(t, node.Client.Create(ctx, restrictedNamespace(ns)))
+	cb := &v1alpha1.CacheBackend{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-demo-cache"},
+		Spec: v1alpha1.CacheBackendSpec{
+			Runtime: v1alpha1.RuntimeVLLM, Type: v1alpha1.BackendTypeLMCache,
+			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen-demo"}},
+			RemoteStorage:  &v1alpha1.RemoteStorage{Provider: v1alpha1.ProviderLMCacheServer, Ownership: v1alpha1.OwnershipManaged, LMCacheServer: &v1alpha1.LMCacheServer{}},
+		},
+	}
+	require.NoError(t, node.Client.Create(ctx, cb))
+	key := client.ObjectKeyFromObject(cb)
+	testutil.Eventually(t, 3*time.Minute, func() error {
+		if err := node.Client.Get(ctx, key, cb); err != nil {
+			return err
+		}
+		if err := testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady)(cb); err != nil || cb.Status.Endpoint == "" {
+			return fmt.Errorf("not Ready with an endpoint (%w): %+v\n%s", err, cb.Status.Conditions, podsOf(ns, nil))
+		}
+		return nil
+	})
+	assert.Equal(t, render.Endpoint(cb, ""), cb.Status.Endpoint)
+
+	engine := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-engine"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "qwen-demo"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "qwen-demo"}},
+				Spec: corev1.PodSpec{
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name: "vllm", Image: render.DefaultImage,
+						Command: []string{"python3", engineProgram},
+						Args:    []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"},
+						Env:     []corev1.EnvVar{{Name: "PROBE", Value: lmcacheproto.ProbeScript()}},
+						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
+							Command: []string{"python3", "-c", "import os,sys; sys.exit(0 if os.path.exists('/tmp/connected') else 1)"}}},
+							PeriodSeconds: 1},
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+					}},
+				},
+			},
+		},
+	}
+	require.NoError(t, node.Client.Create(ctx, engine))
+	available(t, ns, engine.Name, 3*time.Minute)
+	var pods corev1.PodList
+	require.NoError(t, node.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-demo"}))
+	require.Len(t, pods.Items, 1)
+	assert.Equal(t, ns+"/"+cb.Name, pods.Items[0].Annotations[v1alpha1.AnnotationInjectedBy])
+
+	// The server pod replaced: the engines are rolled once.
+	require.NoError(t, node.Client.Get(ctx, client.ObjectKeyFromObject(engine), engine))
+	gen := engine.Generation
+	var servers corev1.PodList
+	require.NoError(t, node.Client.List(ctx, &servers, client.InNamespace(ns), client.MatchingLabels(render.SelectorLabels(cb))))
+	require.Len(t, servers.Items, 1, "one server pod")
+	require.NoError(t, node.Client.Delete(ctx, &servers.Items[0]))
+	testutil.Eventually(t, 5*time.Minute, func() error {
+		if err := node.Client.Get(ctx, client.ObjectKeyFromObject(engine), engine); err != nil {
+			return err
+		}
+		if engine.Generation == gen {
+			return fmt.Errorf("engine Deployment not rolled yet (generation %d)\n%s", gen, podsOf(ns, nil))
+		}
+		return nil
+	})
+	available(t, ns, engine.Name, 3*time.Minute)
+	// Settled: no second roll.
+	time.Sleep(10 * time.Second)
+	require.NoError(t, node.Client.Get(ctx, client.ObjectKeyFromObject(engine), engine))
+	assert.Equal(t, gen+1, engine.Generation, "rolled once")
+}
