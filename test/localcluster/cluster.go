@@ -62,8 +62,8 @@ type Options struct {
 	Address string
 	// Dial reaches Address from this process (the rest.Config's dialer).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// NoKwok starts no kwok: the caller brings its own nodes (Nodes is
-	// then the number of nodes to wait for, 0 for none).
+	// NoKwok starts no kwok and waits for no node: the caller brings its
+	// own nodes (Nodes is ignored).
 	NoKwok bool
 }
 
@@ -185,10 +185,11 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 	if opts.NoKwok {
-		if err := waitDefaultServiceAccount(ctx, mustClient(cfg), 60*time.Second); err != nil {
+		cl, err := client.New(cfg, client.Options{})
+		if err != nil {
 			return c, err
 		}
-		return c, nil
+		return c, waitDefaultServiceAccount(ctx, cl, 60*time.Second)
 	}
 	opts.Log("starting kwok")
 	kwokPort, err := freeport.TakeN(1)
@@ -292,16 +293,6 @@ func Poll(ctx context.Context, timeout time.Duration, f func() error) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-}
-
-// mustClient is a client of cfg; client.New fails only on a config it
-// cannot use, which Start never makes.
-func mustClient(cfg *rest.Config) client.Client {
-	cl, err := client.New(cfg, client.Options{})
-	if err != nil {
-		panic(err)
-	}
-	return cl
 }
 
 func waitReady(ctx context.Context, url string, p *pki, dial func(ctx context.Context, network, addr string) (net.Conn, error), timeout time.Duration) error {
