@@ -3,11 +3,12 @@ package cli
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/inferencecache/operator/internal/imageref"
 )
 
 // Unknown is what version says for a value it cannot find.
@@ -53,11 +54,11 @@ func ReadManagerVersion(ctx context.Context, c client.Reader, ns string) (Manage
 // tag, and Unknown when it has neither (an implicit "latest" is not a
 // version).
 func ImageTag(ref string) string {
-	name, digest, hasDigest := strings.Cut(ref, "@")
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		return name[i+1:]
-	}
-	if hasDigest {
+	_, tag, digest := imageref.Split(ref)
+	switch {
+	case tag != "":
+		return tag
+	case digest != "":
 		return digest
 	}
 	return Unknown

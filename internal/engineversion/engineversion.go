@@ -23,6 +23,8 @@ import (
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
+
+	"github.com/inferencecache/operator/internal/imageref"
 )
 
 // Version is a release as major.minor.patch; Pre keeps whatever follows
@@ -126,10 +128,7 @@ func ParseImage(image string) Image {
 	case name.Digest:
 		// name.Digest drops a tag written before the digest; read it
 		// from the reference as written.
-		before, _, _ := strings.Cut(image, "@")
-		if i := strings.LastIndex(before, ":"); i > strings.LastIndex(before, "/") {
-			tag = before[i+1:]
-		}
+		_, tag, _ = imageref.Split(image)
 	}
 	if tag == "" {
 		return Image{}

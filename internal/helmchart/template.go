@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/inferencecache/operator/internal/imageref"
 )
 
 // generator turns kustomize's objects into template text and collects the
@@ -428,11 +430,7 @@ func flagLeaf(name string, value *string) *node {
 
 // splitImage splits an image reference into repository, tag and digest.
 func splitImage(ref string) map[string]any {
-	repo, digest, _ := strings.Cut(ref, "@")
-	tag := ""
-	if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
-		repo, tag = repo[:i], repo[i+1:]
-	}
+	repo, tag, digest := imageref.Split(ref)
 	return map[string]any{"repository": repo, "tag": tag, "digest": digest}
 }
 

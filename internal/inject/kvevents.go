@@ -14,6 +14,8 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+
+	"github.com/inferencecache/operator/internal/imageref"
 )
 
 // The KV-event wiring (docs/design/kvevent-subscriber.md, "Wiring"): the
@@ -429,11 +431,7 @@ const ServiceAccountTokenDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 // container of this image that sets none (SetDefaults_Container): Always
 // for the tag latest, or no tag and no digest; IfNotPresent otherwise.
 func DefaultPullPolicy(image string) corev1.PullPolicy {
-	name, digest, _ := strings.Cut(image, "@")
-	tag := ""
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		tag = name[i+1:]
-	}
+	_, tag, digest := imageref.Split(image)
 	if tag == "latest" || tag == "" && digest == "" {
 		return corev1.PullAlways
 	}
