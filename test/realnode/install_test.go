@@ -133,16 +133,10 @@ func TestInstallBundleOnARealNode(t *testing.T) {
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "sglang"}},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "sglang"}},
-				Spec: corev1.PodSpec{
-					SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
-					Containers: []corev1.Container{{
-						Name: "sglang", Image: realnode.PauseImage,
-						Args: []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--port", "30000"},
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-						},
-					}},
-				},
+				Spec: restrictedPod(corev1.Container{
+					Name: "sglang", Image: realnode.PauseImage,
+					Args: []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--port", "30000"},
+				}),
 			},
 		},
 	}
@@ -249,4 +243,19 @@ func restrictedNamespace(name string) *corev1.Namespace {
 	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
 		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
 	}}}
+}
+
+// restrictedPod is a pod of one container that meets Pod Security
+// restricted (as user 65532, which an image without a user needs).
+func restrictedPod(c corev1.Container) corev1.PodSpec {
+	c.SecurityContext = &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+	return corev1.PodSpec{
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		Containers: []corev1.Container{c},
+	}
 }

@@ -13,7 +13,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -102,24 +101,15 @@ func TestManagedServerOnARealNode(t *testing.T) {
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "qwen-demo"}},
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "qwen-demo"}},
-				Spec: corev1.PodSpec{
-					SecurityContext: &corev1.PodSecurityContext{
-						RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532), RunAsGroup: ptr.To[int64](65532),
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-					},
-					Containers: []corev1.Container{{
-						Name: "vllm", Image: render.DefaultImage,
-						Command: []string{"python3", engineProgram},
-						Args:    []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"},
-						Env:     []corev1.EnvVar{{Name: "PROBE", Value: lmcacheproto.ProbeScript()}},
-						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
-							Command: []string{"python3", "-c", "import os,sys; sys.exit(0 if os.path.exists('/tmp/connected') else 1)"}}},
-							PeriodSeconds: 1},
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-						},
-					}},
-				},
+				Spec: restrictedPod(corev1.Container{
+					Name: "vllm", Image: render.DefaultImage,
+					Command: []string{"python3", engineProgram},
+					Args:    []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"},
+					Env:     []corev1.EnvVar{{Name: "PROBE", Value: lmcacheproto.ProbeScript()}},
+					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
+						Command: []string{"python3", "-c", "import os,sys; sys.exit(0 if os.path.exists('/tmp/connected') else 1)"}}},
+						PeriodSeconds: 1},
+				}),
 			},
 		},
 	}

@@ -101,7 +101,10 @@ func (ns *NS) Enter(t testing.TB, cmd *exec.Cmd) {
 }
 
 // within runs f on a thread that joined ns; the sockets f makes keep the
-// namespace, and the thread, never unlocked, exits with its goroutine.
+// namespace. The thread then goes back to its own namespace and is
+// unlocked: a thread that exits would fire the parent-death signal
+// (Pdeathsig) of every process forked from it. If it cannot go back it
+// stays locked and exits with its goroutine.
 func within[T any](ns *NS, f func() (T, error)) (T, error) {
 	type result struct {
 		v   T
@@ -111,22 +114,38 @@ func within[T any](ns *NS, f func() (T, error)) (T, error) {
 	go func() {
 		runtime.LockOSThread()
 		var zero T
+		own, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			ch <- result{zero, err}
+			runtime.UnlockOSThread()
+			return
+		}
+		defer func() { _ = own.Close() }()
 		fd, err := os.Open(ns.Path)
 		if err != nil {
 			ch <- result{zero, err}
+			runtime.UnlockOSThread()
 			return
 		}
 		defer func() { _ = fd.Close() }()
 		if err := unix.Setns(int(fd.Fd()), unix.CLONE_NEWNET); err != nil {
 			ch <- result{zero, fmt.Errorf("setns %s: %w", ns.Path, err)}
+			runtime.UnlockOSThread()
 			return
 		}
 		v, err := f()
 		ch <- result{v, err}
+		if unix.Setns(int(own.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
 	}()
 	r := <-ch
 	return r.v, r.err
 }
+
+// Of is the network namespace of process pid, held by that process (the
+// caller ends it): for Dial and Command only.
+func Of(pid int) *NS { return &NS{Path: fmt.Sprintf("/proc/%d/ns/net", pid)} }
 
 // Dial dials addr from inside ns.
 func (ns *NS) Dial(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -20,17 +20,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/test/localcluster"
+	"github.com/inferencecache/operator/test/testutil/netns"
 )
 
 // The node's addresses. The API server, CoreDNS and the kubelet serve on
@@ -154,47 +153,9 @@ func (n *Node) Run(ctx context.Context, bin string, args ...string) (string, err
 	return string(out), nil
 }
 
-// Dial dials addr from inside the node's network namespace (a thread that
-// joined it).
+// Dial dials addr from inside the node's network namespace.
 func (n *Node) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// The thread goes back to its own namespace after the dial and is
-		// unlocked: a thread that exits would fire the parent-death
-		// signal of every process forked from it (the cluster's).
-		runtime.LockOSThread()
-		own, err := os.Open("/proc/thread-self/ns/net")
-		if err != nil {
-			ch <- result{nil, err}
-			runtime.UnlockOSThread()
-			return
-		}
-		defer func() { _ = own.Close() }()
-		fd, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", n.pid))
-		if err != nil {
-			ch <- result{nil, err}
-			runtime.UnlockOSThread()
-			return
-		}
-		defer func() { _ = fd.Close() }()
-		if err := unix.Setns(int(fd.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, fmt.Errorf("setns: %w", err)}
-			runtime.UnlockOSThread()
-			return
-		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		ch <- result{c, err}
-		if unix.Setns(int(own.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		} // else the thread stays locked and exits with the goroutine
-	}()
-	r := <-ch
-	return r.c, r.err
+	return netns.Of(n.pid).Dial(ctx, network, addr)
 }
 
 // startHolder starts the process that holds the node's namespaces: a
