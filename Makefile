@@ -245,9 +245,16 @@ test-unit: ## Run the tests that need neither the control plane nor an engine en
 	env -u KUBEBUILDER_ASSETS -u CONTROLPLANE_DIR go test -count=1 $(UNIT_PACKAGES)
 
 .PHONY: demo
-demo: ## Start a local cluster, run the operator against it and apply examples/quickstart.
+# NODE=real runs the demo on a real node (test/testutil/realnode: a kubelet
+# and containerd running the operator's images, the LMCache server and the
+# engine), in the foreground until Ctrl-C; the default, kwok, runs no
+# containers and returns.
+NODE ?= kwok
+demo: ## Start a local cluster, run the operator against it and apply examples/quickstart (NODE=real: on a real node, in the foreground).
 	dir=$$($(INSTALL_CONTROLPLANE)); \
-	CONTROLPLANE_DIR="$$dir" go run ./test/cmd/localcluster demo
+	if [ "$(NODE)" = real ]; then node=$$($(INSTALL_NODE)) && \
+		CONTROLPLANE_DIR="$$dir" NODE_DIR="$$node" go run ./test/cmd/localcluster demo --node=real; \
+	else CONTROLPLANE_DIR="$$dir" go run ./test/cmd/localcluster demo --node=$(NODE); fi
 
 .PHONY: demo-stop
 demo-stop: ## Stop the local cluster and operator that `make demo` started.

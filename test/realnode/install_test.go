@@ -233,7 +233,7 @@ func install(t *testing.T) {
 	for _, name := range []string{"inferencecache-operator", "inferencecache-index"} {
 		d := available(t, operatorNamespace, name, 3*time.Minute)
 		image := d.Spec.Template.Spec.Containers[0].Image
-		assert.True(t, strings.HasPrefix(image, registry+"/"), "%s runs the imported image, pinned by digest: %s", name, image)
+		assert.True(t, strings.HasPrefix(image, realnode.Registry+"/"), "%s runs the imported image, pinned by digest: %s", name, image)
 		assert.Contains(t, image, "@sha256:", name)
 	}
 }

@@ -23,10 +23,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
-	"github.com/inferencecache/operator/internal/installer"
-	"github.com/inferencecache/operator/internal/ociimage"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/test/testutil/realnode"
@@ -38,10 +34,6 @@ var (
 	root   string
 	bundle string // the dev install bundle, pinned to the imported images
 )
-
-// registry is the bundle's registry: the images exist only in the node's
-// containerd, imported under it.
-const registry = "localhost"
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -81,51 +73,20 @@ func run(m *testing.M) int {
 		_ = os.RemoveAll(filepath.Join(work, "n", "containerd"))
 	}()
 
-	start := time.Now()
-	images := filepath.Join(work, "images")
-	built, err := ociimage.Build(ctx, ociimage.Options{
-		RepoRoot: root, OutDir: images, Version: "realnode",
-		Platforms: []v1.Platform{{OS: "linux", Architecture: runtime.GOARCH}},
-	})
-	if err != nil {
-		return fail("building the images: %v", err)
-	}
-	b, err := installer.Build(installer.Options{Overlay: filepath.Join(root, "kustomize", "overlays", "dev"), ImagesDir: images, Registry: registry, Version: "realnode"})
-	if err != nil {
-		return fail("building the install bundle: %v", err)
-	}
-	bundle = filepath.Join(work, "install-dev.yaml")
-	if err := os.WriteFile(bundle, b, 0o644); err != nil {
-		return fail("%v", err)
-	}
-	for _, img := range built {
-		fmt.Fprintf(os.Stderr, "realnode: image %s %s\n", img.Image.Name, img.Digest)
-	}
-	fmt.Fprintf(os.Stderr, "realnode: images and bundle built in %s\n", time.Since(start).Round(time.Second))
-
-	start = time.Now()
-	node, err = realnode.Start(ctx, realnode.Options{
-		ControlPlaneDir: cpDir, NodeDir: nodeDir, WorkDir: filepath.Join(work, "n"), Scheme: testutil.Scheme(),
-		Log: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "realnode: "+format+"\n", args...) },
+	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "realnode: "+format+"\n", args...) }
+	node, bundle, err = realnode.StartWithBundle(ctx, root, filepath.Join(work, "images"), "realnode", realnode.Options{
+		ControlPlaneDir: cpDir, NodeDir: nodeDir, WorkDir: filepath.Join(work, "n"), Scheme: testutil.Scheme(), Log: logf,
 	})
 	if err != nil {
 		keep = true
 		return fail("%v", err)
 	}
-	for _, img := range built {
-		if err := node.ImportLayout(ctx, img.Path, registry+"/"+img.Image.Name); err != nil {
-			keep = true
-			_ = node.Stop()
-			return fail("importing %s: %v", img.Image.Name, err)
-		}
-	}
 	if out, err := node.Run(ctx, filepath.Join(nodeDir, "ctr"), "--address", filepath.Join(work, "n", "containerd", "containerd.sock"), "--namespace", "k8s.io", "images", "ls", "-q"); err == nil {
 		fmt.Fprintf(os.Stderr, "realnode: images:\n%s", out)
 	}
-	fmt.Fprintf(os.Stderr, "realnode: node Ready and images imported in %s\n", time.Since(start).Round(time.Second))
 
 	code := m.Run()
-	start = time.Now()
+	start := time.Now()
 	if err := node.Stop(); err != nil {
 		keep = true
 		return fail("teardown: %v", err)

@@ -3,8 +3,8 @@ package realnode_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,27 +23,6 @@ import (
 	"github.com/inferencecache/operator/test/testutil/realnode"
 )
 
-// engineProgram is where the stand-in engine's program is in the image
-// (the webhook leaves `python3 -c` unwired, as a shell-like wrapper).
-const engineProgram = "/usr/local/lib/inferencecache-test/engine.py"
-
-// engineScript is the stand-in engine's program: it sends LMCache's HEALTH
-// request to the address the webhook gave it (LMCACHE_REMOTE_URL, the
-// backend's status.endpoint: a Service name CoreDNS resolves) with the
-// rendered probe's own script, marks itself ready once the server
-// answered, and then waits, as an engine would keep its connection.
-const engineScript = `
-import os, subprocess, sys, time, urllib.parse
-u = urllib.parse.urlparse(os.environ["LMCACHE_REMOTE_URL"])
-probe = os.environ["PROBE"].replace("127.0.0.1", u.hostname)
-while subprocess.run([sys.executable, "-c", probe, str(u.port)]).returncode != 0:
-    time.sleep(1)
-print("lmcache_server at", u.hostname, "answered HEALTH", flush=True)
-open("/tmp/connected", "w").close()
-while True:
-    time.sleep(3600)
-`
-
 // TestManagedServerOnARealNode (issue 37): the quickstart's shape, a
 // managed in-process LMCache server, on the real node. The server image is
 // built from the locked Python environment of LMCache 0.5.6 (the files
@@ -53,25 +32,17 @@ while True:
 // restricted Pod Security), becomes Ready through its exec probe, which
 // runs python3 inside the image; the operator's functional probe reaches
 // it through its Service; status.endpoint is published. An engine pod
-// (stand-in: the same image running a script added to it, since no vLLM
-// image fits on this machine) is wired with that endpoint and reaches the server by its
-// Service's DNS name. The server pod replaced, the engine Deployment is
-// rolled once.
+// (the stand-in engine of the same image, realnode.EngineProgram: vLLM's
+// own parser takes the wired command line) is wired with that endpoint
+// and reaches the server by its Service's DNS name. The server pod
+// replaced, the engine Deployment is rolled once.
 func TestManagedServerOnARealNode(t *testing.T) {
 	ctx := context.Background()
 	ns := "realnode-server"
 	dumpOnFailure(t, operatorNamespace, ns)
 	install(t)
 
-	cache := filepath.Join(os.Getenv("HOME"), ".cache", "inferencecache-operator", "images")
-	if d := os.Getenv("INFERENCECACHE_TOOLS_CACHE"); d != "" {
-		cache = filepath.Join(d, "images")
-	}
-	start := time.Now()
-	archive, err := realnode.LMCacheServerArchive(ctx, pyenv.Dir(t, "vllm"), cache, render.DefaultImage, map[string]string{engineProgram: engineScript})
-	require.NoError(t, err)
-	require.NoError(t, node.Import(ctx, archive))
-	t.Logf("LMCache server image %s ready and imported in %s", render.DefaultImage, time.Since(start).Round(time.Second))
+	engineImage(t)
 
 	require.NoError(t, node.Client.Create(ctx, restrictedNamespace(ns)))
 	cb := &v1alpha1.CacheBackend{
@@ -100,16 +71,9 @@ func TestManagedServerOnARealNode(t *testing.T) {
 		Spec: appsv1.DeploymentSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "qwen-demo"}},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "qwen-demo"}},
-				Spec: restrictedPod(corev1.Container{
-					Name: "vllm", Image: render.DefaultImage,
-					Command: []string{"python3", engineProgram},
-					Args:    []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"},
-					Env:     []corev1.EnvVar{{Name: "PROBE", Value: lmcacheproto.ProbeScript()}},
-					ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
-						Command: []string{"python3", "-c", "import os,sys; sys.exit(0 if os.path.exists('/tmp/connected') else 1)"}}},
-						PeriodSeconds: 1},
-				}),
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "qwen-demo"},
+					Annotations: map[string]string{v1alpha1.AnnotationVLLMVersion: "0.33.0"}},
+				Spec: restrictedPod(realnode.StandInEngine(render.DefaultImage, corev1.EnvVar{Name: "PROBE", Value: lmcacheproto.ProbeScript()})),
 			},
 		},
 	}
@@ -119,6 +83,7 @@ func TestManagedServerOnARealNode(t *testing.T) {
 	require.NoError(t, node.Client.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{"app": "qwen-demo"}))
 	require.Len(t, pods.Items, 1)
 	assert.Equal(t, ns+"/"+cb.Name, pods.Items[0].Annotations[v1alpha1.AnnotationInjectedBy])
+	requireEngineSaid(t, ns, pods.Items[0].Name, "lmcache_server at "+cb.Name)
 
 	// The server pod replaced: the engines are rolled once.
 	require.NoError(t, node.Client.Get(ctx, client.ObjectKeyFromObject(engine), engine))
@@ -141,4 +106,37 @@ func TestManagedServerOnARealNode(t *testing.T) {
 	time.Sleep(10 * time.Second)
 	require.NoError(t, node.Client.Get(ctx, client.ObjectKeyFromObject(engine), engine))
 	assert.Equal(t, gen+1, engine.Generation, "rolled once")
+}
+
+// engineImage builds (once per environment) and imports the engine image:
+// vLLM 0.33 and LMCache 0.5.6 from the locked vllm environment, under
+// render.DefaultImage (lmcache/vllm-openai, LMCache's image of both).
+func engineImage(t *testing.T) {
+	t.Helper()
+	engineImageOnce.Do(func() {
+		start := time.Now()
+		engineImageErr = node.ImportEngineImage(context.Background(), pyenv.Dir(t, "vllm"), realnode.ImagesCacheDir(), render.DefaultImage)
+		t.Logf("engine image %s built and imported in %s", render.DefaultImage, time.Since(start).Round(time.Second))
+	})
+	require.NoError(t, engineImageErr, "the engine image")
+}
+
+var (
+	engineImageOnce sync.Once
+	engineImageErr  error
+)
+
+// requireEngineSaid requires the stand-in engine of pod ns/name to have
+// logged a line starting "engine: " and containing want.
+func requireEngineSaid(t *testing.T, ns, name, want string) {
+	t.Helper()
+	out, err := kubectlErr("-n", ns, "logs", name, "-c", "vllm")
+	require.NoError(t, err)
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "engine: ") && strings.Contains(l, want) {
+			t.Log(l)
+			return
+		}
+	}
+	t.Fatalf("engine %s/%s never said %q:\n%s", ns, name, want, out)
 }

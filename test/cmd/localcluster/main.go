@@ -1,10 +1,12 @@
 // Command localcluster runs the operator's demo on a local cluster built
 // from the Go module proxy (see test/localcluster):
 //
-//	localcluster demo   start the cluster and the operator, apply examples/quickstart, wait for Ready
-//	localcluster stop   stop what demo started
+//	localcluster demo              start the cluster (kwok nodes) and the operator, apply examples/quickstart, wait for Ready
+//	localcluster demo --node=real  the same on a real node, in the foreground until interrupted (root)
+//	localcluster stop              stop what demo started
 //
-// Run it from the repository root (make demo, make demo-stop).
+// Run it from the repository root (make demo, make demo NODE=real,
+// make demo-stop).
 package main
 
 import (
@@ -35,13 +37,19 @@ const (
 )
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: localcluster demo|stop")
+	if len(os.Args) < 2 || len(os.Args) > 3 || (len(os.Args) == 3 && (os.Args[1] != "demo" || (os.Args[2] != "--node=real" && os.Args[2] != "--node=kwok"))) {
+		fmt.Fprintln(os.Stderr, "usage: localcluster demo [--node=kwok|real] | stop")
 		os.Exit(2)
 	}
 	var err error
 	switch os.Args[1] {
 	case "demo":
+		if len(os.Args) == 3 && os.Args[2] == "--node=real" {
+			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			err = demoRealNode(ctx)
+			cancel()
+			break
+		}
 		err = demo()
 	case "stop":
 		err = localcluster.StopWorkDir(abs(workDir))

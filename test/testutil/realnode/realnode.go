@@ -376,3 +376,9 @@ func Ready(node *corev1.Node) bool {
 	}
 	return false
 }
+
+// EnterCommand is the command line prefix that runs a program in the
+// node's network and mount namespaces from another shell.
+func (n *Node) EnterCommand() string {
+	return fmt.Sprintf("nsenter --net=/proc/%d/ns/net --mount=/proc/%d/ns/mnt --", n.pid, n.pid)
+}

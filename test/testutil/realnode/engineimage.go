@@ -13,7 +13,6 @@ import (
 	"io"
 	"io/fs"
 	"maps"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,40 +22,78 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/klauspost/compress/gzip"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
+	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
-// LMCacheServerArchive returns a docker archive, tagged ref, of an image
-// that runs LMCache's in-process server from the Python environment
-// pyEnv (a cell of test/tools/python, as `make pyenv` built it): the files
-// the server uses, found by running its own main and the rendered probe
-// against it (py/trace_lmcache_server.py), at the same paths as on this
-// machine, with the interpreter's standard library, and the environment's
-// bin first on PATH (lmcache_server and python3, as the rendered
-// container's command and probe call them). Nothing is downloaded again.
-// The archive is built once per environment into cacheDir, under a lock.
-// extra files (absolute path -> content) are added to the image: a test's
-// stand-in programs.
-func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extra map[string]string) (string, error) {
+// EngineProgram is where the stand-in engine (py/engine.py) is in the
+// image EngineImageArchive builds: engine pods run `python3 EngineProgram`
+// with the engine's arguments.
+const EngineProgram = "/usr/local/lib/inferencecache-test/engine.py"
+
+// EngineImageArchive returns a docker archive, tagged ref, of an image of
+// the Python environment pyEnv (a cell of test/tools/python, as `make
+// pyenv` built it: vLLM and LMCache, the content of LMCache's
+// lmcache/vllm-openai images) holding the files that three programs use,
+// found by running them (py/trace.py):
+//
+//   - LMCache's in-process server (`lmcache_server`) with the rendered
+//     probe against it;
+//   - LMCache's multiprocess server (`lmcache server`, the rendered
+//     command line) with its rendered exec probe and metrics gate;
+//   - the stand-in engine EngineProgram (py/engine.py: vLLM's own parser
+//     and KV-event publisher, LMCache's own clients).
+//
+// The files are at the same paths as on this machine, with the
+// interpreter's standard library, and the environment's bin first on PATH
+// (lmcache_server, lmcache and python3, as the rendered containers call
+// them). Nothing is downloaded again. The one layer is gzip-compressed
+// (containerd keeps the archive's blob beside the unpacked files). The
+// archive is built once per environment into cacheDir, under a lock; an
+// older one is removed.
+func EngineImageArchive(ctx context.Context, pyEnv, cacheDir, ref string) (string, error) {
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return "", err
 	}
 	_, self, _, _ := runtime.Caller(0)
-	tracer := filepath.Join(filepath.Dir(self), "py", "trace_lmcache_server.py")
+	pyDir := filepath.Join(filepath.Dir(self), "py")
+	tracer, program := filepath.Join(pyDir, "trace.py"), filepath.Join(pyDir, "engine.py")
 	script, err := os.ReadFile(tracer)
 	if err != nil {
 		return "", err
 	}
+	engine, err := os.ReadFile(program)
+	if err != nil {
+		return "", err
+	}
+	// A sample multiprocess server, as rendered (its ports are chosen
+	// free at each trace; the cache key does not depend on them).
+	mp := func(port, httpPort int32) (argv, gate, probe []string) {
+		s := render.MPServerFor(&v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{
+			Type: v1alpha1.BackendTypeLMCache,
+			Multiprocess: &v1alpha1.Multiprocess{Port: port, HTTPPort: httpPort,
+				L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("1Gi")}},
+		}})
+		g := render.MPMetricsGate(ref, s)
+		return append(slices.Clone(render.MPServerCommand[1:]), render.MPServerArgs(s)...), append(slices.Clone(g.Command), g.Args...), render.MPProbeCommand(s)
+	}
+	sampleArgv, sampleGate, sampleProbe := mp(1, 2)
 	// archiveLayout names how this function lays the image out: change it
 	// with the code, so a cached archive of an older layout is not reused.
-	const archiveLayout = "6"
+	const archiveLayout = "8"
 	h0 := sha256.New()
-	fmt.Fprintf(h0, "%s\x00%s\x00%s\x00%s\x00%s\x00", archiveLayout, pyEnv, ref, script, lmcacheproto.ProbeScript())
-	for _, p := range slices.Sorted(maps.Keys(extra)) {
-		fmt.Fprintf(h0, "%s\x00%s\x00", p, extra[p])
+	for _, part := range []string{archiveLayout, pyEnv, ref, string(script), string(engine), lmcacheproto.ProbeScript(),
+		strings.Join(sampleArgv, " "), strings.Join(sampleGate, " "), strings.Join(sampleProbe, " ")} {
+		fmt.Fprintf(h0, "%s\x00", part)
 	}
 	sum := h0.Sum(nil)
-	out := filepath.Join(cacheDir, fmt.Sprintf("lmcache-server-%s.tar", hex.EncodeToString(sum[:8])))
+	out := filepath.Join(cacheDir, fmt.Sprintf("engine-%s.tar", hex.EncodeToString(sum[:8])))
 	lock, err := os.OpenFile(filepath.Join(cacheDir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return "", err
@@ -69,30 +106,68 @@ func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extr
 		return out, nil
 	}
 
-	var trace struct {
-		Files      []string `json:"files"`
-		Prefix     string   `json:"prefix"`
-		BasePrefix string   `json:"base_prefix"`
-		Stdlib     string   `json:"stdlib"`
+	// One archive per cache: an older layout's or environment's goes
+	// first (they are gigabytes, and the disk is shared).
+	for _, glob := range []string{"lmcache-server-*.tar", "engine-*.tar"} {
+		old, _ := filepath.Glob(filepath.Join(cacheDir, glob))
+		for _, o := range old {
+			_ = os.Remove(o)
+		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+
+	type traced struct {
+		Files  []string `json:"files"`
+		Prefix string   `json:"prefix"`
+		Stdlib string   `json:"stdlib"`
+	}
+	run := func(args ...string) (traced, error) {
+		var t traced
+		f, err := os.CreateTemp(cacheDir, ".trace-*.json")
+		if err != nil {
+			return t, err
+		}
+		_ = f.Close()
+		defer func() { _ = os.Remove(f.Name()) }()
+		cmd := exec.CommandContext(ctx, filepath.Join(pyEnv, "bin", "python"), append([]string{tracer}, args...)...)
+		cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "CUDA_VISIBLE_DEVICES=", "LMCACHE_TRACK_USAGE=false", "HF_HUB_OFFLINE=1", "TRACE_OUT="+f.Name())
+		cmd.Dir = cacheDir
+		var output bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &output, &output
+		if err := cmd.Run(); err != nil {
+			return t, fmt.Errorf("tracing %s in %s: %w\n%s", args[0], pyEnv, err, tail(output.String(), 4000))
+		}
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			return t, err
+		}
+		if err := json.Unmarshal(b, &t); err != nil {
+			return t, fmt.Errorf("tracing %s: the tracer wrote no JSON: %w", args[0], err)
+		}
+		return t, nil
+	}
+	ports, err := freeport.TakeN(3)
 	if err != nil {
 		return "", err
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	cmd := exec.CommandContext(ctx, filepath.Join(pyEnv, "bin", "python"), tracer, fmt.Sprint(port), lmcacheproto.ProbeScript())
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "CUDA_VISIBLE_DEVICES=", "LMCACHE_TRACK_USAGE=false")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("tracing lmcache_server in %s: %w\n%s", pyEnv, err, tail(stderr.String(), 4000))
+	mpArgv, mpGate, mpProbe := mp(int32(ports[1]), int32(ports[2]))
+	js := func(v []string) string { b, _ := json.Marshal(v); return string(b) }
+	var trace traced
+	var traceFiles []string
+	for _, args := range [][]string{
+		{"server", fmt.Sprint(ports[0]), lmcacheproto.ProbeScript()},
+		{"mp", js(mpArgv), js(mpGate), js(mpProbe)},
+		{"engine", program, "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--kv-transfer-config",
+			inject.MPKVTransferConfig("localhost", 5555, v1alpha1.RoleReadWrite)},
+	} {
+		if trace, err = run(args...); err != nil {
+			return "", err
+		}
+		traceFiles = append(traceFiles, trace.Files...)
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &trace); err != nil {
-		return "", fmt.Errorf("the tracer printed no JSON: %w", err)
-	}
+	slices.Sort(traceFiles)
+	traceFiles = slices.Compact(traceFiles)
 
-	files := slices.Clone(trace.Files)
+	files := slices.Clone(traceFiles)
 	// The interpreter's whole standard library (the probe's python3 -c
 	// and whatever the server imports lazily), the environment's own
 	// files (pyvenv.cfg, bin).
@@ -120,7 +195,7 @@ func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extr
 	// some. nvidia's CUDA libraries (3.5 GB) are the exception: those the
 	// process mapped are enough.
 	pkgs := map[string]bool{}
-	for _, f := range trace.Files {
+	for _, f := range traceFiles {
 		if i := strings.Index(f, "/site-packages/"); i >= 0 {
 			if pkg, _, ok := strings.Cut(f[i+len("/site-packages/"):], "/"); ok && pkg != "nvidia" {
 				pkgs[f[:i+len("/site-packages/")]+pkg] = true
@@ -146,7 +221,7 @@ func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extr
 	}
 	// The packages' metadata (importlib.metadata reads it: versions,
 	// entry points) and the site directory's own files (.pth).
-	for _, f := range trace.Files {
+	for _, f := range traceFiles {
 		if i := strings.Index(f, "/site-packages/"); i >= 0 {
 			site := f[:i+len("/site-packages")]
 			entries, err := os.ReadDir(site)
@@ -156,6 +231,10 @@ func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extr
 			for _, e := range entries {
 				p := filepath.Join(site, e.Name())
 				switch {
+				case strings.HasSuffix(e.Name(), ".pth") && !pthImports(p, pkgs):
+					// A .pth that imports a package the image leaves out
+					// (nvidia_cutlass_dsl's) would print a traceback at
+					// every interpreter start, probes included.
 				case !e.IsDir():
 					files = append(files, p)
 				case strings.HasSuffix(e.Name(), ".dist-info"):
@@ -188,17 +267,22 @@ func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extr
 	// beside it that lead to it.
 	files = append(files, sonameLinks(files)...)
 
-	layer, err := os.CreateTemp(cacheDir, ".layer-*.tar")
+	layer, err := os.CreateTemp(cacheDir, ".layer-*.tar.gz")
 	if err != nil {
 		return "", err
 	}
 	defer func() { _ = os.Remove(layer.Name()) }()
+	// The diff ID is the digest of the uncompressed layer.
 	h := sha256.New()
-	if err := writeTree(io.MultiWriter(layer, h), files, extra); err != nil {
+	zw, err := gzip.NewWriterLevel(layer, gzip.BestSpeed)
+	if err != nil {
+		return "", err
+	}
+	if err := writeTree(io.MultiWriter(zw, h), files, map[string]string{EngineProgram: string(engine)}); err != nil {
 		_ = layer.Close()
 		return "", err
 	}
-	if err := layer.Close(); err != nil {
+	if err := errors.Join(zw.Close(), layer.Close()); err != nil {
 		return "", err
 	}
 	diffID := "sha256:" + hex.EncodeToString(h.Sum(nil))
@@ -216,7 +300,7 @@ func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extr
 	}
 	cs := sha256.Sum256(config)
 	configName := hex.EncodeToString(cs[:]) + ".json"
-	manifest, err := json.Marshal([]map[string]any{{"Config": configName, "RepoTags": []string{ref}, "Layers": []string{"layer.tar"}}})
+	manifest, err := json.Marshal([]map[string]any{{"Config": configName, "RepoTags": []string{ref}, "Layers": []string{"layer.tar.gz"}}})
 	if err != nil {
 		return "", err
 	}
@@ -227,14 +311,6 @@ func LMCacheServerArchive(ctx context.Context, pyEnv, cacheDir, ref string, extr
 	}
 	if err := os.Rename(tmp, out); err != nil {
 		return "", err
-	}
-	// One archive per cache: an older layout's or environment's goes (they
-	// are gigabytes).
-	old, _ := filepath.Glob(filepath.Join(cacheDir, "lmcache-server-*.tar"))
-	for _, o := range old {
-		if o != out {
-			_ = os.Remove(o)
-		}
 	}
 	return out, nil
 }
@@ -263,7 +339,7 @@ func writeArchive(path, layer, configName string, config, manifest []byte) error
 	if err != nil {
 		return errors.Join(err, f.Close())
 	}
-	err = tw.WriteHeader(&tar.Header{Name: "layer.tar", Mode: 0o644, Size: st.Size(), ModTime: time.Unix(0, 0), Typeflag: tar.TypeReg})
+	err = tw.WriteHeader(&tar.Header{Name: "layer.tar.gz", Mode: 0o644, Size: st.Size(), ModTime: time.Unix(0, 0), Typeflag: tar.TypeReg})
 	if err == nil {
 		_, err = io.Copy(tw, l)
 	}
@@ -369,6 +445,32 @@ func writeTree(w io.Writer, files []string, extra map[string]string) error {
 		return err
 	}
 	return tw.Close()
+}
+
+// pthImports reports whether every module the .pth file p imports (its
+// "import a, b" lines) is a package in pkgs (site-packages paths) or not
+// in site-packages at all (the standard library's).
+func pthImports(p string, pkgs map[string]bool) bool {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return false
+	}
+	site := filepath.Dir(p)
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "import ")
+		if !ok {
+			continue
+		}
+		names, _, _ := strings.Cut(rest, ";")
+		for _, name := range strings.Split(names, ",") {
+			name = strings.TrimSpace(name)
+			dir := filepath.Join(site, name)
+			if _, err := os.Stat(dir); err == nil && !pkgs[dir] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func tail(s string, n int) string {
