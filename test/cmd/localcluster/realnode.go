@@ -101,7 +101,7 @@ func demoRealNode(ctx context.Context) (err error) {
 	say("engine image ready in %s", time.Since(start).Round(time.Second))
 
 	say("applying the CacheBackend of %s: the operator runs its LMCache server for real", examples)
-	if err := kubectl("apply", "--server-side", "-f", examples+"/cachebackend.yaml"); err != nil {
+	if err := kubectl("apply", "--server-side", "-f", abs(examples+"/cachebackend.yaml")); err != nil {
 		return err
 	}
 	if err := kubectl("wait", "--for=condition=Ready", "cachebackend/"+backend, "--timeout=300s"); err != nil {
