@@ -87,12 +87,16 @@ const (
 	IndexHTTPPort = 9401
 )
 
-// Names of the multiprocess-mode engine wiring. They are API.
+// Names of the LMCache engine wiring's volumes. They are API.
 const (
 	// VolumeEngineSharedMemory is the pod volume the webhook adds for the
 	// engine container's private memory-backed /dev/shm
 	// (spec.multiprocess.engineSharedMemory).
 	VolumeEngineSharedMemory = "inferencecache-dshm"
+	// VolumeNumbaCache is the pod volume the webhook adds for the numba
+	// cache of an engine container wired to LMCache (NUMBA_CACHE_DIR),
+	// unless the container sets NUMBA_CACHE_DIR itself.
+	VolumeNumbaCache = "inferencecache-numba-cache"
 )
 
 // Field managers. They are API: renaming one strands the fields it owns on

@@ -232,6 +232,9 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	if want.SharedMemory != nil {
 		conflicts = append(conflicts, ensureDevShm(out, c, *want.SharedMemory)...)
 	}
+	if want.NumbaCache {
+		conflicts = append(conflicts, ensureNumbaCache(out, c)...)
+	}
 	if len(conflicts) > 0 {
 		// apply changed nothing it reports as a conflict, but it may have
 		// started to: start again from the unmodified pod.
@@ -365,6 +368,9 @@ type Config struct {
 	// /dev/shm the engine container gets (multiprocess mode) unless it
 	// mounts its own there.
 	SharedMemory *resource.Quantity
+	// NumbaCache, when set, gives the engine container a writable numba
+	// cache (NumbaCacheDir) unless it sets NUMBA_CACHE_DIR itself.
+	NumbaCache bool
 }
 
 // DesiredFor computes the configuration cb injects into an engine of
@@ -388,10 +394,12 @@ func DesiredFor(cb *v1alpha1.CacheBackend, opts Options, rel Releases, cmdline [
 			}
 			cfg.Env = mpEnv()
 			cfg.SharedMemory = ptr.To(EngineSharedMemory(cb))
+			cfg.NumbaCache = true
 			break
 		}
 		cfg.Flags = append(cfg.Flags, Flag{KVTransferConfigFlag, kvTransferConfig(cb.Spec.Integration.Role)})
 		cfg.Env = lmcacheEnv(cb, opts.ClusterDomain)
+		cfg.NumbaCache = true
 	case v1alpha1.BackendTypeSGLangHiCache:
 		cfg.Flags = hiCacheFlags(cb.Spec.HiCache)
 	}

@@ -166,8 +166,8 @@ func TestKVEventsWiring(t *testing.T) {
 			name: "projected token of the index's audience, mounted read-only, INDEX_TOKEN_FILE and INDEX_ENDPOINT set",
 			pod:  enginePod(), backend: backend("cache", observed), opts: opts,
 			check: func(t *testing.T, out *corev1.Pod) {
-				require.Len(t, out.Spec.Volumes, 2)
-				v := out.Spec.Volumes[1]
+				require.Len(t, out.Spec.Volumes, 3, "the numba cache, the empty API-token path, the index token")
+				v := out.Spec.Volumes[2]
 				assert.Equal(t, v1alpha1.VolumeIndexToken, v.Name)
 				require.NotNil(t, v.Projected)
 				require.Len(t, v.Projected.Sources, 1)
@@ -180,14 +180,14 @@ func TestKVEventsWiring(t *testing.T) {
 				env := sidecarEnv(t, out)
 				assert.Equal(t, IndexTokenDir+"/"+tok.Path, env["INDEX_TOKEN_FILE"])
 				assert.Equal(t, indexEndpoint, env["INDEX_ENDPOINT"])
-				assert.Empty(t, out.Spec.Containers[0].VolumeMounts, "the engine does not see the token")
+				assert.Equal(t, []corev1.VolumeMount{numbaMount}, out.Spec.Containers[0].VolumeMounts, "the engine does not see the token")
 			},
 		},
 		{
 			name: "no index endpoint: mirror-only sidecar, no token",
 			pod:  enginePod(), backend: backend("cache", observed), opts: Options{KVEventSubscriberImage: subscriberImage},
 			check: func(t *testing.T, out *corev1.Pod) {
-				assert.Equal(t, []corev1.Volume{noAPITokenVolume}, out.Spec.Volumes, "only the sidecar's empty API-token path")
+				assert.Equal(t, []corev1.Volume{numbaVolume, noAPITokenVolume}, out.Spec.Volumes, "only the engine's numba cache and the sidecar's empty API-token path")
 				assert.Equal(t, []corev1.VolumeMount{noAPITokenMount}, out.Spec.InitContainers[0].VolumeMounts)
 				env := sidecarEnv(t, out)
 				assert.NotContains(t, env, "INDEX_ENDPOINT")
@@ -231,7 +231,7 @@ func TestKVEventsWiring(t *testing.T) {
 			skipped: v1alpha1.KVEventsUserConfig,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
-				assert.Empty(t, out.Spec.Volumes)
+				assert.Equal(t, []corev1.Volume{numbaVolume}, out.Spec.Volumes, "the engine's numba cache alone")
 				assert.Empty(t, hashAlgos(out))
 				uses := FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false)
 				require.Len(t, uses, 1)
@@ -256,7 +256,7 @@ func TestKVEventsWiring(t *testing.T) {
 			skipped: v1alpha1.KVEventsHostNetwork,
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
-				assert.Empty(t, out.Spec.Volumes, "no index token")
+				assert.Equal(t, []corev1.Volume{numbaVolume}, out.Spec.Volumes, "no index token")
 				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
 				assert.Empty(t, hashAlgos(out))
 				_, wired := env(out.Spec.Containers[0], envRemoteURL)
@@ -330,7 +330,7 @@ func TestKVEventsWiring(t *testing.T) {
 			pod:  enginePod(), backend: backend("cache", observed), opts: Options{IndexEndpoint: indexEndpoint},
 			check: func(t *testing.T, out *corev1.Pod) {
 				assert.Empty(t, out.Spec.InitContainers)
-				assert.Empty(t, out.Spec.Volumes)
+				assert.Equal(t, []corev1.Volume{numbaVolume}, out.Spec.Volumes, "the engine's numba cache alone")
 				assert.Empty(t, FlagUses(out.Spec.Containers[0].Args, KVEventsConfigFlag, false))
 				assert.Empty(t, hashAlgos(out), "no hash flag without observation")
 			},
@@ -402,7 +402,7 @@ func TestKVEventsWiring(t *testing.T) {
 			assert.Equal(t, d.Pod.Annotations[v1alpha1.AnnotationInjectedConfigDigest], ad.Pod.Annotations[v1alpha1.AnnotationInjectedConfigDigest], "served path: receipt digest")
 			for _, op := range ops {
 				assert.Equal(t, "add", op.Operation, op.Path)
-				assert.Regexp(t, `^/(metadata/annotations(/.*)?|spec/containers/0/(args|env)(/-)?|spec/initContainers(/-)?|spec/volumes(/-)?)$`, op.Path)
+				assert.Regexp(t, `^/(metadata/annotations(/.*)?|spec/containers/0/(args|env|volumeMounts)(/-)?|spec/initContainers(/-)?|spec/volumes(/-)?)$`, op.Path)
 			}
 		})
 	}
@@ -425,7 +425,7 @@ func TestKVEventsPatchIsMinimal(t *testing.T) {
 		paths[op.Path]++
 	}
 	assert.Equal(t, 1, paths["/spec/initContainers/-"])
-	assert.Equal(t, 2, paths["/spec/volumes/-"], "the empty API-token path and the index token")
+	assert.Equal(t, 3, paths["/spec/volumes/-"], "the empty API-token path, the index token and the numba cache")
 	assert.NotContains(t, paths, "/spec/initContainers")
 	assert.NotContains(t, paths, "/spec/volumes")
 }

@@ -50,6 +50,15 @@ func dshmVolume(size string) corev1.Volume {
 
 var dshmMount = corev1.VolumeMount{Name: v1alpha1.VolumeEngineSharedMemory, MountPath: "/dev/shm"}
 
+// The numba cache every LMCache-wired engine gets (numba.go).
+var (
+	numbaVolume = corev1.Volume{Name: v1alpha1.VolumeNumbaCache, VolumeSource: corev1.VolumeSource{
+		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("256Mi"))},
+	}}
+	numbaMount = corev1.VolumeMount{Name: v1alpha1.VolumeNumbaCache, MountPath: NumbaCacheDir}
+	numbaEnv   = corev1.EnvVar{Name: NumbaCacheEnv, Value: NumbaCacheDir}
+)
+
 // TestDecideMultiprocess: a pod a multiprocess-mode CacheBackend selects
 // gets the MP connector, its env and a private /dev/shm, or is left
 // unwired with the reason.
@@ -75,11 +84,12 @@ func TestDecideMultiprocess(t *testing.T) {
 			check: func(t *testing.T, in, out *corev1.Pod, d Decision) {
 				c := out.Spec.Containers[0]
 				assert.Equal(t, []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", KVTransferConfigFlag, MPKVTransferConfig(host, 5555, v1alpha1.RoleReadWrite)}, c.Args)
-				assert.Equal(t, []corev1.EnvVar{{Name: "HF_HOME", Value: "/models"}, {Name: "PYTHONHASHSEED", Value: "0"}, {Name: "LMCACHE_TRACK_USAGE", Value: "false"}}, c.Env,
+				assert.Equal(t, []corev1.EnvVar{{Name: "HF_HOME", Value: "/models"}, {Name: "PYTHONHASHSEED", Value: "0"}, {Name: "LMCACHE_TRACK_USAGE", Value: "false"}, numbaEnv}, c.Env,
 					"no LMCACHE_REMOTE_URL or other in-process LMCache setting")
-				assert.Equal(t, []corev1.VolumeMount{dshmMount}, c.VolumeMounts)
-				require.Len(t, out.Spec.Volumes, 1)
+				assert.Equal(t, []corev1.VolumeMount{dshmMount, numbaMount}, c.VolumeMounts)
+				require.Len(t, out.Spec.Volumes, 2)
 				assert.True(t, equality.Semantic.DeepEqual(dshmVolume("1Gi"), out.Spec.Volumes[0]), "%+v", out.Spec.Volumes[0])
+				assert.True(t, equality.Semantic.DeepEqual(numbaVolume, out.Spec.Volumes[1]), "%+v", out.Spec.Volumes[1])
 				assert.Equal(t, receipt.Digest(out), out.Annotations[v1alpha1.AnnotationInjectedConfigDigest])
 				require.NoError(t, receipt.Verify([]receipt.Key{key}, out, ClaimOf(out)), "the signed receipt verifies")
 				tampered := out.DeepCopy()
@@ -107,20 +117,20 @@ func TestDecideMultiprocess(t *testing.T) {
 				require.Len(t, uses, 1)
 				assert.JSONEq(t, `{"kv_connector":"LMCacheMPConnector","kv_connector_module_path":"lmcache.integration.vllm.lmcache_mp_connector","kv_role":"kv_consumer",
 					"kv_connector_extra_config":{"lmcache.mp.host":"tcp://cache.llm.svc.example.org","lmcache.mp.port":6000,"lmcache.mp.isolated_ipc":true}}`, uses[0].Value)
-				require.Len(t, out.Spec.Volumes, 1)
+				require.Len(t, out.Spec.Volumes, 2)
 				assert.True(t, equality.Semantic.DeepEqual(dshmVolume("4Gi"), out.Spec.Volumes[0]), "%+v", out.Spec.Volumes[0])
 			},
 		},
 		{
-			name: "the pod's own /dev/shm is kept and nothing is added",
+			name: "the pod's own /dev/shm is kept and nothing is added but the numba cache",
 			pod: enginePod(func(p *corev1.Pod) {
 				p.Spec.Volumes = []corev1.Volume{{Name: "shm", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/dev/shm"}}}}
 				p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "shm", MountPath: "/dev/shm/"}}
 			}),
 			backend: mpBackend("cache"), outcome: Injected, receipts: wiredReceipts,
 			check: func(t *testing.T, in, out *corev1.Pod, d Decision) {
-				assert.Equal(t, in.Spec.Volumes, out.Spec.Volumes)
-				assert.Equal(t, in.Spec.Containers[0].VolumeMounts, out.Spec.Containers[0].VolumeMounts)
+				assert.Equal(t, append(in.Spec.Volumes, numbaVolume), out.Spec.Volumes)
+				assert.Equal(t, append(in.Spec.Containers[0].VolumeMounts, numbaMount), out.Spec.Containers[0].VolumeMounts)
 				assert.Len(t, FlagUses(out.Spec.Containers[0].Args, KVTransferConfigFlag, true), 1, "still wired")
 			},
 		},
@@ -210,8 +220,8 @@ func TestDecideMultiprocess(t *testing.T) {
 			pod:     enginePod(withEnv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), withArgsMP("--enable-sleep-mode")),
 			backend: backend("cache"), outcome: Injected, receipts: wiredReceipts,
 			check: func(t *testing.T, in, out *corev1.Pod, d Decision) {
-				assert.Empty(t, out.Spec.Volumes, "no /dev/shm in-process")
-				assert.Empty(t, out.Spec.Containers[0].VolumeMounts)
+				assert.Equal(t, []corev1.Volume{numbaVolume}, out.Spec.Volumes, "no /dev/shm in-process")
+				assert.Equal(t, []corev1.VolumeMount{numbaMount}, out.Spec.Containers[0].VolumeMounts)
 				v, _ := env(out.Spec.Containers[0], "LMCACHE_REMOTE_URL")
 				assert.Equal(t, endpoint, v)
 			},
@@ -312,7 +322,7 @@ func TestMPDigestCoversSharedMemoryVolume(t *testing.T) {
 			// The pod as the API server stores it: the full pod, patched.
 			full := Decide(pod, backends, opts).Pod
 			require.NoError(t, receipt.Verify([]receipt.Key{key}, full, ClaimOf(d.Pod)), "the webhook's digest is the full pod's")
-			require.Len(t, full.Spec.Volumes, 1)
+			require.Len(t, full.Spec.Volumes, 2)
 			moved := full.DeepCopy()
 			moved.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/run/other"}}
 			assert.ErrorIs(t, receipt.Verify([]receipt.Key{key}, moved, ClaimOf(moved)), receipt.ErrConfigMismatch)

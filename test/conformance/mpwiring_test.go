@@ -257,8 +257,9 @@ func testMPWiring(t *testing.T, cell pyenv.Cell, declared bool) {
 			}
 			engine := d.Pod.Spec.Containers[0]
 			assert.Contains(t, engine.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.VolumeEngineSharedMemory, MountPath: inject.DevShm})
-			require.Len(t, d.Pod.Spec.Volumes, 1)
+			require.Len(t, d.Pod.Spec.Volumes, 2, "/dev/shm and the numba cache")
 			v := d.Pod.Spec.Volumes[0]
+			assert.Equal(t, v1alpha1.VolumeEngineSharedMemory, v.Name)
 			require.NotNil(t, v.EmptyDir)
 			assert.Equal(t, corev1.StorageMediumMemory, v.EmptyDir.Medium)
 			assert.Equal(t, "1Gi", v.EmptyDir.SizeLimit.String())

@@ -140,6 +140,9 @@ func TestMultiprocessModeOnARealNode(t *testing.T) {
 	i := slices.Index(c.Args, inject.KVTransferConfigFlag)
 	require.GreaterOrEqual(t, i, 0, "wired: %q", c.Args)
 	assert.Contains(t, c.Args[i+1], inject.LMCacheMPConnector)
+	// The engine runs as 65532: LMCache imports only with the webhook's
+	// numba cache.
+	assert.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.VolumeNumbaCache, MountPath: inject.NumbaCacheDir})
 	requireEngineSaid(t, ns, pod.Name, "vLLM parsed kv_transfer_config \""+inject.LMCacheMPConnector+"\"")
 	requireEngineSaid(t, ns, pod.Name, "LMCache MP server at tcp://"+render.Host(cb, "")+":"+strconv.Itoa(int(render.Port(cb)))+" answered get_chunk_size")
 	requireEngineSaid(t, ns, pod.Name, fmt.Sprintf("/dev/shm is a private tmpfs of %d bytes", shm.Value()))

@@ -89,18 +89,15 @@ func ImagesCacheDir() string {
 
 // StandInEngine is an engine container that runs the stand-in engine
 // (EngineProgram) of the engine image ref, with env besides its own: the
-// model id resolved offline, no GPU, numba's cache in /tmp (LMCache
-// compiles its kernels into a cache beside its modules, read-only to a
-// non-root user, or into NUMBA_CACHE_DIR, as render sets it for the
-// servers; without one lmcache loads without its compute backend). It is
-// ready once the program checked everything (/tmp/ready).
+// model id resolved offline, no GPU. Its numba cache (LMCache's import
+// needs one writable) is what the webhook gives it. It is ready once the
+// program checked everything (/tmp/ready).
 func StandInEngine(ref string, env ...corev1.EnvVar) corev1.Container {
 	return corev1.Container{
 		Name: "vllm", Image: ref,
 		Command: []string{"python3", EngineProgram},
 		Args:    []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"},
-		Env: append([]corev1.EnvVar{{Name: "HF_HUB_OFFLINE", Value: "1"}, {Name: "CUDA_VISIBLE_DEVICES", Value: ""},
-			{Name: "NUMBA_CACHE_DIR", Value: "/tmp/numba"}}, env...),
+		Env:     append([]corev1.EnvVar{{Name: "HF_HUB_OFFLINE", Value: "1"}, {Name: "CUDA_VISIBLE_DEVICES", Value: ""}}, env...),
 		ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
 			Command: []string{"python3", "-I", "-S", "-c", "import os,sys; sys.exit(0 if os.path.exists('/tmp/ready') else 1)"}}},
 			PeriodSeconds: 2},
