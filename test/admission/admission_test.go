@@ -340,7 +340,9 @@ func authUser() authenticationv1.UserInfo {
 // Budgets of one served admission, in allocations, with the manager's
 // logger. Issue 12 asks for at most 400 for a wired pod, the same from 1 to
 // 1,000 CacheBackends in the namespace; the budgets hold today's figures
-// (212–216 and 31 since issue 35's receipt digest) with some slack, so that a regression shows here.
+// (227–231 and 31 since the numba cache's env, mount and volume; 253–255
+// before the patch was trimmed for them) with some slack, so that a
+// regression shows here.
 const (
 	wiredAllocs     = 240
 	unmatchedAllocs = 40
