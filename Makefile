@@ -254,7 +254,7 @@ demo: ## Start a local cluster, run the operator against it and apply examples/q
 	dir=$$($(INSTALL_CONTROLPLANE)); \
 	if [ "$(NODE)" = real ]; then node=$$($(INSTALL_NODE)) && \
 		CONTROLPLANE_DIR="$$dir" NODE_DIR="$$node" go run ./test/cmd/localcluster demo --node=real; \
-	else CONTROLPLANE_DIR="$$dir" go run ./test/cmd/localcluster demo --node=$(NODE); fi
+	else CONTROLPLANE_DIR="$$dir" LDFLAGS="$(LDFLAGS)" go run ./test/cmd/localcluster demo --node=$(NODE); fi
 
 .PHONY: demo-stop
 demo-stop: ## Stop the local cluster and operator that `make demo` started.

@@ -17,11 +17,15 @@ package main
 import (
 	"os"
 
+	"github.com/go-logr/zapr"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/inferencecache/operator/internal/cli/cmd"
+	"github.com/inferencecache/operator/internal/logging"
 )
 
 func main() {
+	ctrl.SetLogger(zapr.NewLogger(logging.Console(os.Stderr)))
 	os.Exit(cmd.Main(os.Args[1:], genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}))
 }

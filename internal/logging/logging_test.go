@@ -1,10 +1,12 @@
 package logging
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
@@ -18,4 +20,12 @@ func TestNew(t *testing.T) {
 		assert.Equal(t, tc.debug, l.Core().Enabled(zapcore.DebugLevel), "development=%v", tc.development)
 		assert.True(t, l.Core().Enabled(zapcore.InfoLevel))
 	}
+}
+
+func TestConsole(t *testing.T) {
+	var b bytes.Buffer
+	l := Console(&b)
+	l.Debug("hidden")
+	l.Info("API server warning", zap.String("object", "ns/name"))
+	assert.Equal(t, "INFO\tAPI server warning\t{\"object\": \"ns/name\"}\n", b.String(), "info and above, no timestamp")
 }

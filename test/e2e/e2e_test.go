@@ -10,6 +10,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -30,6 +31,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -37,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/cli/cmd"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/test/localcluster"
@@ -173,6 +176,37 @@ func TestQuickstartBecomesReady(t *testing.T) {
 	for _, col := range []string{"TYPE", "READY", "ENDPOINT", "MATCHED", "AGE", "LMCache", "True", cb.Status.Endpoint} {
 		assert.Contains(t, table, col)
 	}
+
+	// The kubectl plugin on a cluster shaped as make demo's (the manager
+	// outside the cluster, its webhooks called by URL with their own CA):
+	// the quickstart's file shows no changes once converged, and every
+	// check that applies passes (before, check asked for cert-manager and
+	// failed on the missing manager Deployment).
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if code, out, errOut := plugin("diff", "-n", ns, "-f", "../../examples/quickstart/cachebackend.yaml"); code != 0 {
+			return fmt.Errorf("diff exited %d:\n%s%s", code, out, errOut)
+		}
+		return nil
+	})
+	code, out, errOut := plugin("check", "-n", ns)
+	t.Logf("check on the demo's shape:\n%s%s", out, errOut)
+	assert.Equal(t, 0, code, out+errOut)
+	assert.NotContains(t, out, "cert-manager", "the demo's webhook configurations carry their own CA")
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "manager Deployment") {
+			assert.True(t, strings.HasPrefix(l, "!"), "a warning, not a failure: %s", l)
+			assert.Contains(t, l, "not found: the webhooks are called at https://127.0.0.1:")
+		}
+	}
+	assert.Contains(t, out, "a pod matching CacheBackend qwen-demo-cache came back wired by it")
+}
+
+// plugin runs the kubectl plugin (kubectl-cachebackend) against the
+// cluster, in process, and returns its exit code, stdout and stderr.
+func plugin(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := cmd.Main(append(args, "--kubeconfig", cluster.Kubeconfig), genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	return code, out.String(), errOut.String()
 }
 
 // TestDeletingBackendCollectsChildrenKeepsData: deleting a CacheBackend lets

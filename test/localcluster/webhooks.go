@@ -34,6 +34,9 @@ func WebhookServing(dir string) ([]byte, error) {
 	return ca, os.WriteFile(filepath.Join(dir, "tls.key"), key, 0o600)
 }
 
+// certManagerInjectCA is cert-manager's CA injector annotation.
+const certManagerInjectCA = "cert-manager.io/inject-ca-from"
+
 // InstallWebhooks points the given webhook configurations at a webhook
 // server on baseURL (https://127.0.0.1:<port>), trusting caPEM, and creates
 // them.
@@ -51,7 +54,11 @@ func InstallWebhooks(ctx context.Context, cfg *rest.Config, baseURL string, caPE
 		url := baseURL + path
 		cc.Service, cc.URL, cc.CABundle = nil, &url, caPEM
 	}
+	// The configurations carry their CA themselves: cert-manager's CA
+	// injection, which the install bundle asks for, does not apply (and
+	// `kubectl cachebackend check` would ask for cert-manager).
 	for _, m := range mwc {
+		delete(m.Annotations, certManagerInjectCA)
 		for i := range m.Webhooks {
 			point(&m.Webhooks[i].ClientConfig)
 		}
@@ -60,6 +67,7 @@ func InstallWebhooks(ctx context.Context, cfg *rest.Config, baseURL string, caPE
 		}
 	}
 	for _, v := range vwc {
+		delete(v.Annotations, certManagerInjectCA)
 		for i := range v.Webhooks {
 			point(&v.Webhooks[i].ClientConfig)
 		}

@@ -20,10 +20,13 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/zapr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/localcluster"
 	"github.com/inferencecache/operator/test/manifests"
@@ -37,6 +40,7 @@ const (
 )
 
 func main() {
+	ctrl.SetLogger(zapr.NewLogger(logging.Console(os.Stderr)))
 	if len(os.Args) < 2 || len(os.Args) > 3 || (len(os.Args) == 3 && (os.Args[1] != "demo" || (os.Args[2] != "--node=real" && os.Args[2] != "--node=kwok"))) {
 		fmt.Fprintln(os.Stderr, "usage: localcluster demo [--node=kwok|real] | stop")
 		os.Exit(2)
@@ -105,10 +109,17 @@ func demo() error {
 		}
 	}()
 
-	say("building and starting the operator (bin/manager), logs in %s/manager.log", workDir)
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", "bin/manager", "./cmd/manager").CombinedOutput(); err != nil {
-		return fmt.Errorf("building the manager: %w\n%s", err, out)
+	say("building the operator (bin/manager) and its kubectl plugin (bin/kubectl-cachebackend)")
+	// Both with make build's version stamp (LDFLAGS from the Makefile):
+	// the children carry the manager's version in a label, and the
+	// plugin's diff renders them with its own, so two different stamps
+	// would show every child as changed.
+	for _, b := range [][2]string{{"bin/manager", "./cmd/manager"}, {"bin/kubectl-cachebackend", "./cmd/kubectl-cachebackend"}} {
+		if out, err := exec.CommandContext(ctx, "go", "build", "-ldflags", os.Getenv("LDFLAGS"), "-o", b[0], b[1]).CombinedOutput(); err != nil {
+			return fmt.Errorf("building %s: %w\n%s", b[0], err, out)
+		}
 	}
+	say("starting the operator, logs in %s/manager.log", workDir)
 	ports, err := freeport.TakeN(3)
 	if err != nil {
 		return err
@@ -180,6 +191,17 @@ func demo() error {
 	if err := run("rollout", "status", "deployment/qwen-engine", "--timeout=180s"); err != nil {
 		return err
 	}
+	// The controller counts the wired pods shortly after they exist: wait
+	// for the count, so that the table below is not a stale 0.
+	replicas, err := exec.CommandContext(ctx, kubectl, "--kubeconfig="+c.Kubeconfig, "get", "deployment", "qwen-engine",
+		"-o", "jsonpath={.spec.replicas}").Output()
+	if err != nil {
+		return err
+	}
+	say("waiting for the CacheBackend's status to count the engine's %s pod(s) as wired", replicas)
+	if err := run("wait", "--for=jsonpath={.status.wiredEnginePods}="+string(replicas), "cachebackend/"+backend, "--timeout=60s"); err != nil {
+		return err
+	}
 	if err := run("get", "cachebackend", backend, "-o", "wide"); err != nil {
 		return err
 	}
@@ -204,9 +226,11 @@ CacheBackend %s is Ready; endpoint: %s
 The cluster and the operator keep running in the background.
   reach it:  export KUBECONFIG=%s
              %s get cachebackends
+  preview:   bin/kubectl-cachebackend diff -f %s/cachebackend.yaml   (exit 0: no changes)
+  check:     bin/kubectl-cachebackend check
   logs:      %s/*.log (manager.log is the operator)
   stop it:   make demo-stop
-`, backend, out, c.Kubeconfig, filepath.Join(workDir, "bin", "kubectl"), workDir)
+`, backend, out, c.Kubeconfig, filepath.Join(workDir, "bin", "kubectl"), examples, workDir)
 	return nil
 }
 
