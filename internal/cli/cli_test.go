@@ -346,6 +346,12 @@ func TestExplainMultiprocess(t *testing.T) {
 	}
 	noStatus := cb.DeepCopy()
 	noStatus.Status.Multiprocess = nil
+	// No node selected for a server: Ready, no endpoint (make demo's
+	// cluster has no GPU-labelled node).
+	noNode := cb.DeepCopy()
+	noNode.Status.Endpoint = ""
+	noNode.Status.Multiprocess = &v1alpha1.MultiprocessStatus{}
+	noNode.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBackendReady}}
 	inProcess := cb.DeepCopy()
 	inProcess.Spec.Multiprocess = nil
 	cases := map[string]struct {
@@ -383,6 +389,9 @@ func TestExplainMultiprocess(t *testing.T) {
 			"Mode:         in-process", "which wires LMCacheConnectorV1"}},
 		"fail-open": {pod("gpu-a", "", true), cb, ExplainFailOpen, NodeServerReady, false, []string{
 			"admitted unwired", "server of node gpu-a: pod cache-aaaaa, ready"}},
+		"fail-open, no node selected": {pod("", "", true), *noNode, ExplainFailOpen, NodeServerUnscheduled, false, []string{
+			"no node is selected for a multiprocess server (status.multiprocess.desiredServers 0)",
+			"once status.endpoint is published"}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -397,6 +406,7 @@ func TestExplainMultiprocess(t *testing.T) {
 			}
 			if tc.outcome == ExplainFailOpen {
 				assert.NotContains(t, buf.String(), "engine wiring:", "an unwired pod has no wiring to describe")
+				assert.NotContains(t, buf.String(), "wait until it is Ready", "say what is missing, not a condition that holds")
 			}
 		})
 	}

@@ -215,10 +215,13 @@ func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []
 		e.Lines = append(e.Lines,
 			"the pod's labels match this CacheBackend, but the pod carries no receipt: it was admitted unwired",
 			"causes: the backend had no status.endpoint at admission, the webhook was unreachable, the pod was created before the operator knew the backend, or it was labelled after creation")
+		fix := "fix: recreate the pod (kubectl rollout restart on its workload) once the backend is Ready"
 		if matched.Spec.Type == v1alpha1.BackendTypeLMCache && matched.Status.Endpoint == "" {
-			e.Lines = append(e.Lines, "the backend has no endpoint now either: wait until it is Ready")
+			line, when := noEndpoint(matched)
+			e.Lines = append(e.Lines, line)
+			fix = "fix: recreate the pod (kubectl rollout restart on its workload) once " + when
 		}
-		e.Lines = append(e.Lines, "fix: recreate the pod (kubectl rollout restart on its workload) once the backend is Ready")
+		e.Lines = append(e.Lines, fix)
 		return e
 	}
 	e := Explanation{Outcome: ExplainNoMatch, Receipt: ReceiptNone}
@@ -227,6 +230,27 @@ func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []
 		e.Lines = append(e.Lines, fmt.Sprintf("CacheBackend %s selects %s", cb.Name, labelString(cb.Spec.EngineSelector.MatchLabels)))
 	}
 	return e
+}
+
+// noEndpoint says why an LMCache backend publishes no endpoint now, and
+// when it will. A multiprocess backend is Ready with no node selected for
+// a server (a GPU pool scaled to zero must not hold a later sync wave),
+// yet has no endpoint until a node's server is available: "wait until it
+// is Ready" would send its user waiting for what already holds.
+func noEndpoint(cb *v1alpha1.CacheBackend) (line, when string) {
+	ready := meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
+	switch mp := cb.Status.Multiprocess; {
+	case mp != nil && mp.DesiredServers == 0:
+		return "the backend has no endpoint now either: no node is selected for a multiprocess server (status.multiprocess.desiredServers 0); " +
+				"the endpoint is published once a node its server's placement selects (spec.remoteStorage.lmCacheServer.pod) runs a ready server",
+			"status.endpoint is published"
+	case mp != nil:
+		return fmt.Sprintf("the backend has no endpoint now either: %d of %d node servers ready; it is published once one is", mp.ReadyServers, mp.DesiredServers),
+			"status.endpoint is published"
+	case ready:
+		return "the backend has no endpoint now either, though Ready: no server replica is available", "status.endpoint is published"
+	}
+	return "the backend has no endpoint now either: wait until it is Ready", "the backend is Ready"
 }
 
 // Index states of Explanation.IndexState beyond the v1alpha1.IndexPodState

@@ -56,6 +56,13 @@ func Health(w workload.Server) Verdict {
 	case r.Serving < r.Desired:
 		h.Reason, h.Degraded = v1alpha1.ReasonReplicasUnavailable, true
 		h.Message = fmt.Sprintf("%d of %d replicas %s", r.Serving, r.Desired, r.ServingWord)
+	case r.Desired == 0 && w.PerNode():
+		// Ready, so that a GPU pool scaled to zero does not hold the
+		// engines of a later sync wave (whose pending pods grow it); but
+		// say that nothing serves yet: no endpoint until a node has a
+		// server.
+		h.Ready, h.Reason = true, v1alpha1.ReasonBackendReady
+		h.Message = "no node selected for a server yet (spec.remoteStorage.lmCacheServer.pod): no endpoint, and engines are admitted unwired, until a selected node's server is available"
 	default:
 		h.Ready, h.Reason = true, v1alpha1.ReasonBackendReady
 		h.Message = fmt.Sprintf("%d of %d replicas %s", r.Serving, r.Desired, r.ServingWord)

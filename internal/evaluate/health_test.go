@@ -171,3 +171,26 @@ func TestObserveServerMovedToPerNode(t *testing.T) {
 	assert.Empty(t, c.ChangedNodes)
 	assert.Equal(t, "ds-a:0@x", c.Instance)
 }
+
+// TestPerNodeHealthWithNoNode: a multiprocess backend whose DaemonSet
+// selects no node is Ready (a GPU pool scaled to zero must not hold the
+// engines of a later sync wave), not Available, and says that nothing
+// serves yet instead of "0 of 0 replicas available".
+func TestPerNodeHealthWithNoNode(t *testing.T) {
+	cb := &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Multiprocess: &v1alpha1.Multiprocess{}}}
+	ds := func(desired, available int32) workload.Server {
+		return workload.Observed(cb, &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Generation: 1}, Status: appsv1.DaemonSetStatus{ObservedGeneration: 1,
+			DesiredNumberScheduled: desired, CurrentNumberScheduled: desired, UpdatedNumberScheduled: desired, NumberReady: available, NumberAvailable: available}})
+	}
+	h := Health(ds(0, 0))
+	assert.True(t, h.Ready)
+	assert.False(t, h.Available)
+	assert.Equal(t, v1alpha1.ReasonBackendReady, h.Reason)
+	assert.Contains(t, h.Message, "no node selected for a server yet")
+	assert.Contains(t, h.Message, "no endpoint")
+
+	h = Health(ds(2, 2))
+	assert.True(t, h.Ready)
+	assert.True(t, h.Available)
+	assert.Equal(t, "2 of 2 replicas available", h.Message)
+}

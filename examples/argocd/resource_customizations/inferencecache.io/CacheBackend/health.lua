@@ -68,7 +68,11 @@ if ready ~= nil and ready.status == "True" then
   hs.message = ready.message
   if mp ~= nil then
     if (mp.desiredServers or 0) == 0 then
-      hs.message = hs.message .. "; no node selected for a server yet (spec.remoteStorage.lmCacheServer.pod): engines on a node without one cannot reach the cache"
+      -- The operator's own message says so since issue 39; older ones
+      -- said "0 of 0 replicas available".
+      if string.find(hs.message, "no node selected", 1, true) == nil then
+        hs.message = hs.message .. "; no node selected for a server yet (spec.remoteStorage.lmCacheServer.pod): engines on a node without one cannot reach the cache"
+      end
     else
       hs.message = hs.message .. "; " .. mpServers(mp)
     end
