@@ -1052,7 +1052,9 @@ type CacheBackendStatus struct {
 	Endpoint string `json:"endpoint,omitempty"`
 
 	// MatchedEnginePods counts the pods of the namespace whose labels
-	// currently match spec.engineSelector (terminating pods excluded). A
+	// currently match spec.engineSelector and that this CacheBackend
+	// claims (terminating pods excluded): of the CacheBackends whose
+	// selectors match a pod, the webhook wires it to the first by name. A
 	// matched pod is not necessarily wired: see its receipt annotations.
 	// +optional
 	MatchedEnginePods int32 `json:"matchedEnginePods"`
@@ -1068,7 +1070,9 @@ type CacheBackendStatus struct {
 	// +optional
 	UnwiredEnginePods int32 `json:"unwiredEnginePods"`
 
-	// EngineSelectorMessage explains a selector that matches no pod.
+	// EngineSelectorMessage explains a selector that matches no pod of
+	// this CacheBackend's: none at all, or only pods another CacheBackend
+	// claims (named with their count).
 	// +optional
 	EngineSelectorMessage string `json:"engineSelectorMessage,omitempty"`
 

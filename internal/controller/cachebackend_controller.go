@@ -339,7 +339,7 @@ func (r *CacheBackendReconciler) recordEngineMatch(s *pass) {
 		r.memo.update(s.cb, func(e *memoEntry) { e.unmatched = false })
 		return
 	}
-	s.st.EngineSelectorMessage = selectorMessage(s.cb)
+	s.st.EngineSelectorMessage = selectorMessage(s.cb, s.obs.claimedElsewhere)
 	if r.memo.get(s.cb).unmatched {
 		return // reported by this process; the cache has not caught up yet
 	}
@@ -550,7 +550,7 @@ func (r *CacheBackendReconciler) stop(ctx context.Context, s *pass, reason strin
 	return ctrl.Result{}, errors.Join(err, r.patchStatus(ctx, s.cb, s.st))
 }
 
-func selectorMessage(cb *v1alpha1.CacheBackend) string {
+func selectorMessage(cb *v1alpha1.CacheBackend, claimedElsewhere map[string]int) string {
 	sel := cb.Spec.EngineSelector.MatchLabels
 	if len(sel) == 0 {
 		return "spec.engineSelector.matchLabels is empty: it matches no pod"
@@ -563,6 +563,16 @@ func selectorMessage(cb *v1alpha1.CacheBackend) string {
 	parts := make([]string, len(keys))
 	for i, k := range keys {
 		parts[i] = k + "=" + sel[k]
+	}
+	if len(claimedElsewhere) > 0 {
+		var by []string
+		n := 0
+		for _, name := range slices.Sorted(maps.Keys(claimedElsewhere)) {
+			by = append(by, fmt.Sprintf("%d by CacheBackend %s", claimedElsewhere[name], name))
+			n += claimedElsewhere[name]
+		}
+		return fmt.Sprintf("engineSelector %s matches %d pod(s) in namespace %s, each claimed by another CacheBackend (%s): the webhook wires a pod to the first by name of the backends whose selectors match it; give this one a selector of its own",
+			strings.Join(parts, ","), n, cb.Namespace, strings.Join(by, ", "))
 	}
 	return fmt.Sprintf("engineSelector %s matches no pod in namespace %s", strings.Join(parts, ","), cb.Namespace)
 }

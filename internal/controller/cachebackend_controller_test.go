@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -528,6 +529,39 @@ func TestEngineSelectorMatching(t *testing.T) {
 	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 2)
 	reconciled(t, key)
 	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the drop to zero is reported once")
+}
+
+// TestEnginesClaimedByAnotherBackend: two backends whose selectors match
+// the same pod (the persistent-statefulset example beside the
+// quickstart): the webhook's claimant, the first by name, counts it; the
+// other matches no engine of its own and says which backend claims it,
+// instead of counting it as its own unwired engine.
+func TestEnginesClaimedByAnotherBackend(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	first, second := newBackend(ns, "a-cache"), newBackend(ns, "b-cache")
+	second.Spec.EngineSelector = first.Spec.EngineSelector
+	firstKey := testutil.StartBackend(t, k8s, first)
+	secondKey := testutil.StartBackend(t, k8s, second)
+	require.NoError(t, k8s.Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine", Labels: first.Spec.EngineSelector.MatchLabels},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+	}))
+	waitBackend(t, firstKey, func(cb *v1alpha1.CacheBackend) error {
+		if cb.Status.MatchedEnginePods != 1 {
+			return fmt.Errorf("matched %d, want 1", cb.Status.MatchedEnginePods)
+		}
+		return nil
+	})
+	got := waitBackend(t, secondKey, func(cb *v1alpha1.CacheBackend) error {
+		if !strings.Contains(cb.Status.EngineSelectorMessage, "claimed by another CacheBackend") {
+			return fmt.Errorf("selector message %q", cb.Status.EngineSelectorMessage)
+		}
+		return nil
+	})
+	assert.Equal(t, int32(0), got.Status.MatchedEnginePods)
+	assert.Equal(t, int32(0), got.Status.UnwiredEnginePods)
+	assert.Contains(t, got.Status.EngineSelectorMessage, "matches 1 pod(s) in namespace "+ns+", each claimed by another CacheBackend (1 by CacheBackend a-cache)")
 }
 
 // reconciled changes the backend's spec (one more millicore of server CPU

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
+	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
@@ -55,8 +57,12 @@ func init() { metrics.Registry.MustRegister(Cascades, Heals, Evictions, Eviction
 
 // observation is what a reconcile reads before it plans.
 type observation struct {
-	// matched counts the non-terminating pods the engine selector matches.
+	// matched counts the non-terminating pods the engine selector matches
+	// and cb claims (claimedPods).
 	matched int32
+	// claimedElsewhere counts the pods the selector matches that another
+	// CacheBackend claims, by its name.
+	claimedElsewhere map[string]int
 	// wired are the matched pods that carry cb's receipt and the
 	// kvevent-subscriber sidecar (the pods the KV-block index should know).
 	wired []evaluate.IndexPod
@@ -80,10 +86,11 @@ type observation struct {
 func (r *CacheBackendReconciler) gather(ctx context.Context, s *pass) error {
 	cb, obs := s.cb, &s.obs
 	sel := cb.Spec.EngineSelector.MatchLabels
-	pods, err := r.matchedPods(ctx, cb)
+	pods, others, err := r.claimedPods(ctx, cb)
 	if err != nil {
 		return err
 	}
+	obs.claimedElsewhere = others
 	for i := range pods {
 		if pods[i].DeletionTimestamp.IsZero() {
 			obs.matched++
@@ -103,6 +110,18 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, s *pass) error {
 				return fmt.Errorf("listing engine pods (previous verdict kept): %w", err)
 			}
 			obs.enginePods = pods.Items
+			if len(others) > 0 {
+				// Those another backend claims are not this one's
+				// engines (claimedPods).
+				var backends v1alpha1.CacheBackendList
+				if err := r.Client.List(ctx, &backends, client.InNamespace(cb.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+					return fmt.Errorf("listing the namespace's CacheBackends (previous verdict kept): %w", err)
+				}
+				obs.enginePods = slices.DeleteFunc(obs.enginePods, func(p corev1.Pod) bool {
+					c := inject.Select(p.Labels, backends.Items)
+					return c != nil && c.Name != cb.Name
+				})
+			}
 		}
 		if _, err := r.keysOf(ctx, s); err != nil {
 			return fmt.Errorf("reading receipt keys (previous verdict kept): %w", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
+	"github.com/inferencecache/operator/internal/inject"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -116,17 +117,56 @@ func (r *CacheBackendReconciler) listBackends(ctx context.Context) ([]v1alpha1.C
 	return list.Items, nil
 }
 
-// matchedPods lists the metadata of the pods cb's engine selector matches,
-// from the manager's cache.
+// matchedPods lists the metadata of the pods cb's engine selector matches
+// and cb claims, from the manager's cache; see claimedPods.
 func (r *CacheBackendReconciler) matchedPods(ctx context.Context, cb *v1alpha1.CacheBackend) ([]metav1.PartialObjectMetadata, error) {
+	pods, _, err := r.claimedPods(ctx, cb)
+	return pods, err
+}
+
+// claimedPods lists the metadata of the pods cb's engine selector matches
+// and cb claims, from the manager's cache, and counts the others by the
+// CacheBackend that claims them. The webhook wires a pod to the first by
+// name of the backends whose selectors match it (inject.Select): a pod
+// another backend claims is that backend's engine, never an unwired one
+// of cb.
+func (r *CacheBackendReconciler) claimedPods(ctx context.Context, cb *v1alpha1.CacheBackend) ([]metav1.PartialObjectMetadata, map[string]int, error) {
 	sel := cb.Spec.EngineSelector.MatchLabels
 	if len(sel) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	pods := &metav1.PartialObjectMetadataList{}
 	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
 	if err := r.Client.List(ctx, pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
-		return nil, fmt.Errorf("listing engine pods: %w", err)
+		return nil, nil, fmt.Errorf("listing engine pods: %w", err)
 	}
-	return pods.Items, nil
+	if len(pods.Items) == 0 {
+		return nil, nil, nil
+	}
+	// Read-only: the cache's objects are not copied.
+	var backends v1alpha1.CacheBackendList
+	if err := r.Client.List(ctx, &backends, client.InNamespace(cb.Namespace), client.UnsafeDisableDeepCopy); err != nil {
+		return nil, nil, fmt.Errorf("listing the namespace's CacheBackends: %w", err)
+	}
+	mine, others := claimed(pods.Items, backends.Items, cb.Name)
+	return mine, others, nil
+}
+
+// claimed splits pods, each matched by the selector of the backend named
+// name, into those that backend claims among backends (inject.Select)
+// and a count of the others by their claimant's name.
+func claimed(pods []metav1.PartialObjectMetadata, backends []v1alpha1.CacheBackend, name string) ([]metav1.PartialObjectMetadata, map[string]int) {
+	var others map[string]int
+	mine := pods[:0:0]
+	for i := range pods {
+		if c := inject.Select(pods[i].Labels, backends); c != nil && c.Name != name {
+			if others == nil {
+				others = map[string]int{}
+			}
+			others[c.Name]++
+			continue
+		}
+		mine = append(mine, pods[i])
+	}
+	return mine, others
 }
