@@ -1092,7 +1092,8 @@ type CacheBackendStatus struct {
 
 	// Capacity is the bound capacity of the shared claim <name>-data
 	// (Deployment kind with storage only; per-replica claims of a
-	// StatefulSet are not summed).
+	// StatefulSet are not summed). lmcache_server (LMCache 0.5) never
+	// writes the claim: condition StoragePersistent says so.
 	// +optional
 	Capacity *resource.Quantity `json:"capacity,omitempty"`
 

@@ -31,6 +31,19 @@ const (
 	ReasonStable = "Stable"
 )
 
+// The storage condition: present only while spec.storage.pvc is set.
+const (
+	// ConditionStoragePersistent: whether the cache server writes the
+	// claims spec.storage.pvc asks for, so that KV outlives a server
+	// restart.
+	ConditionStoragePersistent = "StoragePersistent"
+	// ReasonServerKeepsKVInMemory: the server (lmcache_server, LMCache
+	// 0.5) keeps KV in memory only: the claim is mounted but never
+	// written, and status.capacity is the size of a claim that holds no
+	// KV.
+	ReasonServerKeepsKVInMemory = "ServerKeepsKVInMemory"
+)
+
 // Event reasons recorded on CacheBackends.
 const (
 	// EventEngineSelectorUnmatched: the selector matches no pod, observed first or after matches dropped to zero.

@@ -405,6 +405,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 		Endpoint: endpoint, FirstAvailableAt: seen.facts.FirstAvailableAt, Now: r.Now(), Capacity: s.plan.Capacity,
 		ServerInstance: seen.roll.Instance, Record: s.rolls.Record, RollErr: s.rollErr,
 		Multiprocess: evaluate.NodeServers(seen.facts.Workload, seen.serverPods, render.Port(cb)),
+		Storage:      evaluate.StorageOf(cb),
 	}
 }
 

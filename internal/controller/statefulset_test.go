@@ -293,7 +293,8 @@ func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
 }
 
 // TestCapacityOfTheBoundClaim: status.capacity is the bound capacity of the
-// shared claim, published once the claim is bound.
+// shared claim, published once the claim is bound, and StoragePersistent
+// says the server never writes it.
 func TestCapacityOfTheBoundClaim(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -304,6 +305,11 @@ func TestCapacityOfTheBoundClaim(t *testing.T) {
 	markDeploymentAvailable(t, key)
 	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Nil(t, got.Status.Capacity, "no capacity before the claim is bound")
+	storage := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionStoragePersistent)
+	require.NotNil(t, storage, "a claim the server never writes is said in status")
+	assert.Equal(t, metav1.ConditionFalse, storage.Status)
+	assert.Equal(t, v1alpha1.ReasonServerKeepsKVInMemory, storage.Reason)
+	assert.Contains(t, storage.Message, "the claim cache-data is mounted at /data but never written")
 
 	pvc := &corev1.PersistentVolumeClaim{}
 	claim := client.ObjectKey{Namespace: ns, Name: "cache-data"}
@@ -320,6 +326,15 @@ func TestCapacityOfTheBoundClaim(t *testing.T) {
 		}
 		if got.Status.Capacity == nil || got.Status.Capacity.Cmp(resource.MustParse("2Gi")) != 0 {
 			return fmt.Errorf("status.capacity %v, want 2Gi", got.Status.Capacity)
+		}
+		return nil
+	})
+
+	// Without the claim the condition goes.
+	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage = nil })
+	waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionStoragePersistent); c != nil {
+			return fmt.Errorf("StoragePersistent still %s", c.Reason)
 		}
 		return nil
 	})

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
@@ -152,4 +154,34 @@ func TestReconcilingKeepsItsTransitionWhileRestartsFail(t *testing.T) {
 	}
 	Publish(st, 1, Outcome{Verdict: ready})
 	assert.Nil(t, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReconciling), "removed once the restarts succeed")
+}
+
+// TestStoragePersistent: a backend with spec.storage.pvc says, for as long
+// as it holds, that its server never writes the claim; without the claim
+// the condition is absent (and removed when the claim goes).
+func TestStoragePersistent(t *testing.T) {
+	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Name: "cache"}, Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache}}
+	assert.Nil(t, StorageOf(cb))
+
+	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("200Gi")}}
+	c := StorageOf(cb)
+	require.NotNil(t, c)
+	assert.Equal(t, metav1.ConditionFalse, c.Status)
+	assert.Equal(t, v1alpha1.ReasonServerKeepsKVInMemory, c.Reason)
+	assert.Contains(t, c.Message, "the claim cache-data is mounted at /data but never written")
+
+	cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
+	assert.Contains(t, StorageOf(cb).Message, "each replica's claim (cache-data-cache-<n>)")
+
+	st := &v1alpha1.CacheBackendStatus{}
+	ready := Verdict{Ready: true, Reason: v1alpha1.ReasonBackendReady, Message: "1 of 1"}
+	Publish(st, 1, Outcome{Verdict: ready, Storage: StorageOf(cb)})
+	got := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionStoragePersistent)
+	require.NotNil(t, got)
+	assert.Equal(t, v1alpha1.ReasonServerKeepsKVInMemory, got.Reason)
+	assert.Equal(t, int64(1), got.ObservedGeneration)
+	assert.True(t, meta.IsStatusConditionTrue(st.Conditions, v1alpha1.ConditionReady), "a claim nobody writes does not make the server unready")
+
+	Publish(st, 2, Outcome{Verdict: ready})
+	assert.Nil(t, meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionStoragePersistent), "removed with the claim")
 }

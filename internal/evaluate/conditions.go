@@ -49,6 +49,27 @@ type Outcome struct {
 	// Multiprocess is status.multiprocess (NodeServers; nil without
 	// per-node servers).
 	Multiprocess *v1alpha1.MultiprocessStatus
+	// Storage decides StoragePersistent (StorageOf); nil removes it.
+	Storage *metav1.Condition
+}
+
+// StorageOf is the StoragePersistent condition of cb: nil without
+// spec.storage.pvc; with it, False: the in-process lmcache_server (LMCache
+// 0.5), the only server that takes spec.storage, keeps KV in memory, so
+// the claims it mounts at /data are never written. The admission warning
+// says so once, to whoever applies; the condition says so to whoever
+// reads the status (a GitOps tool, a dashboard) for as long as it holds.
+func StorageOf(cb *v1alpha1.CacheBackend) *metav1.Condition {
+	if cb.Spec.Storage == nil || cb.Spec.Storage.PVC == nil {
+		return nil
+	}
+	claims := "the claim " + cb.Name + "-data"
+	if cb.Spec.DeploymentKind == v1alpha1.DeploymentKindStatefulSet {
+		claims = "each replica's claim (cache-data-" + cb.Name + "-<n>)"
+	}
+	return &metav1.Condition{Type: v1alpha1.ConditionStoragePersistent, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonServerKeepsKVInMemory,
+		Message: "lmcache_server (LMCache 0.5) keeps KV in memory only: " + claims + " is mounted at /data but never written, status.capacity holds no KV, " +
+			"and a restarted server starts empty; for KV that outlives a restart use spec.lmCache.localDisk (the engines' disk tier) or spec.multiprocess with an L2 disk"}
 }
 
 // Publish writes o into st as the status of generation gen. It is the one
@@ -92,6 +113,11 @@ func Publish(st *v1alpha1.CacheBackendStatus, gen int64, o Outcome) {
 		set(v1alpha1.ConditionFunctionalProbeOK, metav1.ConditionFalse, v1alpha1.ReasonProbeFailed, o.ProbeErr.Error())
 	default:
 		set(v1alpha1.ConditionFunctionalProbeOK, metav1.ConditionTrue, v1alpha1.ReasonProbeSucceeded, "the cache server answers LMCache's HEALTH request")
+	}
+	if o.Storage != nil {
+		set(o.Storage.Type, o.Storage.Status, o.Storage.Reason, o.Storage.Message)
+	} else {
+		meta.RemoveStatusCondition(&st.Conditions, v1alpha1.ConditionStoragePersistent)
 	}
 	setServing(st, gen, o.Verdict, o.RollErr)
 }
