@@ -54,26 +54,26 @@ func TestPodsClaimedByAnotherBackend(t *testing.T) {
 	}
 	pods := []metav1.PartialObjectMetadata{pod("a", demo), pod("b", map[string]string{"app": "qwen-demo", "tier": "gpu"})}
 
-	mine, others := claimed(pods, backends, "qwen-demo-cache")
-	assert.Len(t, mine, 2, "the first by name of the matching backends claims both")
-	assert.Empty(t, others)
+	c := claimed(pods, backends, "qwen-demo-cache")
+	assert.Len(t, c.mine, 2, "the first by name of the matching backends claims both")
+	assert.Empty(t, c.others)
 
-	mine, others = claimed(pods, backends, "qwen-persistent")
-	assert.Empty(t, mine)
-	assert.Equal(t, map[string]int{"qwen-demo-cache": 2}, others)
+	c = claimed(pods, backends, "qwen-persistent")
+	assert.Empty(t, c.mine)
+	assert.Equal(t, map[string]int{"qwen-demo-cache": 2}, c.others)
 
-	mine, others = claimed(pods[1:], backends, "tiered")
-	assert.Empty(t, mine)
-	assert.Equal(t, map[string]int{"qwen-demo-cache": 1}, others)
+	c = claimed(pods[1:], backends, "tiered")
+	assert.Empty(t, c.mine)
+	assert.Equal(t, map[string]int{"qwen-demo-cache": 1}, c.others)
 
 	// A backend being deleted claims nothing; its pods stay its own to
 	// report while it goes.
 	deleting := backends[1].DeepCopy()
 	now := metav1.Now()
 	deleting.DeletionTimestamp = &now
-	mine, others = claimed(pods[:1], []v1alpha1.CacheBackend{*deleting}, "qwen-demo-cache")
-	assert.Len(t, mine, 1)
-	assert.Empty(t, others)
+	c = claimed(pods[:1], []v1alpha1.CacheBackend{*deleting}, "qwen-demo-cache")
+	assert.Len(t, c.mine, 1)
+	assert.Empty(t, c.others)
 
 	msg := selectorMessage(&backends[0], map[string]int{"qwen-demo-cache": 2})
 	assert.Equal(t, "engineSelector app=qwen-demo matches 2 pod(s) in namespace ns, each claimed by another CacheBackend (2 by CacheBackend qwen-demo-cache): "+

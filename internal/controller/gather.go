@@ -14,7 +14,6 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
@@ -86,11 +85,12 @@ type observation struct {
 func (r *CacheBackendReconciler) gather(ctx context.Context, s *pass) error {
 	cb, obs := s.cb, &s.obs
 	sel := cb.Spec.EngineSelector.MatchLabels
-	pods, others, err := r.claimedPods(ctx, cb)
+	claims, err := r.claimedPods(ctx, cb)
 	if err != nil {
 		return err
 	}
-	obs.claimedElsewhere = others
+	pods := claims.mine
+	obs.claimedElsewhere = claims.others
 	for i := range pods {
 		if pods[i].DeletionTimestamp.IsZero() {
 			obs.matched++
@@ -110,16 +110,12 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, s *pass) error {
 				return fmt.Errorf("listing engine pods (previous verdict kept): %w", err)
 			}
 			obs.enginePods = pods.Items
-			if len(others) > 0 {
+			if claims.backends != nil {
 				// Those another backend claims are not this one's
-				// engines (claimedPods).
-				var backends v1alpha1.CacheBackendList
-				if err := r.Client.List(ctx, &backends, client.InNamespace(cb.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-					return fmt.Errorf("listing the namespace's CacheBackends (previous verdict kept): %w", err)
-				}
+				// engines.
 				obs.enginePods = slices.DeleteFunc(obs.enginePods, func(p corev1.Pod) bool {
-					c := inject.Select(p.Labels, backends.Items)
-					return c != nil && c.Name != cb.Name
+					mine, _ := claimedBy(cb.Name, p.Labels, claims.backends)
+					return !mine
 				})
 			}
 		}

@@ -120,53 +120,70 @@ func (r *CacheBackendReconciler) listBackends(ctx context.Context) ([]v1alpha1.C
 // matchedPods lists the metadata of the pods cb's engine selector matches
 // and cb claims, from the manager's cache; see claimedPods.
 func (r *CacheBackendReconciler) matchedPods(ctx context.Context, cb *v1alpha1.CacheBackend) ([]metav1.PartialObjectMetadata, error) {
-	pods, _, err := r.claimedPods(ctx, cb)
-	return pods, err
+	c, err := r.claimedPods(ctx, cb)
+	return c.mine, err
 }
 
-// claimedPods lists the metadata of the pods cb's engine selector matches
-// and cb claims, from the manager's cache, and counts the others by the
-// CacheBackend that claims them. The webhook wires a pod to the first by
-// name of the backends whose selectors match it (inject.Select): a pod
+// claims are the pods cb's engine selector matches, split by the
+// CacheBackend that claims each.
+type claims struct {
+	// mine are the pods cb claims.
+	mine []metav1.PartialObjectMetadata
+	// others counts the rest by their claimant's name (nil when none).
+	others map[string]int
+	// backends are the namespace's CacheBackends, read from the cache
+	// without a copy (read-only); nil when no pod matched.
+	backends []v1alpha1.CacheBackend
+}
+
+// claimedBy reports whether the backend named name claims a pod with
+// these labels among backends: the webhook wires a pod to the first by
+// name of the backends whose selectors match it (inject.Select), so a pod
 // another backend claims is that backend's engine, never an unwired one
-// of cb.
-func (r *CacheBackendReconciler) claimedPods(ctx context.Context, cb *v1alpha1.CacheBackend) ([]metav1.PartialObjectMetadata, map[string]int, error) {
+// of name's. A pod none claims (its backend is being deleted) stays
+// name's to report.
+func claimedBy(name string, labels map[string]string, backends []v1alpha1.CacheBackend) (bool, string) {
+	if c := inject.Select(labels, backends); c != nil && c.Name != name {
+		return false, c.Name
+	}
+	return true, ""
+}
+
+// claimedPods lists the metadata of the pods cb's engine selector matches,
+// from the manager's cache, and splits them by claimant (claimedBy).
+func (r *CacheBackendReconciler) claimedPods(ctx context.Context, cb *v1alpha1.CacheBackend) (claims, error) {
 	sel := cb.Spec.EngineSelector.MatchLabels
 	if len(sel) == 0 {
-		return nil, nil, nil
+		return claims{}, nil
 	}
 	pods := &metav1.PartialObjectMetadataList{}
 	pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
 	if err := r.Client.List(ctx, pods, client.InNamespace(cb.Namespace), client.MatchingLabels(sel)); err != nil {
-		return nil, nil, fmt.Errorf("listing engine pods: %w", err)
+		return claims{}, fmt.Errorf("listing engine pods: %w", err)
 	}
 	if len(pods.Items) == 0 {
-		return nil, nil, nil
+		return claims{}, nil
 	}
-	// Read-only: the cache's objects are not copied.
 	var backends v1alpha1.CacheBackendList
 	if err := r.Client.List(ctx, &backends, client.InNamespace(cb.Namespace), client.UnsafeDisableDeepCopy); err != nil {
-		return nil, nil, fmt.Errorf("listing the namespace's CacheBackends: %w", err)
+		return claims{}, fmt.Errorf("listing the namespace's CacheBackends: %w", err)
 	}
-	mine, others := claimed(pods.Items, backends.Items, cb.Name)
-	return mine, others, nil
+	return claimed(pods.Items, backends.Items, cb.Name), nil
 }
 
 // claimed splits pods, each matched by the selector of the backend named
-// name, into those that backend claims among backends (inject.Select)
-// and a count of the others by their claimant's name.
-func claimed(pods []metav1.PartialObjectMetadata, backends []v1alpha1.CacheBackend, name string) ([]metav1.PartialObjectMetadata, map[string]int) {
-	var others map[string]int
-	mine := pods[:0:0]
+// name, by claimant among backends (claimedBy).
+func claimed(pods []metav1.PartialObjectMetadata, backends []v1alpha1.CacheBackend, name string) claims {
+	c := claims{mine: pods[:0:0], backends: backends}
 	for i := range pods {
-		if c := inject.Select(pods[i].Labels, backends); c != nil && c.Name != name {
-			if others == nil {
-				others = map[string]int{}
+		if mine, by := claimedBy(name, pods[i].Labels, backends); !mine {
+			if c.others == nil {
+				c.others = map[string]int{}
 			}
-			others[c.Name]++
+			c.others[by]++
 			continue
 		}
-		mine = append(mine, pods[i])
+		c.mine = append(c.mine, pods[i])
 	}
-	return mine, others
+	return c
 }

@@ -717,3 +717,33 @@ func TestMigrationToMultiprocessRollsEnginesOnce(t *testing.T) {
 	assert.Equal(t, int64(2), engine.Generation, "rolled once")
 	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "qwen-demo-cache", v1alpha1.EventEnginesRestarted))
 }
+
+// TestMultiprocessWithNoNodeSays: a multiprocess backend whose servers'
+// placement selects no node (make demo's cluster has no GPU node) gets a
+// DaemonSet the DaemonSet controller reports as 0 desired: Ready stays
+// True (a GPU pool scaled to zero must not hold a later sync wave), with
+// no endpoint, and Ready's message says that nothing serves yet instead
+// of "0 of 0 replicas available".
+func TestMultiprocessWithNoNodeSays(t *testing.T) {
+	ns := namespace(t, "mp-no-node")
+	body := strings.Replace(strings.Replace(mpBackend, "name: mp-cache", "name: mp-nowhere", 1), `gpu: "true"`, `gpu: "no-such-node"`, 1)
+	kubectlRun(t, "apply", "--server-side", "-n", ns, "-f", manifest(t, body))
+	key := client.ObjectKey{Namespace: ns, Name: "mp-nowhere"}
+	var cb v1alpha1.CacheBackend
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if err := k8s.Get(context.Background(), key, &cb); err != nil {
+			return err
+		}
+		ready := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+		if ready == nil || ready.Status != metav1.ConditionTrue || cb.Status.ObservedGeneration != cb.Generation || cb.Status.Multiprocess == nil {
+			return fmt.Errorf("not Ready yet: %+v, multiprocess %+v", ready, cb.Status.Multiprocess)
+		}
+		return nil
+	})
+	ready := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
+	assert.Equal(t, v1alpha1.ReasonBackendReady, ready.Reason)
+	assert.Contains(t, ready.Message, "no node selected for a server yet")
+	assert.NotContains(t, ready.Message, "0 of 0")
+	assert.Empty(t, cb.Status.Endpoint, "no server: no endpoint")
+	assert.Equal(t, int32(0), cb.Status.Multiprocess.DesiredServers)
+}
