@@ -86,7 +86,9 @@ func run(args []string) error {
 	httpAddr := fs.String("http-bind-address", ":9401", "address the HTTP/JSON query API (/query, /query_by_hash, /v1/score, /v1/backends/...) binds to")
 	probeAddr := fs.String("health-probe-bind-address", ":8081", "address /healthz, /readyz and /metrics bind to")
 	storeKind := fs.String("store", "memory", "where the index lives: memory (one replica) or redis (replicas share it)")
-	redisAddr := fs.String("redis-address", "127.0.0.1:6379", "Redis or Valkey address (host:port), with --store=redis")
+	redisAddr := fs.String("redis-address", "127.0.0.1:6379", "Redis or Valkey address (host:port), with --store=redis; for a Redis Cluster or Valkey cluster, one or more of its nodes, comma-separated (more than one means a cluster); with --redis-sentinel-master, the Sentinels'")
+	redisCluster := fs.Bool("redis-cluster", false, "--redis-address is a Redis Cluster or Valkey cluster even when it names one node (a cluster's configuration endpoint)")
+	redisSentinelMaster := fs.String("redis-sentinel-master", "", "the Sentinel master name: --redis-address then lists Sentinels, and the index follows the master they elect")
 	redisDB := fs.Int("redis-db", 0, "Redis database number, with --store=redis")
 	redisPasswordFile := fs.String("redis-password-file", "", "file holding the Redis password (e.g. a mounted Secret), with --store=redis")
 	authMode := fs.String("auth", "tokenreview", "caller authentication: tokenreview (ServiceAccount tokens checked with the API server) or none (every caller allowed; local tests only)")
@@ -149,7 +151,10 @@ func run(args []string) error {
 	case "memory":
 		store = memstore.NewLimited(limits)
 	case "redis":
-		opt := &redis.Options{Addr: *redisAddr, DB: *redisDB}
+		opt, err := redisOptions(*redisAddr, *redisCluster, *redisSentinelMaster, *redisDB)
+		if err != nil {
+			return err
+		}
 		if *redisPasswordFile != "" {
 			b, err := os.ReadFile(*redisPasswordFile)
 			if err != nil {
@@ -157,7 +162,7 @@ func run(args []string) error {
 			}
 			opt.Password = strings.TrimSpace(string(b))
 		}
-		store = redisstore.NewWithOptions(redis.NewClient(opt), redisstore.Options{Limits: limits})
+		store = redisstore.NewWithOptions(redis.NewUniversalClient(opt), redisstore.Options{Limits: limits})
 	default:
 		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
 	}
@@ -296,4 +301,33 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("no --kubeconfig and not in a cluster (%w); use --auth=none only for local tests", err)
 	}
 	return cfg, nil
+}
+
+// redisOptions reads the --redis-* flags: one address is one server,
+// several (or --redis-cluster) a cluster, --redis-sentinel-master a
+// Sentinel-watched master. go-redis' UniversalClient then follows the
+// cluster's slots (no MOVED reaches the store) or the elected master.
+func redisOptions(addresses string, cluster bool, sentinelMaster string, db int) (*redis.UniversalOptions, error) {
+	var addrs []string
+	for a := range strings.SplitSeq(addresses, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil, fmt.Errorf("--redis-address %q: want host:port[,host:port...]", addresses)
+	}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return nil, fmt.Errorf("--redis-address %q: %w", a, err)
+		}
+	}
+	clustered := cluster || (len(addrs) > 1 && sentinelMaster == "")
+	switch {
+	case sentinelMaster != "" && cluster:
+		return nil, errors.New("--redis-sentinel-master and --redis-cluster: a Sentinel watches one master, not a cluster; set one of them")
+	case clustered && db != 0:
+		return nil, fmt.Errorf("--redis-db %d with a cluster: a Redis Cluster has database 0 only", db)
+	}
+	return &redis.UniversalOptions{Addrs: addrs, DB: db, MasterName: sentinelMaster, IsClusterMode: clustered}, nil
 }

@@ -188,6 +188,9 @@ func TestDeltaResumedAfterACrashAppliesOnce(t *testing.T) {
 				}
 			}
 			wantGPU("after the resend", 2000)
+			if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 1 || ms[0].GPU != 2000 {
+				t.Fatalf("after the resend the placements match %+v, want the pod's 2000 GPU blocks", ms)
+			}
 			rm := func(seq uint64) {
 				if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: seq, Ops: []kvindex.Op{storetest.Remove(kvindex.TierGPU, hashes[:500]...)}}); err != nil || o != kvindex.Applied {
 					t.Fatalf("removal %d: %s, %v", seq, o, err)
@@ -300,14 +303,14 @@ func TestKeysExpireWithTheirLease(t *testing.T) {
 	if err := s.PutPod(ctx, rec, now.Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	keys, err := c.Keys(ctx, "kvi:*").Result()
+	keys, err := c.Keys(ctx, "kvi2:*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}
 	limit := time.Minute + redisstore.DefaultKeyTTLMargin
 	checked := 0
 	for _, k := range keys {
-		if k == "kvi:backends" || strings.Contains(k, ":blk:") {
+		if k == "kvi2:backends" || strings.Contains(k, ":blk:") {
 			continue
 		}
 		ttl, err := c.PTTL(ctx, k).Result()
@@ -325,13 +328,45 @@ func TestKeysExpireWithTheirLease(t *testing.T) {
 	if _, err := s.ExpireLeases(ctx, now.Add(2*time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if n, _ := c.SCard(ctx, "kvi:backends").Result(); n != 0 {
-		t.Errorf("kvi:backends keeps %d backends after their last pod", n)
+	if n, _ := c.SCard(ctx, "kvi2:backends").Result(); n != 0 {
+		t.Errorf("kvi2:backends keeps %d backends after their last pod", n)
 	}
-	left, _ := c.Keys(ctx, "kvi:*").Result()
+	left, _ := c.Keys(ctx, "kvi2:*").Result()
 	for _, k := range left {
 		if v, _ := c.Get(ctx, k).Result(); v != "0" {
 			t.Errorf("key %s outlives the backend's last pod", k)
 		}
+	}
+}
+
+// A caller whose flush would start after half its lease sends nothing (so
+// it cannot overwrite a flush another caller took over since); the
+// change's resend takes the flush over and completes it.
+func TestAnOwnerPastItsLeaseSendsNothing(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	late := redisstore.NewWithOptions(redis.NewClient(&redis.Options{Addr: addr}), redisstore.Options{FlushLease: time.Nanosecond})
+	t.Cleanup(func() { _ = late.Close() })
+	other := newStore(t, addr)
+	src := storetest.Src("p", 0)
+	hashes := storetest.Chain(6, 10)
+	d := kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierCPU, hashes...)}}
+	if _, _, err := late.Apply(ctx, src, d); err == nil || !strings.Contains(err.Error(), "half its lease") {
+		t.Fatalf("apply past the lease: %v, want the flush refused", err)
+	}
+	if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 0 {
+		t.Fatalf("a flush past its lease wrote placements: %+v", ms)
+	}
+	if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers != [kvindex.NumTiers]uint64{} {
+		t.Fatalf("a flush past its lease counted: %v", tiers)
+	}
+	if o, _, err := other.Apply(ctx, src, d); err != nil || o != kvindex.Duplicate {
+		t.Fatalf("resend: %s, %v, want duplicate (the state was applied, its flush taken over)", o, err)
+	}
+	if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 1 || ms[0].CPU != 10 {
+		t.Fatalf("after the resend: %+v, want the pod's 10 CPU blocks", ms)
+	}
+	if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers[kvindex.TierCPU] != 10 {
+		t.Fatalf("after the resend: tiers %v", tiers)
 	}
 }

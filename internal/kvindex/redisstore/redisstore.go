@@ -1,41 +1,58 @@
 // Package redisstore is the Redis/Valkey kvindex.Store, for index replicas
-// that share one state.
+// that share one state, on one server or a Redis Cluster / Valkey cluster.
 //
-// Key schema (P is "kvi:{namespace}:name:", the CacheBackend with its
-// namespace as the hash tag, so a namespace's keys share a cluster slot
-// and a script keeps the namespace's count with the backend's; S a space
-// id, the FNV-64a of model, LoRA and hash scheme; H a block hash in 16 hex
-// digits; I an instance "podUID|rank"):
+// Key schema, in three kinds of cluster slot (P is "kvi2:{namespace}:name:",
+// the backend's slot; Q is "kvi2:{namespace/name/podUID}:", a pod's slot; S
+// a space id, the FNV-64a of model, LoRA and hash scheme; H a block hash
+// in 16 hex digits; I an instance "podUID|rank"):
 //
-//	P blk:S:H        HASH  "I|tier" -> reference count
-//	P rev:I          SET   "S:H" the instance holds (reverse index: clears
-//	                       and lease expiry cost the pod's blocks, no SCAN)
-//	P prog:I         HASH  the change in progress: token, step, cursor
-//	P ranks:podUID   SET   ranks a change began for (the reaper's list)
-//	P pos:podUID     HASH  rank -> "epoch:sequence" applied
+//	Q own:rank       HASH  "S:H" -> "g c d": the rank's references in the
+//	                       GPU, CPU and disk tiers (the rank's state)
+//	Q prog:rank      HASH  the change in progress: token, step, cursor
+//	Q pend:rank      HASH  the flush in progress: version, owner, lease
+//	                       end, count changes, the members it changed
+//	Q vers           HASH  rank -> the last flush's version
+//	Q pos            HASH  rank -> "epoch:sequence" applied
+//	Q ranks          SET   ranks a change began for (the reaper's list)
+//	Q lease          STRING the pod's lease end (unix ms)
+//	kvi2:{H}:blk:namespace/name:S
+//	                 HASH  I -> tier mask (1 GPU, 2 CPU, 4 disk): the
+//	                       placement Score reads, in the block's slot
 //	P tiers          HASH  tier -> residencies in the backend
 //	P podblocks      HASH  podUID -> blocks held (any tier)
 //	P blocks         STRING the backend's blocks (podblocks summed)
+//	P seen           HASH  I -> the last flush version counted
 //	P pods           HASH  podUID -> pod record (JSON)
 //	P leases         ZSET  podUID scored by lease end (unix ms)
-//	kvi:{ns}:_blocks STRING the namespace's blocks
-//	kvi:backends     SET   "namespace/name" of every backend with a lease
+//	kvi2:{ns}:_blocks STRING the namespace's blocks
+//	kvi2:backends     SET   "namespace/name" of every backend with a lease
 //	                       (the reaper's list; shrinks with a backend's
 //	                       last pod)
 //
-// A change (a delta, a snapshot, a lease expiry) runs as Lua scripts of
-// at most Options.ChunkHashes hashes each, so that no script holds Redis
-// for more than a few milliseconds; a per-rank record of the change in
-// progress, checked and advanced by each script, keeps deltas exactly
-// once across crashes and replicas (see step). Every key but the blocks
-// and kvi:backends expires Options.KeyTTLMargin after the last lease
-// PutPod set for it; a block key is emptied, and so removed, by the
-// clears of its holders.
+// So on a cluster one backend's blocks spread over every master by block
+// hash, and its pods' states by pod; the backend's slot takes one small
+// script per change. A change (a delta, a snapshot, a lease expiry) runs
+// as Lua scripts in the pod's slot of at most Options.ChunkHashes hashes
+// each, so that no script holds Redis for more than a few milliseconds;
+// a per-rank record of the change in progress, checked and advanced by
+// each script, keeps deltas exactly once across crashes and replicas
+// (see step). Each script that changed the rank's state leaves a pending
+// flush (pend): the placements of the members it changed, written as
+// absolute masks (so writing them twice is harmless), and its count
+// changes, counted once per version by a script in the backend's slot.
+// The caller that ran the script owns the flush for Options.FlushLease
+// and acks it with its next call; any other call on the rank waits for
+// the ack or the lease's end, then takes the flush over. An owner sends
+// no flush write after half its lease, so two never interleave. Every
+// key but the placements and kvi2:backends expires Options.KeyTTLMargin
+// after the last lease PutPod set for it; a placement is emptied, and so
+// removed, by the clears of its holders.
 package redisstore
 
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,13 +72,17 @@ type Store struct {
 	rdb redis.UniversalClient
 	opt Options
 	// onCall, when set (tests), hears each change script call with its
-	// step; an error stops the change there, as a crash would.
+	// step, before its flush; an error stops the change there, as a crash
+	// would.
 	onCall func(step int) error
 }
 
 // Options configure a Store.
 type Options struct {
-	// Limits the store enforces (kvindex.Limits).
+	// Limits the store enforces (kvindex.Limits). The pod's, backend's
+	// and namespace's blocks are read just before a change: changes of
+	// different pods that race may pass a backend's or namespace's limit
+	// together by one change each.
 	Limits kvindex.Limits
 	// ChunkHashes bounds the hashes (or snapshot entries, or members of a
 	// clear) one Lua script handles, so that no script holds Redis for
@@ -72,6 +93,10 @@ type Options struct {
 	// state goes even when no index replica is left to reap it. Default
 	// DefaultKeyTTLMargin.
 	KeyTTLMargin time.Duration
+	// FlushLease is how long a caller owns the flush its script left
+	// before another may take it over; the owner sends nothing after half
+	// of it. Default DefaultFlushLease.
+	FlushLease time.Duration
 }
 
 // DefaultChunkHashes is Options.ChunkHashes' default: about 1 ms of script
@@ -80,6 +105,9 @@ const DefaultChunkHashes = 256
 
 // DefaultKeyTTLMargin is Options.KeyTTLMargin's default.
 const DefaultKeyTTLMargin = 10 * time.Minute
+
+// DefaultFlushLease is Options.FlushLease's default.
+const DefaultFlushLease = 4 * time.Second
 
 var _ kvindex.Store = (*Store)(nil)
 
@@ -94,22 +122,37 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	if opt.KeyTTLMargin <= 0 {
 		opt.KeyTTLMargin = DefaultKeyTTLMargin
 	}
+	if opt.FlushLease <= 0 {
+		opt.FlushLease = DefaultFlushLease
+	}
 	return &Store{rdb: rdb, opt: opt}
 }
 
 // Close implements kvindex.Store.
 func (s *Store) Close() error { return s.rdb.Close() }
 
-const backendsKey = "kvi:backends"
+const backendsKey = "kvi2:backends"
 
-// prefix is a backend's key prefix. The namespace is the hash tag: a
-// namespace's backends share a cluster slot, so a script can keep the
-// namespace's block count with the backend's.
-func prefix(b kvindex.BackendRef) string { return "kvi:{" + b.Namespace + "}:" + b.Name + ":" }
+// prefix is a backend's key prefix (its slot): its counts, pods and
+// leases. The namespace is the hash tag: a namespace's backends share a
+// cluster slot, so one script keeps the namespace's block count with the
+// backend's.
+func prefix(b kvindex.BackendRef) string { return "kvi2:{" + b.Namespace + "}:" + b.Name + ":" }
+
+// podPrefix is a pod's key prefix (its slot): its ranks' states.
+func podPrefix(b kvindex.BackendRef, uid string) string {
+	return "kvi2:{" + b.Namespace + "/" + b.Name + "/" + uid + "}:"
+}
+
+// blockKey is the placement of a block: the hash is the hash tag, so a
+// backend's blocks spread over a cluster's slots.
+func blockKey(b kvindex.BackendRef, space, hash string) string {
+	return "kvi2:{" + hash + "}:blk:" + b.Namespace + "/" + b.Name + ":" + space
+}
 
 // nsKey counts a namespace's blocks. '_' is in no Kubernetes name, so no
 // backend's prefix meets it.
-func nsKey(namespace string) string { return "kvi:{" + namespace + "}:_blocks" }
+func nsKey(namespace string) string { return "kvi2:{" + namespace + "}:_blocks" }
 
 func spaceID(sp kvindex.Space) string {
 	h := fnv.New64a()
@@ -119,292 +162,119 @@ func spaceID(sp kvindex.Space) string {
 
 func hashHex(h uint64) string { return fmt.Sprintf("%016x", h) }
 
-// The functions every script shares. ARGV: P, uid, rank, the namespace's
-// count key, then the script's own. add and remove one tier reference of
-// one block for instance I, clearSome clears up to count of its blocks
-// (one tier or all) from an SSCAN cursor and returns the next cursor
-// ('0': done); each keeps the pod's, backend's and namespace's counts.
-const lib = `
-local P, uid, rank, NSK = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local inst = uid .. '|' .. rank
-local revKey = P .. 'rev:' .. inst
-local progKey = P .. 'prog:' .. inst
-local ranksKey = P .. 'ranks:' .. uid
-local tiersKey = P .. 'tiers'
-local pbKey = P .. 'podblocks'
-local beKey = P .. 'blocks'
-local posKey = P .. 'pos:' .. uid
-local gained = 0
-local function counted(n) gained = gained + n end
--- flushCounts writes the blocks gained (or lost) to the three counts, once
--- a script: every script that changes blocks calls it before it returns.
-local function flushCounts()
-  if gained == 0 then return end
-  redis.call('HINCRBY', pbKey, uid, gained)
-  redis.call('INCRBY', beKey, gained)
-  redis.call('INCRBY', NSK, gained)
-  gained = 0
-end
-local function anyTier(bk)
-  local v = redis.call('HMGET', bk, inst .. '|1', inst .. '|2', inst .. '|3')
-  return v[1] or v[2] or v[3]
-end
-local function add(member, tier, n)
-  local bk = P .. 'blk:' .. member
-  local had = anyTier(bk)
-  local v = redis.call('HINCRBY', bk, inst .. '|' .. tier, n)
-  if v == n then redis.call('HINCRBY', tiersKey, tier, 1) end
-  if not had and redis.call('SADD', revKey, member) == 1 then counted(1) end
-end
-local function remove(member, tier)
-  local bk = P .. 'blk:' .. member
-  local f = inst .. '|' .. tier
-  local v = redis.call('HGET', bk, f)
-  v = v and tonumber(v) or 0
-  if v == 0 then return end
-  if v > 1 then
-    redis.call('HINCRBY', bk, f, -1)
-    return
-  end
-  redis.call('HDEL', bk, f)
-  redis.call('HINCRBY', tiersKey, tier, -1)
-  if not anyTier(bk) and redis.call('SREM', revKey, member) == 1 then counted(-1) end
-end
-local function clearSome(only, cursor, count)
-  local r = redis.call('SSCAN', revKey, cursor, 'COUNT', count)
-  for _, m in ipairs(r[2]) do
-    local bk = P .. 'blk:' .. m
-    for t = 1, 3 do
-      if only == 0 or only == t then
-        if redis.call('HDEL', bk, inst .. '|' .. t) == 1 then redis.call('HINCRBY', tiersKey, t, -1) end
-      end
-    end
-    if not anyTier(bk) and redis.call('SREM', revKey, m) == 1 then counted(-1) end
-  end
-  return r[1]
-end
-local function newer(a, b)
-  if #a ~= #b then return #a > #b end
-  return a > b
-end
-local function position()
-  local cur = redis.call('HGET', posKey, rank)
-  if not cur then return nil, '0', '0' end
-  local i = string.find(cur, ':', 1, true)
-  return true, string.sub(cur, 1, i - 1), string.sub(cur, i + 1)
-end
-`
+// newOwner names one caller's run of calls (a change or an expiry) as the
+// owner of the flushes they leave.
+func newOwner() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
 
-// step is the part of the change scripts: ARGV after lib's four: epoch,
-// sequence, token, step k, steps, count, the pod, backend and namespace
-// limits, adding, the key TTL margin (ms), then step k's payload.
-//
-// A change (a delta or a snapshot) runs as steps, one script call each
-// (a clear step as many calls as its SSCAN takes). Step 0 checks the
-// position and the limits and writes the in-progress record prog:I
-// (token, step, cursor); each call does its step's bounded work and
-// advances the record atomically with it; the last one sets the position
-// and deletes the record. A call whose step the record has passed does
-// nothing and says where the record stands ('at'), so a delta resent
-// after a crash, or the same delta applied by a second replica, resumes
-// and each step is done once. While a record of another change is left
-// (a crash mid-change), the rank's state is partial: only a change that
-// drops it first (a snapshot, or sequence 1 of a newer epoch) applies.
-const step = `
-local epoch, seqs, token = ARGV[5], ARGV[6], ARGV[7]
-local k, nsteps, count = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local margin = tonumber(ARGV[15])
-local function keepTTL(key)
-  local until_ = redis.call('ZSCORE', P .. 'leases', uid)
-  if until_ and redis.call('PTTL', key) == -1 then redis.call('PEXPIREAT', key, math.floor(tonumber(until_) + margin)) end
-end
-local function over(ownDropped)
-  local adding = tonumber(ARGV[14])
-  if adding == 0 then return nil end
-  local own = 0
-  if ownDropped then own = redis.call('SCARD', revKey) end
-  local held = {tonumber(redis.call('HGET', pbKey, uid) or '0'), tonumber(redis.call('GET', beKey) or '0'), tonumber(redis.call('GET', NSK) or '0')}
-  local names = {'pod', 'backend', 'namespace'}
-  for i = 1, 3 do
-    local lim = tonumber(ARGV[10 + i])
-    local h = math.max(held[i] - own, 0)
-    if lim > 0 and h + adding > lim then
-      return {'over', names[i], string.format('%d', lim), string.format('%d', h), string.format('%d', adding)}
-    end
-  end
-  return nil
-end
-local function begin(extra)
-  redis.call('HSET', progKey, 'token', token, 'step', '0', 'cursor', '0', 'restart', extra)
-  redis.call('SADD', ranksKey, rank)
-  keepTTL(progKey)
-  keepTTL(ranksKey)
-end
--- finish ends step k: done or not (a clear's cursor), the last step sets
--- the position.
-local function finish(done, cursor)
-  flushCounts()
-  if not done then
-    redis.call('HSET', progKey, 'cursor', cursor)
-    return {'more'}
-  end
-  if k + 1 < nsteps then
-    redis.call('HSET', progKey, 'step', tostring(k + 1), 'cursor', '0')
-    return {'next'}
-  end
-  redis.call('HSET', posKey, rank, epoch .. ':' .. seqs)
-  redis.call('DEL', progKey)
-  keepTTL(posKey)
-  keepTTL(revKey)
-  return {'ok', epoch, seqs}
-end
-`
+// errLeasePassed stops a flush its owner could no longer finish inside
+// its lease: the change resumes on its resend, whose flush is taken over.
+var errLeasePassed = errors.New("the flush outlived half its lease")
 
-// ARGV: step's, then for a clear step "C", tier, and for an ops step per
-// op: kind (S, R), tier, space id, n, n block hashes. Step 0 is never a
-// clear: a delta that fits one chunk is one call.
-var applyScript = redis.NewScript(lib + step + `
-local seq = tonumber(seqs)
-local known, ce, cs = position()
-if known and ce == epoch and seq <= tonumber(cs) then return {'dup', ce, cs} end
-local prog = redis.call('HMGET', progKey, 'token', 'step', 'cursor', 'restart')
-local cursor, restart = '0', prog[4] == '1'
-if prog[1] == token then
-  if k ~= tonumber(prog[2]) then return {'at', ce, cs, prog[2]} end
-  cursor = prog[3]
-else
-  if k ~= 0 then return {'lost', ce, cs} end
-  restart = seq == 1 and ((not known) or newer(epoch, ce))
-  if not restart and (prog[1] or not (known and ce == epoch and seq == tonumber(cs) + 1)) then return {'snap', ce, cs} end
-  local o = over(restart)
-  if o then
-    o[6], o[7] = ce, cs
-    return o
-  end
-  begin(restart and '1' or '0')
-end
--- Step 0 drops the rank first for a restart (a clear of as many calls as
--- it takes), then does its payload like any other step.
-if k == 0 and restart then
-  local c = clearSome(0, cursor, count)
-  if c ~= '0' then return finish(false, c) end
-end
-local i = 16
-if ARGV[i] == 'C' then
-  local c = clearSome(tonumber(ARGV[i + 1]), cursor, count)
-  return finish(c == '0', c)
-end
-while i <= #ARGV do
-  local kind, tier, space, n = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
-  i = i + 4
-  for j = i, i + n - 1 do
-    local m = space .. ':' .. ARGV[j]
-    if kind == 'S' then
-      if tier >= 1 and tier <= 3 then add(m, tier, 1) end
-    elseif tier == 0 then
-      for t = 1, 3 do remove(m, t) end
-    elseif tier <= 3 then
-      remove(m, tier)
-    end
-  end
-  i = i + n
-end
-return finish(true, '0')
-`)
+// caller runs one owner's script calls on one rank: it flushes what each
+// call leaves and acks it with the next call.
+type caller struct {
+	s    *Store
+	src  kvindex.Source
+	q    string
+	me   string
+	ack  string // the version flushed and not acked yet
+	base []any  // lib's ARGV
+}
 
-// ARGV: step's, then for step 0 nothing (it clears the rank), for the
-// others per entry: tier, space id, hash, refs.
-var replaceScript = redis.NewScript(lib + step + `
-local known, ce, cs = position()
-local prog = redis.call('HMGET', progKey, 'token', 'step', 'cursor')
-local cursor = '0'
-if prog[1] == token then
-  if k ~= tonumber(prog[2]) then return {'at', ce, cs, prog[2]} end
-  cursor = prog[3]
-else
-  if k ~= 0 then return {'lost', ce, cs} end
-  if known and newer(ce, epoch) then return {'stale', ce, cs} end
-  local o = over(true)
-  if o then return o end
-  begin('1')
-end
-if k == 0 then
-  local c = clearSome(0, cursor, count)
-  return finish(c == '0', c)
-end
-for i = 16, #ARGV, 4 do
-  local tier, n = tonumber(ARGV[i]), tonumber(ARGV[i + 3])
-  if tier >= 1 and tier <= 3 and n > 0 then add(ARGV[i + 1] .. ':' .. ARGV[i + 2], tier, n) end
-end
-return finish(true, '0')
-`)
+func (s *Store) newCaller(src kvindex.Source) *caller {
+	q := podPrefix(src.Backend, src.PodUID)
+	c := &caller{s: s, src: src, q: q, me: newOwner()}
+	c.base = []any{q, strconv.FormatUint(uint64(src.Rank), 10), c.me, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), ""}
+	return c
+}
 
-// leaseEnded is true when pod uid's lease ended before now (unix ms).
-const leaseEnded = `
-local function leaseEnded(P, uid, now)
-  local until_ = redis.call('ZSCORE', P .. 'leases', uid)
-  return until_ and tonumber(until_) < tonumber(now)
-end
-`
+// call runs script with args (lib's first, whose ack it sets) and flushes
+// what it left; a 'wait' for another owner's flush and a flush taken over
+// are dealt with here, and the call repeated. It returns the reply's
+// status and arguments.
+func (c *caller) call(ctx context.Context, script *redis.Script, args []any, step int) ([]string, error) {
+	keys := []string{c.q + "pos"}
+	for {
+		args[5] = c.ack
+		sent := time.Now()
+		res, err := script.Run(ctx, c.s.rdb, keys, args...).StringSlice()
+		if err != nil {
+			return nil, err
+		}
+		c.ack = ""
+		if c.s.onCall != nil && script != ackScript {
+			if err := c.s.onCall(step); err != nil {
+				return nil, err
+			}
+		}
+		if res[0] != "over" && res[4] != "" {
+			if err := c.flush(ctx, sent, res[4], res[5], res[6:]); err != nil {
+				return nil, err
+			}
+			c.ack = res[4]
+		}
+		switch res[0] {
+		case "wait":
+			ms, _ := strconv.Atoi(res[1])
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(min(max(ms, 1), 5)) * time.Millisecond):
+			}
+		case "flush":
+		default:
+			return res, nil
+		}
+	}
+}
 
-// ARGV: P, uid, "", now (unix ms): 1 if the pod's lease ended.
-var expireScript = redis.NewScript(leaseEnded + `
-if leaseEnded(ARGV[1], ARGV[2], ARGV[4]) then return 1 end
-return 0
-`)
+// done acks the last flush, if one is left.
+func (c *caller) done(ctx context.Context) error {
+	if c.ack == "" {
+		return nil
+	}
+	_, err := c.call(ctx, ackScript, slices.Clone(c.base), 0)
+	return err
+}
 
-// ARGV: P, uid, rank, namespace count key, now, cursor, count: clears up
-// to count blocks of one rank of a pod whose lease ended, from cursor;
-// returns the next cursor ('0': the rank is gone) or 'alive'.
-var expireRankScript = redis.NewScript(lib + leaseEnded + `
-if not leaseEnded(P, uid, ARGV[5]) then return 'alive' end
-local c = clearSome(0, ARGV[6], tonumber(ARGV[7]))
-flushCounts()
-if c ~= '0' then return c end
-redis.call('DEL', revKey, progKey)
-redis.call('HDEL', posKey, rank)
-return '0'
-`)
-
-// finishExpireScript removes what is left of an expired pod, if its lease
-// still ended (a subscriber may have come back meanwhile), and the
-// backend's own keys with its last pod. It returns {removed, pods left}.
-var finishExpireScript = redis.NewScript(`
-local P, uid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local until_ = redis.call('ZSCORE', P .. 'leases', uid)
-if not until_ or tonumber(until_) >= now then return {0, redis.call('HLEN', P .. 'pods')} end
-redis.call('ZREM', P .. 'leases', uid)
-redis.call('HDEL', P .. 'pods', uid)
-redis.call('HDEL', P .. 'podblocks', uid)
-redis.call('DEL', P .. 'pos:' .. uid, P .. 'ranks:' .. uid)
-local left = redis.call('HLEN', P .. 'pods')
-if left == 0 and redis.call('ZCARD', P .. 'leases') == 0 then
-  redis.call('DEL', P .. 'tiers', P .. 'podblocks', P .. 'blocks')
-end
-return {1, left}
-`)
-
-// putPodScript stores a pod's record and lease and moves the expiry of its
-// keys, its backend's and its namespace count's to at least the lease's
-// end plus the margin. ARGV: P, uid, record, lease end (ms), namespace
-// count key, margin (ms), now (ms; PTTL, not Redis 7's PEXPIRETIME, so
-// that Redis 6.2 serves).
-var putPodScript = redis.NewScript(`
-local P, uid, rec, lease, NSK, margin, now = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-redis.call('HSET', P .. 'pods', uid, rec)
-redis.call('ZADD', P .. 'leases', lease, uid)
-local at = math.floor(lease + margin)
-local function extend(key)
-  local t = redis.call('PTTL', key)
-  if t == -1 or (t >= 0 and now + t < at) then redis.call('PEXPIREAT', key, at) end
-end
-for _, k in ipairs({P .. 'pods', P .. 'leases', P .. 'tiers', P .. 'podblocks', P .. 'blocks', NSK, P .. 'pos:' .. uid, P .. 'ranks:' .. uid}) do extend(k) end
-for _, r in ipairs(redis.call('SMEMBERS', P .. 'ranks:' .. uid)) do
-  extend(P .. 'rev:' .. uid .. '|' .. r)
-  extend(P .. 'prog:' .. uid .. '|' .. r)
-end
-return 1
-`)
+// flush writes a call's placements (absolute masks: a flush done twice
+// writes the same) and its count changes (counted once per version),
+// unless half the lease has passed since the call was sent.
+func (c *caller) flush(ctx context.Context, sent time.Time, ver, d string, pairs []string) error {
+	if time.Since(sent) > c.s.opt.FlushLease/2 {
+		return errLeasePassed
+	}
+	inst := c.src.PodUID + "|" + c.base[1].(string)
+	pipe := c.s.rdb.Pipeline()
+	for i := 0; i+1 < len(pairs); i += 2 {
+		space, hash, _ := strings.Cut(pairs[i], ":")
+		key := blockKey(c.src.Backend, space, hash)
+		if pairs[i+1] == "0" {
+			pipe.HDel(ctx, key, inst)
+		} else {
+			pipe.HSet(ctx, key, inst, pairs[i+1])
+		}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("writing placements: %w", err)
+	}
+	if time.Since(sent) > c.s.opt.FlushLease/2 {
+		return errLeasePassed
+	}
+	counts := strings.Fields(d)
+	if len(counts) != 4 {
+		return fmt.Errorf("flush %s: counts %q", ver, d)
+	}
+	p := prefix(c.src.Backend)
+	if err := countScript.Run(ctx, c.s.rdb, []string{p + "seen"}, p, nsKey(c.src.Backend.Namespace), c.src.PodUID, c.base[1], ver, counts[0], counts[1], counts[2], counts[3]).Err(); err != nil {
+		return fmt.Errorf("counting: %w", err)
+	}
+	return nil
+}
 
 // deltaSteps splits d into the payloads of its steps (see step): each
 // clear is a step, and the hashes of consecutive store and remove ops are
@@ -517,33 +387,51 @@ func parsePos(epoch, seq string) kvindex.Position {
 
 func parseLimit(res []string) error {
 	n := func(s string) uint64 { v, _ := strconv.ParseUint(s, 10, 64); return v }
-	return &kvindex.LimitError{Scope: kvindex.LimitScope(res[1]), Limit: n(res[2]), Held: n(res[3]), Adding: n(res[4])}
+	return &kvindex.LimitError{Scope: kvindex.LimitScope(res[1]), Limit: n(res[2]), Held: n(res[3]), Adding: n(res[6])}
 }
 
 // maxLost bounds how often a change starts over because another took the
 // rank meanwhile (each start re-checks the position).
 const maxLost = 3
 
+// held reads the blocks the pod, its backend and its namespace hold, for
+// the limits: one round trip to the backend's slot.
+func (s *Store) held(ctx context.Context, src kvindex.Source) ([3]uint64, error) {
+	p := prefix(src.Backend)
+	pipe := s.rdb.Pipeline()
+	cmds := []*redis.StringCmd{pipe.HGet(ctx, p+"podblocks", src.PodUID), pipe.Get(ctx, p+"blocks"), pipe.Get(ctx, nsKey(src.Backend.Namespace))}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return [3]uint64{}, fmt.Errorf("reading block counts in redis: %w", err)
+	}
+	var out [3]uint64
+	for i, c := range cmds {
+		n, _ := c.Int64()
+		out[i] = uint64(max(n, 0))
+	}
+	return out, nil
+}
+
 // runSteps runs a change's steps with script until one ends it and
 // returns the last reply: 'ok', 'dup', 'snap', 'stale', 'over' or 'lost'.
 func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.Source, pos kvindex.Position, tok string, adding uint64, steps steps, restartOnLost bool) ([]string, error) {
-	p := prefix(src.Backend)
-	keys := []string{p + "pos:" + src.PodUID}
-	base := []any{p, src.PodUID, strconv.FormatUint(uint64(src.Rank), 10), nsKey(src.Backend.Namespace),
-		strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10), tok, 0, steps.count(), s.opt.ChunkHashes,
-		s.opt.Limits.PodBlocks, s.opt.Limits.BackendBlocks, s.opt.Limits.NamespaceBlocks, adding, s.opt.KeyTTLMargin.Milliseconds()}
-	args := make([]any, 0, len(base)+4*s.opt.ChunkHashes+8)
-	for k, lost := 0, 0; ; {
-		base[7] = k
-		args = steps.appendStep(append(args[:0], base...), k)
-		res, err := script.Run(ctx, s.rdb, keys, args...).StringSlice()
-		if err != nil {
+	var held [3]uint64
+	if adding > 0 {
+		var err error
+		if held, err = s.held(ctx, src); err != nil {
 			return nil, err
 		}
-		if s.onCall != nil {
-			if err := s.onCall(k); err != nil {
-				return nil, err
-			}
+	}
+	c := s.newCaller(src)
+	base := append(slices.Clone(c.base), strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10), tok, 0, steps.count(), s.opt.ChunkHashes,
+		s.opt.Limits.PodBlocks, s.opt.Limits.BackendBlocks, s.opt.Limits.NamespaceBlocks, held[0], held[1], held[2], adding)
+	const kArg = 9
+	args := make([]any, 0, len(base)+4*s.opt.ChunkHashes+8)
+	for k, lost := 0, 0; ; {
+		base[kArg] = k
+		args = steps.appendStep(append(args[:0], base...), k)
+		res, err := c.call(ctx, script, args, k)
+		if err != nil {
+			return nil, err
 		}
 		switch res[0] {
 		case "next":
@@ -553,11 +441,11 @@ func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.
 			k, _ = strconv.Atoi(res[3])
 		case "lost":
 			if lost++; !restartOnLost || lost > maxLost {
-				return res, nil
+				return res, c.done(ctx)
 			}
 			k = 0
 		default:
-			return res, nil
+			return res, c.done(ctx)
 		}
 	}
 }
@@ -575,7 +463,7 @@ func (s *Store) Apply(ctx context.Context, src kvindex.Source, d kvindex.Delta) 
 		return 0, kvindex.Position{}, fmt.Errorf("applying delta in redis: %w", err)
 	}
 	if res[0] == "over" {
-		return 0, parsePos(res[5], res[6]), fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, parseLimit(res))
+		return 0, parsePos(res[7], res[8]), fmt.Errorf("delta %d of %s rank %d: %w", d.Sequence, src.PodUID, src.Rank, parseLimit(res))
 	}
 	if res[0] == "lost" {
 		return 0, kvindex.Position{}, fmt.Errorf("applying delta %d of %s rank %d in redis: another change took the rank %d times", d.Sequence, src.PodUID, src.Rank, maxLost)
@@ -618,7 +506,7 @@ func (s *Store) Replace(ctx context.Context, src kvindex.Source, pos kvindex.Pos
 
 // Positions implements kvindex.Store.
 func (s *Store) Positions(ctx context.Context, pod kvindex.PodKey) (map[uint32]kvindex.Position, error) {
-	m, err := s.rdb.HGetAll(ctx, prefix(pod.Backend)+"pos:"+pod.UID).Result()
+	m, err := s.rdb.HGetAll(ctx, podPrefix(pod.Backend, pod.UID)+"pos").Result()
 	if err != nil {
 		return nil, fmt.Errorf("reading positions in redis: %w", err)
 	}
@@ -643,7 +531,7 @@ func (s *Store) Score(ctx context.Context, backend kvindex.BackendRef, space kvi
 	if len(hashes) == 0 {
 		return nil, nil
 	}
-	p := prefix(backend) + "blk:" + spaceID(space) + ":"
+	sid := spaceID(space)
 	ids := map[string]uint32{}
 	var names []string
 	w := kvindex.NewPrefixWalk(16)
@@ -654,30 +542,29 @@ func (s *Store) Score(ctx context.Context, backend kvindex.BackendRef, space kvi
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.MapStringStringCmd, 0, end-start)
 		for _, h := range hashes[start:end] {
-			cmds = append(cmds, pipe.HGetAll(ctx, p+hashHex(h)))
+			cmds = append(cmds, pipe.HGetAll(ctx, blockKey(backend, sid, hashHex(h))))
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("looking up blocks in redis: %w", err)
 		}
 		for _, c := range cmds {
 			masks := map[uint32]uint8{}
-			for field := range c.Val() {
-				i := strings.LastIndexByte(field, '|')
-				if i < 0 {
+			for inst, v := range c.Val() {
+				m, err := strconv.ParseUint(v, 10, 8)
+				if err != nil || m == 0 || m > 7 {
 					continue
 				}
-				t, err := strconv.Atoi(field[i+1:])
-				if err != nil || t < 1 || t > 3 {
-					continue
-				}
-				inst := field[:i]
 				id, ok := ids[inst]
 				if !ok {
 					id = uint32(len(names))
 					ids[inst] = id
 					names = append(names, inst)
 				}
-				masks[id] |= kvindex.TierBit(kvindex.Tier(t))
+				for t := kvindex.TierGPU; t <= kvindex.TierDisk; t++ {
+					if m&(1<<(t-1)) != 0 {
+						masks[id] |= kvindex.TierBit(t)
+					}
+				}
 			}
 			for id, m := range masks {
 				w.Visit(id, m)
@@ -734,8 +621,12 @@ func (s *Store) PutPod(ctx context.Context, rec kvindex.PodRecord, leaseUntil ti
 	if err != nil {
 		return fmt.Errorf("encoding pod record: %w", err)
 	}
-	p := prefix(rec.Backend)
-	if err := putPodScript.Run(ctx, s.rdb, []string{p + "pods"}, p, rec.UID, b, leaseUntil.UnixMilli(), nsKey(rec.Backend.Namespace), s.opt.KeyTTLMargin.Milliseconds(), time.Now().UnixMilli()).Err(); err != nil {
+	p, q := prefix(rec.Backend), podPrefix(rec.Backend, rec.UID)
+	lease, margin, now := leaseUntil.UnixMilli(), s.opt.KeyTTLMargin.Milliseconds(), time.Now().UnixMilli()
+	if err := putLeaseScript.Run(ctx, s.rdb, []string{q + "lease"}, q, "", "", lease, "", margin, now).Err(); err != nil {
+		return fmt.Errorf("storing pod lease in redis: %w", err)
+	}
+	if err := putPodScript.Run(ctx, s.rdb, []string{p + "pods"}, p, rec.UID, b, lease, nsKey(rec.Backend.Namespace), margin, now).Err(); err != nil {
 		return fmt.Errorf("storing pod record in redis: %w", err)
 	}
 	if err := s.rdb.SAdd(ctx, backendsKey, rec.Backend.Namespace+"/"+rec.Backend.Name).Err(); err != nil {
@@ -806,41 +697,59 @@ func (s *Store) ExpireLeases(ctx context.Context, now time.Time) ([]kvindex.PodK
 // most ChunkHashes blocks, then the pod itself; each step re-checks the
 // lease, so a pod that came back keeps what it has.
 func (s *Store) expire(ctx context.Context, ref kvindex.BackendRef, uid, ms string) (bool, error) {
-	p := prefix(ref)
-	key := []string{p + "pos:" + uid}
-	due, err := expireScript.Run(ctx, s.rdb, key, p, uid, "", ms).Int()
+	p, q := prefix(ref), podPrefix(ref, uid)
+	due, err := expireScript.Run(ctx, s.rdb, []string{q + "lease"}, q, ms).Int()
 	if err != nil || due == 0 {
 		if err != nil {
 			return false, fmt.Errorf("checking the lease of pod %s in redis: %w", uid, err)
 		}
 		return false, nil
 	}
-	ranks, err := s.rdb.HKeys(ctx, p+"pos:"+uid).Result()
+	ranks, err := s.rdb.HKeys(ctx, q+"pos").Result()
 	if err != nil {
 		return false, fmt.Errorf("listing ranks of pod %s in redis: %w", uid, err)
 	}
-	begun, err := s.rdb.SMembers(ctx, p+"ranks:"+uid).Result()
+	begun, err := s.rdb.SMembers(ctx, q+"ranks").Result()
 	if err != nil {
 		return false, fmt.Errorf("listing ranks of pod %s in redis: %w", uid, err)
 	}
-	for _, r := range slices.Compact(slices.Sorted(slices.Values(append(ranks, begun...)))) {
+	ranks = slices.Compact(slices.Sorted(slices.Values(append(ranks, begun...))))
+	for _, r := range ranks {
+		n, err := strconv.ParseUint(r, 10, 32)
+		if err != nil {
+			continue
+		}
+		c := s.newCaller(kvindex.Source{Backend: ref, PodUID: uid, Rank: uint32(n)})
 		for cursor := "0"; ; {
-			next, err := expireRankScript.Run(ctx, s.rdb, key, p, uid, r, nsKey(ref.Namespace), ms, cursor, s.opt.ChunkHashes).Text()
+			res, err := c.call(ctx, expireRankScript, append(slices.Clone(c.base), ms, cursor, s.opt.ChunkHashes), 0)
 			if err != nil {
 				return false, fmt.Errorf("clearing rank %s of pod %s in redis: %w", r, uid, err)
 			}
-			if next == "alive" {
-				return false, nil
+			if res[0] == "alive" {
+				return false, c.done(ctx)
 			}
-			if next == "0" {
+			if res[0] == "done" {
 				break
 			}
-			cursor = next
+			cursor = res[1]
+		}
+		if err := c.done(ctx); err != nil {
+			return false, fmt.Errorf("clearing rank %s of pod %s in redis: %w", r, uid, err)
 		}
 	}
-	res, err := finishExpireScript.Run(ctx, s.rdb, key, p, uid, ms).Int64Slice()
+	args := []any{p, uid, ms}
+	for _, r := range ranks {
+		args = append(args, r)
+	}
+	res, err := finishExpireScript.Run(ctx, s.rdb, []string{p + "pods"}, args...).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("removing pod %s in redis: %w", uid, err)
 	}
-	return res[0] == 1, nil
+	if res[0] != 1 {
+		return false, nil
+	}
+	if err := dropPodScript.Run(ctx, s.rdb, []string{q + "lease"}, q, ms).Err(); err != nil {
+		return false, fmt.Errorf("removing pod %s in redis: %w", uid, err)
+	}
+	return true, nil
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,4 +63,53 @@ func Start(t testing.TB, args ...string) string {
 	out, _ := os.ReadFile(logFile.Name())
 	t.Fatalf("redis-server on %s did not answer; its log:\n%s", addr, out)
 	return ""
+}
+
+// StartCluster runs a Redis Cluster of n masters (no replicas), each a
+// redis-server as Start runs it with cluster mode on, the 16,384 slots
+// split evenly in order, and returns the masters' host:port once every
+// node reports cluster_state:ok and knows the others.
+func StartCluster(t testing.TB, n int) []string {
+	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+	}
+	ctx := context.Background()
+	clients := make([]*redis.Client, n)
+	for i, a := range addrs {
+		clients[i] = redis.NewClient(&redis.Options{Addr: a})
+		defer clients[i].Close()
+	}
+	const slots = 16384
+	for i, c := range clients {
+		lo, hi := i*slots/n, (i+1)*slots/n-1
+		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d on %s: %v", lo, hi, addrs[i], err)
+		}
+	}
+	for _, a := range addrs[1:] {
+		host, port, _ := net.SplitHostPort(a)
+		if err := clients[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+			t.Fatalf("CLUSTER MEET %s: %v", a, err)
+		}
+	}
+	want := fmt.Sprintf("cluster_known_nodes:%d", n)
+	for range 400 {
+		ok := true
+		for _, c := range clients {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, want) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return addrs
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	info, _ := clients[0].ClusterInfo(ctx).Result()
+	t.Fatalf("the %d-master Redis Cluster on %v did not settle; CLUSTER INFO of the first:\n%s", n, addrs, info)
+	return nil
 }

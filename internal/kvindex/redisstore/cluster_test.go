@@ -1,0 +1,199 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/redisstore"
+	"github.com/inferencecache/operator/internal/kvindex/storetest"
+	"github.com/inferencecache/operator/test/testutil/redisserver"
+)
+
+// newClusterStore is a store on a Redis Cluster through go-redis'
+// ClusterClient, every master flushed first.
+func newClusterStore(t testing.TB, addrs []string, opt redisstore.Options) *redisstore.Store {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	if err := c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
+		return m.FlushAll(ctx).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s := redisstore.NewWithOptions(c, opt)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// The store's contract holds on a real 3-master Redis Cluster.
+func TestRedisClusterStore(t *testing.T) {
+	addrs := redisserver.StartCluster(t, 3)
+	storetest.Run(t, func(t *testing.T) kvindex.Store { return newClusterStore(t, addrs, redisstore.Options{}) })
+	storetest.RunLimits(t, func(t *testing.T, l kvindex.Limits) kvindex.Store {
+		return newClusterStore(t, addrs, redisstore.Options{Limits: l})
+	})
+}
+
+// masterStats are the figures of one cluster master that the spread test
+// reads: its keys by kind, the calls of each command, the errors it
+// replied by prefix, and its CPU.
+type masterStats struct {
+	placements, podKeys, backendKeys int
+	calls                            map[string]int64
+	errors                           map[string]int64
+	cpuUsec                          int64
+}
+
+func readMaster(t *testing.T, addr, namespace string) masterStats {
+	t.Helper()
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	st := masterStats{calls: map[string]int64{}, errors: map[string]int64{}}
+	keys, err := c.Keys(ctx, "kvi2:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		switch {
+		case strings.Contains(k, ":blk:"+namespace+"/"):
+			st.placements++
+		case strings.HasPrefix(k, "kvi2:{"+namespace+"/"):
+			st.podKeys++
+		case strings.HasPrefix(k, "kvi2:{"+namespace+"}"):
+			st.backendKeys++
+		}
+	}
+	info, err := c.Info(ctx, "commandstats", "errorstats", "cpu").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(name, "cmdstat_"):
+			st.calls[strings.TrimPrefix(name, "cmdstat_")] = statField(rest, "calls")
+		case strings.HasPrefix(name, "errorstat_"):
+			st.errors[strings.TrimPrefix(name, "errorstat_")] = statField(rest, "count")
+		case name == "used_cpu_sys" || name == "used_cpu_user":
+			f, _ := strconv.ParseFloat(rest, 64)
+			st.cpuUsec += int64(f * 1e6)
+		}
+	}
+	return st
+}
+
+func statField(rest, field string) int64 {
+	for kv := range strings.SplitSeq(rest, ",") {
+		if k, v, _ := strings.Cut(kv, "="); k == field {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// One namespace's index, one CacheBackend's pods, spreads over every master
+// of a 3-master Redis Cluster: its block placements by block hash, its
+// pods' states by pod; every master serves its writes and no master ever
+// answers MOVED or ASK (the client follows the slots; nothing surfaces).
+// The commands a block update costs are counted, not timed.
+func TestOneNamespaceSpreadsOverEveryMaster(t *testing.T) {
+	addrs := redisserver.StartCluster(t, 3)
+	s := newClusterStore(t, addrs, redisstore.Options{})
+	ctx := context.Background()
+	before := make([]masterStats, len(addrs))
+	for i, a := range addrs {
+		before[i] = readMaster(t, a, "team-a")
+	}
+	backend := kvindex.BackendRef{Namespace: "team-a", Name: "cache"}
+	const pods, perPod = 12, 512
+	prompt := storetest.Chain(9, perPod)
+	for p := range pods {
+		src := kvindex.Source{Backend: backend, PodUID: fmt.Sprintf("uid-%d", p)}
+		if err := s.PutPod(ctx, kvindex.PodRecord{Backend: backend, UID: src.PodUID, Name: fmt.Sprintf("vllm-%d", p), Model: "m"}, time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		hashes := append(slices.Clone(prompt[:perPod/2]), storetest.Chain(uint64(100+p), perPod/2)...)
+		o, _, err := s.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, hashes...)}})
+		if err != nil || o != kvindex.Applied {
+			t.Fatalf("pod %d: %s, %v", p, o, err)
+		}
+	}
+	ms, err := s.Score(ctx, backend, storetest.Space, prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != pods {
+		t.Fatalf("the shared prefix matches %d pods, want %d", len(ms), pods)
+	}
+	for _, m := range ms {
+		if m.GPU != perPod/2 {
+			t.Fatalf("pod %s matches %d blocks, want %d", m.PodUID, m.GPU, perPod/2)
+		}
+	}
+	if tiers, _ := s.TierBlocks(ctx, backend); tiers[kvindex.TierGPU] != pods*perPod {
+		t.Fatalf("GPU residencies %d, want %d", tiers[kvindex.TierGPU], pods*perPod)
+	}
+
+	// Distinct blocks: the shared half once, each pod's own half.
+	const blocks = perPod/2 + pods*perPod/2
+	var placements, podMasters int
+	var calls, cpu int64
+	byName := map[string]int64{}
+	for i, a := range addrs {
+		st := readMaster(t, a, "team-a")
+		t.Logf("master %d (%s): %d placements, %d pod keys, %d backend keys, %d HSET, %d EVALSHA, %d µs of CPU",
+			i, a, st.placements, st.podKeys, st.backendKeys, st.calls["hset"]-before[i].calls["hset"], st.calls["evalsha"]-before[i].calls["evalsha"], st.cpuUsec-before[i].cpuUsec)
+		// Each master holds a fair share of the placements (a third
+		// each, give or take a quarter of that).
+		if lo, hi := blocks/4, blocks*5/12; st.placements < lo || st.placements > hi {
+			t.Errorf("master %d holds %d of the namespace's %d placements, want %d to %d", i, st.placements, blocks, lo, hi)
+		}
+		if st.calls["hset"]-before[i].calls["hset"] == 0 {
+			t.Errorf("master %d served no placement write", i)
+		}
+		if st.podKeys > 0 {
+			podMasters++
+		}
+		for name, n := range st.errors {
+			if strings.HasPrefix(name, "MOVED") || strings.HasPrefix(name, "ASK") || strings.HasPrefix(name, "CROSSSLOT") {
+				t.Errorf("master %d answered %s %d times", i, name, n)
+			}
+		}
+		placements += st.placements
+		for name, n := range st.calls {
+			if name != "info" && name != "keys" && !strings.HasPrefix(name, "cluster") && !strings.HasPrefix(name, "flush") && name != "ping" && name != "script|load" {
+				calls += n - before[i].calls[name]
+				byName[name] += n - before[i].calls[name]
+			}
+		}
+		cpu += st.cpuUsec - before[i].cpuUsec
+	}
+	if placements != blocks {
+		t.Errorf("%d placement keys in all, want %d", placements, blocks)
+	}
+	if podMasters < 2 {
+		t.Errorf("the %d pods' states are on %d master(s), want them spread", pods, podMasters)
+	}
+	// The budget, counting the commands the scripts call: per block
+	// update a read and a write of the rank's state and one placement
+	// write; per pod about 90 (its lease, record, the change's record,
+	// flush and count, key expiries); per block of the query one read.
+	updates := int64(pods * perPod)
+	if budget := 3*updates + 100*pods + int64(len(prompt)); calls > budget {
+		t.Errorf("%d commands for %d block updates, want at most %d", calls, updates, budget)
+	}
+	t.Logf("commands (Lua's calls included): %v", byName)
+	t.Logf("%d commands and %d µs of Redis CPU for %d block updates (%.2f µs each, figures of this machine)", calls, cpu, updates, float64(cpu)/float64(updates))
+}

@@ -1,0 +1,415 @@
+package redisstore
+
+import "github.com/redis/go-redis/v9"
+
+// The pod-slot library every change script shares. ARGV: Q (the pod's
+// key prefix), rank, me (the caller's owner id), the flush lease (ms),
+// the key TTL margin (ms), ack (the version the caller flushed, or ”),
+// then the script's own from ARGV[7].
+//
+// own:rank is the rank's authoritative state: member "S:H" -> "g c d",
+// its references in the GPU, CPU and disk tiers. A call changes it and
+// records what the placement keys and the backend's counts must learn
+// (see pend) instead of writing them: those live in other cluster slots.
+const lib = `
+local Q, rank, me, L, margin, ack = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local ownKey = Q .. 'own:' .. rank
+local pendKey = Q .. 'pend:' .. rank
+local progKey = Q .. 'prog:' .. rank
+local posKey = Q .. 'pos'
+local ranksKey = Q .. 'ranks'
+local versKey = Q .. 'vers'
+local leaseKey = Q .. 'lease'
+local now = redis.call('TIME')
+local nowUs = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local nowMs = math.floor(nowUs / 1000)
+local TB = {1, 2, 4}
+local clist, cmask = {}, {}
+local dblocks, dt = 0, {0, 0, 0}
+local function keepTTL(key)
+  local until_ = redis.call('GET', leaseKey)
+  if until_ and redis.call('PTTL', key) == -1 then redis.call('PEXPIREAT', key, math.floor(tonumber(until_) + margin)) end
+end
+local function refsOf(m)
+  local v = redis.call('HGET', ownKey, m)
+  if not v then return {0, 0, 0} end
+  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+  return {tonumber(a), tonumber(b), tonumber(c)}
+end
+local function maskOf(r)
+  local m = 0
+  for i = 1, 3 do if r[i] > 0 then m = m + TB[i] end end
+  return m
+end
+-- put writes member m's references r (its mask was before) and notes a
+-- change of its mask for the flush.
+local function put(m, r, before)
+  local after = maskOf(r)
+  if after == 0 then
+    if before ~= 0 then redis.call('HDEL', ownKey, m) end
+  else
+    redis.call('HSET', ownKey, m, string.format('%d %d %d', r[1], r[2], r[3]))
+  end
+  if after == before then return end
+  for i = 1, 3 do
+    local was, is = bit.band(before, TB[i]) ~= 0, bit.band(after, TB[i]) ~= 0
+    if is and not was then dt[i] = dt[i] + 1 elseif was and not is then dt[i] = dt[i] - 1 end
+  end
+  if before == 0 then dblocks = dblocks + 1 elseif after == 0 then dblocks = dblocks - 1 end
+  if not cmask[m] then clist[#clist + 1] = m end
+  cmask[m] = after
+end
+local function add(m, tier, n)
+  local r = refsOf(m)
+  local before = maskOf(r)
+  r[tier] = r[tier] + n
+  put(m, r, before)
+end
+-- remove drops one reference of m in tier (0: in each tier it is in).
+local function remove(m, tier)
+  local r = refsOf(m)
+  local before = maskOf(r)
+  if before == 0 then return end
+  if tier == 0 then
+    for t = 1, 3 do if r[t] > 0 then r[t] = r[t] - 1 end end
+  else
+    if r[tier] == 0 then return end
+    r[tier] = r[tier] - 1
+  end
+  put(m, r, before)
+end
+-- clearSome clears up to count members (one tier or all) from an HSCAN
+-- cursor and returns the next cursor ('0': done).
+local function clearSome(only, cursor, count)
+  local res = redis.call('HSCAN', ownKey, cursor, 'COUNT', count)
+  local kv = res[2]
+  for i = 1, #kv, 2 do
+    local a, b, c = string.match(kv[i + 1], '^(%d+) (%d+) (%d+)$')
+    local r = {tonumber(a), tonumber(b), tonumber(c)}
+    local before = maskOf(r)
+    if only == 0 then r = {0, 0, 0} else r[only] = 0 end
+    if maskOf(r) ~= before then put(kv[i], r, before) end
+  end
+  return res[1]
+end
+local function newer(a, b)
+  if #a ~= #b then return #a > #b end
+  return a > b
+end
+local function position()
+  local cur = redis.call('HGET', posKey, rank)
+  if not cur then return nil, '0', '0' end
+  local i = string.find(cur, ':', 1, true)
+  return true, string.sub(cur, 1, i - 1), string.sub(cur, i + 1)
+end
+local function reply(st, a, b, c)
+  return {st, a or '', b or '', c or '', '', ''}
+end
+-- pending: the flush a call left (pend: its version, owner, lease end,
+-- count changes and changed members). The caller that flushed it acks it
+-- with its next call; another waits while the owner's lease lasts, then
+-- takes the flush over: the members' masks are read again from own, so a
+-- flush done twice writes the same.
+local function pending()
+  local p = redis.call('HMGET', pendKey, 'owner', 'until', 'ver', 'd', 'members')
+  if not p[1] then return nil end
+  if p[1] == me and ack == p[3] then
+    redis.call('DEL', pendKey)
+    return nil
+  end
+  if p[1] ~= me and tonumber(p[2]) > nowMs then return reply('wait', string.format('%d', tonumber(p[2]) - nowMs)) end
+  redis.call('HSET', pendKey, 'owner', me, 'until', string.format('%d', nowMs + L))
+  local out = {'flush', '', '', '', p[3], p[4]}
+  for m in string.gmatch(p[5], '[^,]+') do
+    out[#out + 1] = m
+    out[#out + 1] = tostring(maskOf(refsOf(m)))
+  end
+  return out
+end
+-- attach records this call's changes as the pending flush (a new version
+-- of the rank's) and puts them in the reply.
+local function attach(out)
+  if #clist == 0 then return out end
+  local ver = math.max(tonumber(redis.call('HGET', versKey, rank) or '0') + 1, nowUs)
+  local vs = string.format('%d', ver)
+  local d = string.format('%d %d %d %d', dblocks, dt[1], dt[2], dt[3])
+  redis.call('HSET', versKey, rank, vs)
+  redis.call('HSET', pendKey, 'owner', me, 'until', string.format('%d', nowMs + L), 'ver', vs, 'd', d, 'members', table.concat(clist, ','))
+  keepTTL(versKey)
+  keepTTL(pendKey)
+  out[5], out[6] = vs, d
+  for _, m in ipairs(clist) do
+    out[#out + 1] = m
+    out[#out + 1] = tostring(cmask[m])
+  end
+  return out
+end
+`
+
+// step is the part of the change scripts: ARGV after lib's six: epoch,
+// sequence, token, step k, steps, count, the pod's, backend's and
+// namespace's limits, the blocks each holds (read before the change),
+// adding, then step k's payload from ARGV[20].
+//
+// A change (a delta or a snapshot) runs as steps, one script call each
+// (a clear step as many calls as its HSCAN takes). Step 0 checks the
+// position and the limits and writes the in-progress record prog:rank
+// (token, step, cursor); each call does its step's bounded work and
+// advances the record atomically with it; the last one sets the position
+// and deletes the record. A call whose step the record has passed does
+// nothing and says where the record stands ('at'), so a delta resent
+// after a crash, or the same delta applied by a second replica, resumes
+// and each step is done once. While a record of another change is left
+// (a crash mid-change), the rank's state is partial: only a change that
+// drops it first (a snapshot, or sequence 1 of a newer epoch) applies.
+const step = `
+local epoch, seqs, token = ARGV[7], ARGV[8], ARGV[9]
+local k, nsteps, count = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local function over(ownDropped)
+  local adding = tonumber(ARGV[19])
+  if adding == 0 then return nil end
+  local own = 0
+  if ownDropped then own = redis.call('HLEN', ownKey) end
+  local names = {'pod', 'backend', 'namespace'}
+  for i = 1, 3 do
+    local lim, held = tonumber(ARGV[12 + i]), tonumber(ARGV[15 + i])
+    local h = math.max(held - own, 0)
+    if lim > 0 and h + adding > lim then
+      return {'over', names[i], string.format('%d', lim), string.format('%d', h), '', '', string.format('%d', adding)}
+    end
+  end
+  return nil
+end
+local function begin(extra)
+  redis.call('HSET', progKey, 'token', token, 'step', '0', 'cursor', '0', 'restart', extra)
+  redis.call('SADD', ranksKey, rank)
+  keepTTL(progKey)
+  keepTTL(ranksKey)
+end
+-- finish ends step k: done or not (a clear's cursor), the last step sets
+-- the position.
+local function finish(done, cursor)
+  if not done then
+    redis.call('HSET', progKey, 'cursor', cursor)
+    return reply('more')
+  end
+  if k + 1 < nsteps then
+    redis.call('HSET', progKey, 'step', tostring(k + 1), 'cursor', '0')
+    return reply('next')
+  end
+  redis.call('HSET', posKey, rank, epoch .. ':' .. seqs)
+  redis.call('DEL', progKey)
+  keepTTL(posKey)
+  keepTTL(ownKey)
+  return reply('ok', epoch, seqs)
+end
+`
+
+// ARGV: step's, then for a clear step "C", tier, and for an ops step per
+// op: kind (S, R), tier, space id, n, n block hashes. Step 0 is never a
+// clear: a delta that fits one chunk is one call.
+var applyScript = redis.NewScript(lib + step + `
+local function main()
+  local seq = tonumber(seqs)
+  local known, ce, cs = position()
+  if known and ce == epoch and seq <= tonumber(cs) then return reply('dup', ce, cs) end
+  local prog = redis.call('HMGET', progKey, 'token', 'step', 'cursor', 'restart')
+  local cursor, restart = '0', prog[4] == '1'
+  if prog[1] == token then
+    if k ~= tonumber(prog[2]) then return reply('at', ce, cs, prog[2]) end
+    cursor = prog[3]
+  else
+    if k ~= 0 then return reply('lost', ce, cs) end
+    restart = seq == 1 and ((not known) or newer(epoch, ce))
+    if not restart and (prog[1] or not (known and ce == epoch and seq == tonumber(cs) + 1)) then return reply('snap', ce, cs) end
+    local o = over(restart)
+    if o then
+      o[8], o[9] = ce, cs
+      return o
+    end
+    begin(restart and '1' or '0')
+  end
+  -- Step 0 drops the rank first for a restart (a clear of as many calls
+  -- as it takes), then does its payload like any other step.
+  if k == 0 and restart then
+    local c = clearSome(0, cursor, count)
+    if c ~= '0' then return finish(false, c) end
+  end
+  local i = 20
+  if ARGV[i] == 'C' then
+    local c = clearSome(tonumber(ARGV[i + 1]), cursor, count)
+    return finish(c == '0', c)
+  end
+  while i <= #ARGV do
+    local kind, tier, space, n = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
+    i = i + 4
+    for j = i, i + n - 1 do
+      local m = space .. ':' .. ARGV[j]
+      if kind == 'S' then
+        if tier >= 1 and tier <= 3 then add(m, tier, 1) end
+      elseif tier <= 3 then
+        remove(m, tier)
+      end
+    end
+    i = i + n
+  end
+  return finish(true, '0')
+end
+local p = pending()
+if p then return p end
+return attach(main())
+`)
+
+// ARGV: step's, then for step 0 nothing (it clears the rank), for the
+// others per entry: tier, space id, hash, refs.
+var replaceScript = redis.NewScript(lib + step + `
+local function main()
+  local known, ce, cs = position()
+  local prog = redis.call('HMGET', progKey, 'token', 'step', 'cursor')
+  local cursor = '0'
+  if prog[1] == token then
+    if k ~= tonumber(prog[2]) then return reply('at', ce, cs, prog[2]) end
+    cursor = prog[3]
+  else
+    if k ~= 0 then return reply('lost', ce, cs) end
+    if known and newer(ce, epoch) then return reply('stale', ce, cs) end
+    local o = over(true)
+    if o then return o end
+    begin('1')
+  end
+  if k == 0 then
+    local c = clearSome(0, cursor, count)
+    return finish(c == '0', c)
+  end
+  for i = 20, #ARGV, 4 do
+    local tier, n = tonumber(ARGV[i]), tonumber(ARGV[i + 3])
+    if tier >= 1 and tier <= 3 and n > 0 then add(ARGV[i + 1] .. ':' .. ARGV[i + 2], tier, n) end
+  end
+  return finish(true, '0')
+end
+local p = pending()
+if p then return p end
+return attach(main())
+`)
+
+// ackScript acks the caller's flush (lib's ARGV only).
+var ackScript = redis.NewScript(lib + `
+local p = pending()
+if p then return p end
+return reply('acked')
+`)
+
+// ARGV: lib's, then now (unix ms), cursor, count: clears up to count
+// blocks of one rank of a pod whose lease ended, from cursor; replies
+// 'more' with the next cursor, 'done' when the rank is gone, or 'alive'.
+var expireRankScript = redis.NewScript(lib + `
+local function main()
+  local until_ = redis.call('GET', leaseKey)
+  if until_ and tonumber(until_) >= tonumber(ARGV[7]) then return reply('alive') end
+  local c = clearSome(0, ARGV[8], tonumber(ARGV[9]))
+  if c ~= '0' then return reply('more', c) end
+  redis.call('DEL', ownKey, progKey)
+  redis.call('HDEL', posKey, rank)
+  return reply('done')
+end
+local p = pending()
+if p then return p end
+return attach(main())
+`)
+
+// countScript adds one flush's count changes to the backend's and
+// namespace's counts, once per version of the rank's. KEYS: the
+// backend's seen hash. ARGV: P, the namespace count key, uid, rank,
+// version, blocks, GPU, CPU and disk residencies gained (or lost).
+var countScript = redis.NewScript(`
+local P, NSK, uid, inst, ver = ARGV[1], ARGV[2], ARGV[3], ARGV[3] .. '|' .. ARGV[4], ARGV[5]
+local seen = redis.call('HGET', P .. 'seen', inst)
+if seen and tonumber(seen) >= tonumber(ver) then return 0 end
+redis.call('HSET', P .. 'seen', inst, ver)
+local n = tonumber(ARGV[6])
+if n ~= 0 then
+  redis.call('HINCRBY', P .. 'podblocks', uid, n)
+  redis.call('INCRBY', P .. 'blocks', n)
+  redis.call('INCRBY', NSK, n)
+end
+for t = 1, 3 do
+  local d = tonumber(ARGV[6 + t])
+  if d ~= 0 then redis.call('HINCRBY', P .. 'tiers', t, d) end
+end
+return 1
+`)
+
+// ARGV: Q, now (unix ms): 1 if the pod's lease ended.
+var expireScript = redis.NewScript(`
+local until_ = redis.call('GET', ARGV[1] .. 'lease')
+if until_ and tonumber(until_) >= tonumber(ARGV[2]) then return 0 end
+return 1
+`)
+
+// finishExpireScript removes what is left of an expired pod in its
+// backend's slot, if its lease still ended (a subscriber may have come
+// back meanwhile), and the backend's own keys with its last pod. ARGV: P,
+// uid, now, the pod's ranks. It returns {removed, pods left}.
+var finishExpireScript = redis.NewScript(`
+local P, uid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local until_ = redis.call('ZSCORE', P .. 'leases', uid)
+if not until_ or tonumber(until_) >= now then return {0, redis.call('HLEN', P .. 'pods')} end
+redis.call('ZREM', P .. 'leases', uid)
+redis.call('HDEL', P .. 'pods', uid)
+redis.call('HDEL', P .. 'podblocks', uid)
+for i = 4, #ARGV do redis.call('HDEL', P .. 'seen', uid .. '|' .. ARGV[i]) end
+local left = redis.call('HLEN', P .. 'pods')
+if left == 0 and redis.call('ZCARD', P .. 'leases') == 0 then
+  redis.call('DEL', P .. 'tiers', P .. 'podblocks', P .. 'blocks', P .. 'seen')
+end
+return {1, left}
+`)
+
+// dropPodScript removes an expired pod's own keys, if its lease still
+// ended and no rank is left. ARGV: Q, now (unix ms).
+var dropPodScript = redis.NewScript(`
+local Q = ARGV[1]
+local until_ = redis.call('GET', Q .. 'lease')
+if until_ and tonumber(until_) >= tonumber(ARGV[2]) then return 0 end
+if redis.call('HLEN', Q .. 'pos') > 0 then return 0 end
+redis.call('DEL', Q .. 'pos', Q .. 'ranks', Q .. 'vers', Q .. 'lease')
+return 1
+`)
+
+// putPodScript stores a pod's record and lease in its backend's slot and
+// moves the expiry of the backend's keys and its namespace count's to at
+// least the lease's end plus the margin. ARGV: P, uid, record, lease end
+// (ms), namespace count key, margin (ms), now (ms; PTTL, not Redis 7's
+// PEXPIRETIME, so that Redis 6.2 serves).
+var putPodScript = redis.NewScript(extend + `
+local P, uid, rec, lease, NSK = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+redis.call('HSET', P .. 'pods', uid, rec)
+redis.call('ZADD', P .. 'leases', lease, uid)
+for _, k in ipairs({P .. 'pods', P .. 'leases', P .. 'tiers', P .. 'podblocks', P .. 'blocks', P .. 'seen', NSK}) do extend(k) end
+return 1
+`)
+
+// putLeaseScript keeps the pod's lease in its own slot too, for the
+// scripts there, and moves the expiry of its keys like putPodScript's.
+// ARGV: Q, "", "", lease end (ms), "", margin (ms), now (ms).
+var putLeaseScript = redis.NewScript(extend + `
+local Q, lease = ARGV[1], tonumber(ARGV[4])
+redis.call('SET', Q .. 'lease', ARGV[4])
+for _, k in ipairs({Q .. 'lease', Q .. 'pos', Q .. 'ranks', Q .. 'vers'}) do extend(k) end
+for _, r in ipairs(redis.call('SMEMBERS', Q .. 'ranks')) do
+  extend(Q .. 'own:' .. r)
+  extend(Q .. 'prog:' .. r)
+  extend(Q .. 'pend:' .. r)
+end
+return 1
+`)
+
+// extend: ARGV[4] the lease end, [6] the margin, [7] now (all ms).
+const extend = `
+local at = math.floor(tonumber(ARGV[4]) + tonumber(ARGV[6]))
+local nowMs = tonumber(ARGV[7])
+local function extend(key)
+  local t = redis.call('PTTL', key)
+  if t == -1 or (t >= 0 and nowMs + t < at) then redis.call('PEXPIREAT', key, at) end
+end
+`
