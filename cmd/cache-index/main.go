@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/metadata"
@@ -329,5 +330,10 @@ func redisOptions(addresses string, cluster bool, sentinelMaster string, db int)
 	case clustered && db != 0:
 		return nil, fmt.Errorf("--redis-db %d with a cluster: a Redis Cluster has database 0 only", db)
 	}
-	return &redis.UniversalOptions{Addrs: addrs, DB: db, MasterName: sentinelMaster, IsClusterMode: clustered}, nil
+	return &redis.UniversalOptions{Addrs: addrs, DB: db, MasterName: sentinelMaster, IsClusterMode: clustered,
+		// CLIENT LIST names the index (Redis 7.2 and later).
+		IdentitySuffix: "cache-index",
+		// Maintenance notifications are Redis Enterprise's: on Redis and
+		// Valkey the attempt is one ERR reply per connection.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}}, nil
 }

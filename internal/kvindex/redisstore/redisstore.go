@@ -60,6 +60,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -249,17 +250,7 @@ func (c *caller) flush(ctx context.Context, sent time.Time, ver, d string, pairs
 		return errLeasePassed
 	}
 	inst := c.src.PodUID + "|" + c.base[1].(string)
-	pipe := c.s.rdb.Pipeline()
-	for i := 0; i+1 < len(pairs); i += 2 {
-		space, hash, _ := strings.Cut(pairs[i], ":")
-		key := blockKey(c.src.Backend, space, hash)
-		if pairs[i+1] == "0" {
-			pipe.HDel(ctx, key, inst)
-		} else {
-			pipe.HSet(ctx, key, inst, pairs[i+1])
-		}
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := c.s.place(ctx, c.src.Backend, inst, pairs); err != nil {
 		return fmt.Errorf("writing placements: %w", err)
 	}
 	if time.Since(sent) > c.s.opt.FlushLease/2 {
@@ -388,6 +379,70 @@ func parsePos(epoch, seq string) kvindex.Position {
 func parseLimit(res []string) error {
 	n := func(s string) uint64 { v, _ := strconv.ParseUint(s, 10, 64); return v }
 	return &kvindex.LimitError{Scope: kvindex.LimitScope(res[1]), Limit: n(res[2]), Held: n(res[3]), Adding: n(res[6])}
+}
+
+// place writes placements (pairs: member "S:H", mask): one script per
+// server that holds some of them, so that a block update costs a command
+// inside a script, not a command of its own. On a cluster each master's
+// script runs on that master; a master that refuses it (its slots moved
+// meanwhile) has its placements written one command each through the
+// cluster client, which follows MOVED and ASK.
+func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pairs []string) error {
+	args := func(n int) []any { return append(make([]any, 0, 1+n), inst) }
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		all := args(len(pairs))
+		for i := 0; i+1 < len(pairs); i += 2 {
+			space, hash, _ := strings.Cut(pairs[i], ":")
+			all = append(all, blockKey(b, space, hash), pairs[i+1])
+		}
+		return placeScript.Run(ctx, s.rdb, nil, all...).Err()
+	}
+	type group struct {
+		node *redis.Client
+		args []any
+	}
+	var groups []*group
+	for i := 0; i+1 < len(pairs); i += 2 {
+		space, hash, _ := strings.Cut(pairs[i], ":")
+		key := blockKey(b, space, hash)
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		var g *group
+		for _, x := range groups {
+			if x.node == node {
+				g = x
+				break
+			}
+		}
+		if g == nil {
+			g = &group{node: node, args: args(len(pairs))}
+			groups = append(groups, g)
+		}
+		g.args = append(g.args, key, pairs[i+1])
+	}
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		wg.Go(func() {
+			if placeScript.Run(ctx, g.node, nil, g.args...).Err() == nil {
+				return
+			}
+			pipe := cc.Pipeline()
+			for j := 1; j+1 < len(g.args); j += 2 {
+				if g.args[j+1] == "0" {
+					pipe.HDel(ctx, g.args[j].(string), inst)
+				} else {
+					pipe.HSet(ctx, g.args[j].(string), inst, g.args[j+1])
+				}
+			}
+			_, errs[i] = pipe.Exec(ctx)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // maxLost bounds how often a change starts over because another took the

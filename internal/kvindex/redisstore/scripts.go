@@ -30,26 +30,48 @@ local function keepTTL(key)
   local until_ = redis.call('GET', leaseKey)
   if until_ and redis.call('PTTL', key) == -1 then redis.call('PEXPIREAT', key, math.floor(tonumber(until_) + margin)) end
 end
-local function refsOf(m)
-  local v = redis.call('HGET', ownKey, m)
-  if not v then return {0, 0, 0} end
-  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-  return {tonumber(a), tonumber(b), tonumber(c)}
-end
 local function maskOf(r)
   local m = 0
   for i = 1, 3 do if r[i] > 0 then m = m + TB[i] end end
   return m
 end
--- put writes member m's references r (its mask was before) and notes a
+-- cache holds the references of the members this call read (one HMGET
+-- for a step's members, or HSCAN's values), orig their masks then; the
+-- changed ones are written back once, by writeOwn.
+local cache, orig, dirty = {}, {}, {}
+local function parseRefs(v)
+  if not v then return {0, 0, 0} end
+  local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+  return {tonumber(a), tonumber(b), tonumber(c)}
+end
+local function load(ms)
+  local need, asked = {}, {}
+  for _, m in ipairs(ms) do
+    if not cache[m] and not asked[m] then
+      need[#need + 1] = m
+      asked[m] = true
+    end
+  end
+  if #need == 0 then return end
+  local vs = redis.call('HMGET', ownKey, unpack(need))
+  for i, m in ipairs(need) do
+    local r = parseRefs(vs[i])
+    cache[m], orig[m] = r, maskOf(r)
+  end
+end
+local function refsOf(m)
+  if not cache[m] then load({m}) end
+  return cache[m]
+end
+-- put sets member m's references r (its mask was before) and notes a
 -- change of its mask for the flush.
 local function put(m, r, before)
-  local after = maskOf(r)
-  if after == 0 then
-    if before ~= 0 then redis.call('HDEL', ownKey, m) end
-  else
-    redis.call('HSET', ownKey, m, string.format('%d %d %d', r[1], r[2], r[3]))
+  if not dirty[m] then
+    dirty[m] = true
+    dirty[#dirty + 1] = m
   end
+  cache[m] = r
+  local after = maskOf(r)
   if after == before then return end
   for i = 1, 3 do
     local was, is = bit.band(before, TB[i]) ~= 0, bit.band(after, TB[i]) ~= 0
@@ -58,6 +80,22 @@ local function put(m, r, before)
   if before == 0 then dblocks = dblocks + 1 elseif after == 0 then dblocks = dblocks - 1 end
   if not cmask[m] then clist[#clist + 1] = m end
   cmask[m] = after
+end
+-- writeOwn writes the changed members back: one HSET, one HDEL.
+local function writeOwn()
+  local set, del = {}, {}
+  for _, m in ipairs(dirty) do
+    local r = cache[m]
+    if maskOf(r) == 0 then
+      if orig[m] ~= 0 then del[#del + 1] = m end
+    else
+      set[#set + 1] = m
+      set[#set + 1] = string.format('%d %d %d', r[1], r[2], r[3])
+    end
+  end
+  if #set > 0 then redis.call('HSET', ownKey, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', ownKey, unpack(del)) end
+  if #set > 0 then keepTTL(ownKey) end
 end
 local function add(m, tier, n)
   local r = refsOf(m)
@@ -84,11 +122,15 @@ local function clearSome(only, cursor, count)
   local res = redis.call('HSCAN', ownKey, cursor, 'COUNT', count)
   local kv = res[2]
   for i = 1, #kv, 2 do
-    local a, b, c = string.match(kv[i + 1], '^(%d+) (%d+) (%d+)$')
-    local r = {tonumber(a), tonumber(b), tonumber(c)}
+    local m = kv[i]
+    if not cache[m] then
+      cache[m] = parseRefs(kv[i + 1])
+      orig[m] = maskOf(cache[m])
+    end
+    local r = {cache[m][1], cache[m][2], cache[m][3]}
     local before = maskOf(r)
     if only == 0 then r = {0, 0, 0} else r[only] = 0 end
-    if maskOf(r) ~= before then put(kv[i], r, before) end
+    if maskOf(r) ~= before then put(m, r, before) end
   end
   return res[1]
 end
@@ -119,8 +161,10 @@ local function pending()
   end
   if p[1] ~= me and tonumber(p[2]) > nowMs then return reply('wait', string.format('%d', tonumber(p[2]) - nowMs)) end
   redis.call('HSET', pendKey, 'owner', me, 'until', string.format('%d', nowMs + L))
-  local out = {'flush', '', '', '', p[3], p[4]}
-  for m in string.gmatch(p[5], '[^,]+') do
+  local out, ms = {'flush', '', '', '', p[3], p[4]}, {}
+  for m in string.gmatch(p[5], '[^,]+') do ms[#ms + 1] = m end
+  load(ms)
+  for _, m in ipairs(ms) do
     out[#out + 1] = m
     out[#out + 1] = tostring(maskOf(refsOf(m)))
   end
@@ -129,6 +173,7 @@ end
 -- attach records this call's changes as the pending flush (a new version
 -- of the rank's) and puts them in the reply.
 local function attach(out)
+  writeOwn()
   if #clist == 0 then return out end
   local ver = math.max(tonumber(redis.call('HGET', versKey, rank) or '0') + 1, nowUs)
   local vs = string.format('%d', ver)
@@ -200,7 +245,6 @@ local function finish(done, cursor)
   redis.call('HSET', posKey, rank, epoch .. ':' .. seqs)
   redis.call('DEL', progKey)
   keepTTL(posKey)
-  keepTTL(ownKey)
   return reply('ok', epoch, seqs)
 end
 `
@@ -240,6 +284,14 @@ local function main()
     local c = clearSome(tonumber(ARGV[i + 1]), cursor, count)
     return finish(c == '0', c)
   end
+  local ms = {}
+  local j = i
+  while j <= #ARGV do
+    local space, n = ARGV[j + 2], tonumber(ARGV[j + 3])
+    for h = j + 4, j + 3 + n do ms[#ms + 1] = space .. ':' .. ARGV[h] end
+    j = j + 4 + n
+  end
+  load(ms)
   while i <= #ARGV do
     local kind, tier, space, n = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
     i = i + 4
@@ -281,6 +333,9 @@ local function main()
     local c = clearSome(0, cursor, count)
     return finish(c == '0', c)
   end
+  local ms = {}
+  for i = 20, #ARGV, 4 do ms[#ms + 1] = ARGV[i + 1] .. ':' .. ARGV[i + 2] end
+  load(ms)
   for i = 20, #ARGV, 4 do
     local tier, n = tonumber(ARGV[i]), tonumber(ARGV[i + 3])
     if tier >= 1 and tier <= 3 and n > 0 then add(ARGV[i + 1] .. ':' .. ARGV[i + 2], tier, n) end
@@ -413,3 +468,20 @@ local function extend(key)
   if t == -1 or (t >= 0 and nowMs + t < at) then redis.call('PEXPIREAT', key, at) end
 end
 `
+
+// placeScript writes one flush's placements on one server, in as many
+// slots as that server holds (a script without declared keys may touch
+// several slots of its own node; a key another node serves fails it, and
+// the caller writes those one command each). ARGV: the instance, then
+// per block its placement key and mask ('0': not held).
+var placeScript = redis.NewScript(`
+local inst = ARGV[1]
+for i = 2, #ARGV, 2 do
+  if ARGV[i + 1] == '0' then
+    redis.call('HDEL', ARGV[i], inst)
+  else
+    redis.call('HSET', ARGV[i], inst, ARGV[i + 1])
+  end
+end
+return 1
+`)

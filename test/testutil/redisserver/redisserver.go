@@ -113,3 +113,50 @@ func StartCluster(t testing.TB, n int) []string {
 	t.Fatalf("the %d-master Redis Cluster on %v did not settle; CLUSTER INFO of the first:\n%s", n, addrs, info)
 	return nil
 }
+
+// StartSentinel runs a Redis Sentinel (redis-server --sentinel) watching
+// the master at masterAddr under name, with a quorum of 1, and returns its
+// host:port once it reports the master.
+func StartSentinel(t testing.TB, masterAddr, name string) string {
+	t.Helper()
+	if _, err := os.Stat(Bin); err != nil {
+		t.Fatalf("%s is missing (%v): run `make packages` (test/tools/install-packages.sh installs the Debian package redis-server)", Bin, err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	dir := t.TempDir()
+	host, mport, _ := net.SplitHostPort(masterAddr)
+	conf := filepath.Join(dir, "sentinel.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 1000\n", port, dir, name, host, mport, name), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logFile, err := os.Create(filepath.Join(dir, "sentinel.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(Bin, conf, "--sentinel")
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting redis-server --sentinel: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	c := redis.NewSentinelClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	for range 200 {
+		if got, err := c.GetMasterAddrByName(context.Background(), name).Result(); err == nil && len(got) == 2 && got[1] == mport {
+			return addr
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	out, _ := os.ReadFile(logFile.Name())
+	t.Fatalf("the Sentinel on %s does not report master %s at %s; its log:\n%s", addr, name, masterAddr, out)
+	return ""
+}

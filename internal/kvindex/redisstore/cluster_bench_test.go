@@ -1,0 +1,122 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sys/unix"
+
+	"github.com/inferencecache/operator/internal/kvindex"
+	"github.com/inferencecache/operator/internal/kvindex/redisstore"
+	"github.com/inferencecache/operator/internal/kvindex/storetest"
+	"github.com/inferencecache/operator/test/testutil/redisserver"
+)
+
+// clusterCPU sums the CPU (user and system, µs) every master has used.
+func clusterCPU(tb testing.TB, addrs []string) int64 {
+	tb.Helper()
+	var total int64
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		info, err := c.Info(context.Background(), "cpu").Result()
+		_ = c.Close()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+				f, _ := strconv.ParseFloat(v, 64)
+				total += int64(f * 1e6)
+			}
+		}
+	}
+	return total
+}
+
+// selfCPU is the CPU (user and system, µs) this process has used: the
+// store's side, what an index replica spends.
+func selfCPU(tb testing.TB) int64 {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return (ru.Utime.Nano() + ru.Stime.Nano()) / 1000
+}
+
+// BenchmarkClusterIngest is ingest into one CacheBackend on a real Redis
+// Cluster of 1 and of 3 masters (loopback), from 1, 8 and 32 publishers
+// (each an engine pod of the backend, applying its own deltas in order,
+// as one subscriber's stream does): each delta stores 64 new blocks in
+// the GPU tier and removes the 64 it stored 8 deltas before, so a pod
+// holds about 512. It reports block updates a second and the Redis CPU a
+// block update costs (all masters' used_cpu over the run, from INFO) and
+// the CPU the store's side (an index replica) spends on it. Not
+// part of make test (docs/performance.md):
+//
+//	go test -run '^$' -bench BenchmarkClusterIngest -benchtime 4000x -count 6 ./internal/kvindex/redisstore/
+func BenchmarkClusterIngest(b *testing.B) {
+	const perDelta, keep = 64, 8
+	for _, shards := range []int{1, 3} {
+		addrs := redisserver.StartCluster(b, shards)
+		for _, pubs := range []int{1, 8, 32} {
+			b.Run(fmt.Sprintf("shards=%d/publishers=%d", shards, pubs), func(b *testing.B) {
+				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+				if err := c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
+					return m.FlushAll(ctx).Err()
+				}); err != nil {
+					b.Fatal(err)
+				}
+				s := redisstore.New(c)
+				defer s.Close()
+				ctx := context.Background()
+				backend := kvindex.BackendRef{Namespace: "team-a", Name: "cache"}
+				var next atomic.Int64
+				var failed atomic.Value
+				cpu0, self0 := clusterCPU(b, addrs), selfCPU(b)
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for p := range pubs {
+					wg.Go(func() {
+						src := kvindex.Source{Backend: backend, PodUID: fmt.Sprintf("uid-%d", p)}
+						var seq uint64
+						for next.Add(1) <= int64(b.N) {
+							seq++
+							ops := []kvindex.Op{storetest.Store(kvindex.TierGPU, storetest.Chain(uint64(p)<<32|seq, perDelta)...)}
+							if seq > keep {
+								ops = append(ops, storetest.Remove(kvindex.TierGPU, storetest.Chain(uint64(p)<<32|(seq-keep), perDelta)...))
+							}
+							if o, _, err := s.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: seq, Ops: ops}); err != nil || o != kvindex.Applied {
+								failed.Store(fmt.Sprintf("pod %d delta %d: %s, %v", p, seq, o, err))
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				b.StopTimer()
+				if f := failed.Load(); f != nil {
+					b.Fatal(f)
+				}
+				updates := 0.0
+				for p := range min(pubs, b.N) {
+					n := b.N / pubs
+					if p < b.N%pubs {
+						n++
+					}
+					updates += float64(n*perDelta + max(n-keep, 0)*perDelta)
+				}
+				b.ReportMetric(updates/b.Elapsed().Seconds(), "updates/s")
+				b.ReportMetric(float64(clusterCPU(b, addrs)-cpu0)/updates, "redis-µs/update")
+				b.ReportMetric(float64(selfCPU(b)-self0)/updates, "client-µs/update")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
