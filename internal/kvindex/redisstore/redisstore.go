@@ -72,11 +72,34 @@ import (
 type Store struct {
 	rdb redis.UniversalClient
 	opt Options
-	// onCall, when set (tests), hears each change script call with its
-	// step, before its flush; an error stops the change there, as a crash
-	// would.
+	// id owns the flushes this store's calls leave.
+	id string
+	// onCall, when set (tests), hears each change script call that did
+	// its step's work (not one that waited for or took over a flush), with
+	// the step, before its flush; an error stops the change there, as a
+	// crash would.
 	onCall func(step int) error
+
+	mu    sync.Mutex
+	ranks map[string]*rankState // by pod prefix and rank
 }
+
+// rankState serializes this store's changes of one rank and keeps the
+// version it flushed and has not acked yet: the rank's next call acks it,
+// or a timer after ackDelay, so that a stream of deltas costs no ack call
+// of its own and another replica waits at most ackDelay for it.
+type rankState struct {
+	change sync.Mutex // held for a change (or an expiry) of the rank
+	src    kvindex.Source
+	// Guarded by Store.mu.
+	users int
+	ack   string
+	timer *time.Timer
+}
+
+// ackDelay is how long a flushed version waits for the rank's next call
+// to ack it before a call of its own does.
+const ackDelay = 25 * time.Millisecond
 
 // Options configure a Store.
 type Options struct {
@@ -126,11 +149,24 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	if opt.FlushLease <= 0 {
 		opt.FlushLease = DefaultFlushLease
 	}
-	return &Store{rdb: rdb, opt: opt}
+	return &Store{rdb: rdb, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
 }
 
-// Close implements kvindex.Store.
-func (s *Store) Close() error { return s.rdb.Close() }
+// Close implements kvindex.Store: the acks still waiting are sent first.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	var due []func()
+	for key, rs := range s.ranks {
+		if rs.timer != nil && rs.timer.Stop() {
+			due = append(due, func() { s.ackLater(key, rs) })
+		}
+	}
+	s.mu.Unlock()
+	for _, f := range due {
+		f()
+	}
+	return s.rdb.Close()
+}
 
 const backendsKey = "kvi2:backends"
 
@@ -175,22 +211,87 @@ func newOwner() string {
 // its lease: the change resumes on its resend, whose flush is taken over.
 var errLeasePassed = errors.New("the flush outlived half its lease")
 
-// caller runs one owner's script calls on one rank: it flushes what each
+// caller runs one change's script calls on one rank: it flushes what each
 // call leaves and acks it with the next call.
 type caller struct {
 	s    *Store
 	src  kvindex.Source
 	q    string
-	me   string
+	key  string
+	rs   *rankState
 	ack  string // the version flushed and not acked yet
 	base []any  // lib's ARGV
 }
 
+// newCaller starts a change of src's rank: it waits for this store's
+// other change of the rank, if any, and takes over its unacked version.
+// The caller must release it.
 func (s *Store) newCaller(src kvindex.Source) *caller {
 	q := podPrefix(src.Backend, src.PodUID)
-	c := &caller{s: s, src: src, q: q, me: newOwner()}
-	c.base = []any{q, strconv.FormatUint(uint64(src.Rank), 10), c.me, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), ""}
+	rank := strconv.FormatUint(uint64(src.Rank), 10)
+	key := q + rank
+	s.mu.Lock()
+	rs := s.ranks[key]
+	if rs == nil {
+		rs = &rankState{src: src}
+		s.ranks[key] = rs
+	}
+	rs.users++
+	s.mu.Unlock()
+	rs.change.Lock()
+	s.mu.Lock()
+	if rs.timer != nil {
+		rs.timer.Stop()
+		rs.timer = nil
+	}
+	c := &caller{s: s, src: src, q: q, key: key, rs: rs, ack: rs.ack}
+	rs.ack = ""
+	s.mu.Unlock()
+	c.base = []any{q, rank, s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), ""}
 	return c
+}
+
+// release ends the change: a version flushed and not acked yet waits for
+// the rank's next call, or ackDelay.
+func (c *caller) release() {
+	s, rs := c.s, c.rs
+	s.mu.Lock()
+	if c.ack != "" {
+		rs.ack = c.ack
+		rs.timer = time.AfterFunc(ackDelay, func() { s.ackLater(c.key, rs) })
+	}
+	rs.users--
+	if rs.users == 0 && rs.ack == "" {
+		delete(s.ranks, c.key)
+	}
+	s.mu.Unlock()
+	rs.change.Unlock()
+}
+
+// ackLater acks a rank's version that no call took over in ackDelay. An
+// ack that fails leaves the flush to be taken over after its lease.
+func (s *Store) ackLater(key string, rs *rankState) {
+	rs.change.Lock()
+	s.mu.Lock()
+	ver := rs.ack
+	rs.ack, rs.timer = "", nil
+	rs.users++
+	s.mu.Unlock()
+	if ver != "" {
+		q, rank := key[:strings.LastIndexByte(key, ':')+1], key[strings.LastIndexByte(key, ':')+1:]
+		c := &caller{s: s, src: rs.src, q: q, key: key, rs: rs, ack: ver}
+		c.base = []any{q, rank, s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), ""}
+		ctx, cancel := context.WithTimeout(context.Background(), s.opt.FlushLease)
+		_, _ = c.call(ctx, ackScript, slices.Clone(c.base), 0)
+		cancel()
+	}
+	s.mu.Lock()
+	rs.users--
+	if rs.users == 0 && rs.ack == "" {
+		delete(s.ranks, key)
+	}
+	s.mu.Unlock()
+	rs.change.Unlock()
 }
 
 // call runs script with args (lib's first, whose ack it sets) and flushes
@@ -207,7 +308,7 @@ func (c *caller) call(ctx context.Context, script *redis.Script, args []any, ste
 			return nil, err
 		}
 		c.ack = ""
-		if c.s.onCall != nil && script != ackScript {
+		if c.s.onCall != nil && script != ackScript && res[0] != "wait" && res[0] != "flush" {
 			if err := c.s.onCall(step); err != nil {
 				return nil, err
 			}
@@ -233,15 +334,6 @@ func (c *caller) call(ctx context.Context, script *redis.Script, args []any, ste
 	}
 }
 
-// done acks the last flush, if one is left.
-func (c *caller) done(ctx context.Context) error {
-	if c.ack == "" {
-		return nil
-	}
-	_, err := c.call(ctx, ackScript, slices.Clone(c.base), 0)
-	return err
-}
-
 // flush writes a call's placements (absolute masks: a flush done twice
 // writes the same) and its count changes (counted once per version),
 // unless half the lease has passed since the call was sent.
@@ -249,22 +341,27 @@ func (c *caller) flush(ctx context.Context, sent time.Time, ver, d string, pairs
 	if time.Since(sent) > c.s.opt.FlushLease/2 {
 		return errLeasePassed
 	}
-	inst := c.src.PodUID + "|" + c.base[1].(string)
-	if err := c.s.place(ctx, c.src.Backend, inst, pairs); err != nil {
-		return fmt.Errorf("writing placements: %w", err)
-	}
-	if time.Since(sent) > c.s.opt.FlushLease/2 {
-		return errLeasePassed
-	}
 	counts := strings.Fields(d)
 	if len(counts) != 4 {
 		return fmt.Errorf("flush %s: counts %q", ver, d)
 	}
-	p := prefix(c.src.Backend)
-	if err := countScript.Run(ctx, c.s.rdb, []string{p + "seen"}, p, nsKey(c.src.Backend.Namespace), c.src.PodUID, c.base[1], ver, counts[0], counts[1], counts[2], counts[3]).Err(); err != nil {
-		return fmt.Errorf("counting: %w", err)
+	// The placements and the counts are in different slots and
+	// independent: both at once.
+	inst := c.src.PodUID + "|" + c.base[1].(string)
+	var countErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		p := prefix(c.src.Backend)
+		if err := countScript.Run(ctx, c.s.rdb, []string{p + "seen"}, p, nsKey(c.src.Backend.Namespace), c.src.PodUID, c.base[1], ver, counts[0], counts[1], counts[2], counts[3]).Err(); err != nil {
+			countErr = fmt.Errorf("counting: %w", err)
+		}
+	})
+	placeErr := c.s.place(ctx, c.src.Backend, inst, pairs)
+	wg.Wait()
+	if placeErr != nil {
+		return fmt.Errorf("writing placements: %w", placeErr)
 	}
-	return nil
+	return countErr
 }
 
 // deltaSteps splits d into the payloads of its steps (see step): each
@@ -477,6 +574,7 @@ func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.
 		}
 	}
 	c := s.newCaller(src)
+	defer c.release()
 	base := append(slices.Clone(c.base), strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10), tok, 0, steps.count(), s.opt.ChunkHashes,
 		s.opt.Limits.PodBlocks, s.opt.Limits.BackendBlocks, s.opt.Limits.NamespaceBlocks, held[0], held[1], held[2], adding)
 	const kArg = 9
@@ -496,11 +594,11 @@ func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.
 			k, _ = strconv.Atoi(res[3])
 		case "lost":
 			if lost++; !restartOnLost || lost > maxLost {
-				return res, c.done(ctx)
+				return res, nil
 			}
 			k = 0
 		default:
-			return res, c.done(ctx)
+			return res, nil
 		}
 	}
 }
@@ -774,22 +872,12 @@ func (s *Store) expire(ctx context.Context, ref kvindex.BackendRef, uid, ms stri
 		if err != nil {
 			continue
 		}
-		c := s.newCaller(kvindex.Source{Backend: ref, PodUID: uid, Rank: uint32(n)})
-		for cursor := "0"; ; {
-			res, err := c.call(ctx, expireRankScript, append(slices.Clone(c.base), ms, cursor, s.opt.ChunkHashes), 0)
-			if err != nil {
-				return false, fmt.Errorf("clearing rank %s of pod %s in redis: %w", r, uid, err)
-			}
-			if res[0] == "alive" {
-				return false, c.done(ctx)
-			}
-			if res[0] == "done" {
-				break
-			}
-			cursor = res[1]
-		}
-		if err := c.done(ctx); err != nil {
+		alive, err := s.expireRank(ctx, ref, uid, uint32(n), ms)
+		if err != nil {
 			return false, fmt.Errorf("clearing rank %s of pod %s in redis: %w", r, uid, err)
+		}
+		if alive {
+			return false, nil
 		}
 	}
 	args := []any{p, uid, ms}
@@ -807,4 +895,28 @@ func (s *Store) expire(ctx context.Context, ref kvindex.BackendRef, uid, ms stri
 		return false, fmt.Errorf("removing pod %s in redis: %w", uid, err)
 	}
 	return true, nil
+}
+
+// expireRank clears one rank of a pod whose lease ended, in scripts of at
+// most ChunkHashes blocks; alive when the lease was renewed meanwhile.
+func (s *Store) expireRank(ctx context.Context, ref kvindex.BackendRef, uid string, rank uint32, ms string) (alive bool, err error) {
+	c := s.newCaller(kvindex.Source{Backend: ref, PodUID: uid, Rank: rank})
+	defer c.release()
+	for cursor := "0"; ; {
+		res, err := c.call(ctx, expireRankScript, append(slices.Clone(c.base), ms, cursor, s.opt.ChunkHashes), 0)
+		if err != nil {
+			return false, err
+		}
+		switch res[0] {
+		case "alive", "done":
+			// The pod's keys go next: ack now, not later.
+			if c.ack != "" {
+				if _, err := c.call(ctx, ackScript, slices.Clone(c.base), 0); err != nil {
+					return false, err
+				}
+			}
+			return res[0] == "alive", nil
+		}
+		cursor = res[1]
+	}
 }
