@@ -87,8 +87,8 @@ type Store struct {
 
 // rankState serializes this store's changes of one rank and keeps the
 // version it flushed and has not acked yet: the rank's next call acks it,
-// or a timer after ackDelay, so that a stream of deltas costs no ack call
-// of its own and another replica waits at most ackDelay for it.
+// or a timer after Options.AckDelay, so that a stream of deltas costs no
+// ack call of its own and another replica waits at most that long for it.
 type rankState struct {
 	change sync.Mutex // held for a change (or an expiry) of the rank
 	src    kvindex.Source
@@ -98,9 +98,10 @@ type rankState struct {
 	timer *time.Timer
 }
 
-// ackDelay is how long a flushed version waits for the rank's next call
-// to ack it before a call of its own does.
-const ackDelay = 25 * time.Millisecond
+// DefaultAckDelay is Options.AckDelay's default: longer than the gap
+// between two deltas of a busy engine (vLLM publishes a batch a
+// scheduler step), short against a subscriber's reconnect.
+const DefaultAckDelay = 250 * time.Millisecond
 
 // Options configure a Store.
 type Options struct {
@@ -118,6 +119,11 @@ type Options struct {
 	// state goes even when no index replica is left to reap it. Default
 	// DefaultKeyTTLMargin.
 	KeyTTLMargin time.Duration
+	// AckDelay is how long a flushed version waits for the rank's next
+	// call to ack it before a call of its own does; another replica's
+	// call on the rank waits for it that long at most. Default
+	// DefaultAckDelay.
+	AckDelay time.Duration
 	// FlushLease is how long a caller owns the flush its script left
 	// before another may take it over; the owner sends nothing after half
 	// of it. Default DefaultFlushLease.
@@ -149,6 +155,9 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	}
 	if opt.FlushLease <= 0 {
 		opt.FlushLease = DefaultFlushLease
+	}
+	if opt.AckDelay <= 0 {
+		opt.AckDelay = DefaultAckDelay
 	}
 	return &Store{rdb: rdb, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
 }
@@ -261,13 +270,13 @@ func (s *Store) newCaller(src kvindex.Source) *caller {
 }
 
 // release ends the change: a version flushed and not acked yet waits for
-// the rank's next call, or ackDelay.
+// the rank's next call, or Options.AckDelay.
 func (c *caller) release() {
 	s, rs := c.s, c.rs
 	s.mu.Lock()
 	if c.ack != "" {
 		rs.ack = c.ack
-		rs.timer = time.AfterFunc(ackDelay, func() { s.ackLater(c.key, rs) })
+		rs.timer = time.AfterFunc(s.opt.AckDelay, func() { s.ackLater(c.key, rs) })
 	}
 	rs.users--
 	if rs.users == 0 && rs.ack == "" {
@@ -277,7 +286,7 @@ func (c *caller) release() {
 	rs.change.Unlock()
 }
 
-// ackLater acks a rank's version that no call took over in ackDelay. An
+// ackLater acks a rank's version that no call took over in AckDelay. An
 // ack that fails leaves the flush to be taken over after its lease.
 func (s *Store) ackLater(key string, rs *rankState) {
 	rs.change.Lock()
