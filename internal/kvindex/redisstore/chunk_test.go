@@ -146,62 +146,65 @@ func crashAfter(s *redisstore.Store, n int) {
 // where it was; the resend (to any replica) resumes and applies each step
 // once: the hashes stored twice hold exactly two references.
 func TestDeltaResumedAfterACrashAppliesOnce(t *testing.T) {
-	addr := startRedis(t)
-	ctx := context.Background()
-	hashes := storetest.Chain(3, 2000)
-	d := kvindex.Delta{Epoch: 1, Sequence: 2, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, hashes...), storetest.Store(kvindex.TierGPU, hashes[:500]...)}}
-	src := storetest.Src("p", 0)
-	pod := kvindex.PodKey{Backend: storetest.BackendA, UID: "p"}
-	tests := []struct {
-		name  string
-		after int // the step the crash follows (2,500 hashes: steps 0 to 9)
-	}{{"after the begin", 0}, {"mid-delta", 3}, {"before the last step", 8}}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			flush(t, addr)
-			dying, other := newStore(t, addr), newStore(t, addr)
-			if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierCPU, 1)}}); err != nil || o != kvindex.Applied {
-				t.Fatalf("sequence 1: %s, %v", o, err)
-			}
-			crashAfter(dying, tt.after)
-			if _, _, err := dying.Apply(ctx, src, d); !errors.Is(err, errCrash) {
-				t.Fatalf("crash: %v", err)
-			}
-			if ps, _ := other.Positions(ctx, pod); ps[0] != (kvindex.Position{Epoch: 1, Sequence: 1}) {
-				t.Fatalf("a partly applied delta moved the position to %+v", ps[0])
-			}
-			// Something else under the same position is not mixed in.
-			alt := kvindex.Delta{Epoch: 1, Sequence: 2, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, 42)}}
-			if o, _, err := other.Apply(ctx, src, alt); err != nil || o != kvindex.NeedSnapshot {
-				t.Fatalf("another delta over a partial one: %s, %v, want need_snapshot", o, err)
-			}
-			if o, pos, err := other.Apply(ctx, src, d); err != nil || o != kvindex.Applied || pos != (kvindex.Position{Epoch: 1, Sequence: 2}) {
-				t.Fatalf("resend: %s at %+v, %v", o, pos, err)
-			}
-			if o, _, err := other.Apply(ctx, src, d); err != nil || o != kvindex.Duplicate {
-				t.Fatalf("second resend: %s, %v", o, err)
-			}
-			wantGPU := func(when string, n uint64) {
-				t.Helper()
-				if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers[kvindex.TierGPU] != n {
-					t.Fatalf("%s: %d GPU residencies, want %d", when, tiers[kvindex.TierGPU], n)
-				}
-			}
-			wantGPU("after the resend", 2000)
-			if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 1 || ms[0].GPU != 2000 {
-				t.Fatalf("after the resend the placements match %+v, want the pod's 2000 GPU blocks", ms)
-			}
-			rm := func(seq uint64) {
-				if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: seq, Ops: []kvindex.Op{storetest.Remove(kvindex.TierGPU, hashes[:500]...)}}); err != nil || o != kvindex.Applied {
-					t.Fatalf("removal %d: %s, %v", seq, o, err)
-				}
-			}
-			rm(3)
-			wantGPU("after one removal of the twice-stored hashes", 2000)
-			rm(4)
-			wantGPU("after the second removal", 1500)
-			if n, _ := other.PodBlocks(ctx, pod); n != 1501 {
-				t.Errorf("pod blocks = %d, want 1501", n)
+	for _, r := range targets(t) {
+		t.Run(r.name, func(t *testing.T) {
+			ctx := context.Background()
+			hashes := storetest.Chain(3, 2000)
+			d := kvindex.Delta{Epoch: 1, Sequence: 2, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, hashes...), storetest.Store(kvindex.TierGPU, hashes[:500]...)}}
+			src := storetest.Src("p", 0)
+			pod := kvindex.PodKey{Backend: storetest.BackendA, UID: "p"}
+			tests := []struct {
+				name  string
+				after int // the step the crash follows (2,500 hashes: steps 0 to 9)
+			}{{"after the begin", 0}, {"mid-delta", 3}, {"before the last step", 8}}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					r.flush(t)
+					dying, other := r.store(t, redisstore.Options{}), r.store(t, redisstore.Options{})
+					if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierCPU, 1)}}); err != nil || o != kvindex.Applied {
+						t.Fatalf("sequence 1: %s, %v", o, err)
+					}
+					crashAfter(dying, tt.after)
+					if _, _, err := dying.Apply(ctx, src, d); !errors.Is(err, errCrash) {
+						t.Fatalf("crash: %v", err)
+					}
+					if ps, _ := other.Positions(ctx, pod); ps[0] != (kvindex.Position{Epoch: 1, Sequence: 1}) {
+						t.Fatalf("a partly applied delta moved the position to %+v", ps[0])
+					}
+					// Something else under the same position is not mixed in.
+					alt := kvindex.Delta{Epoch: 1, Sequence: 2, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, 42)}}
+					if o, _, err := other.Apply(ctx, src, alt); err != nil || o != kvindex.NeedSnapshot {
+						t.Fatalf("another delta over a partial one: %s, %v, want need_snapshot", o, err)
+					}
+					if o, pos, err := other.Apply(ctx, src, d); err != nil || o != kvindex.Applied || pos != (kvindex.Position{Epoch: 1, Sequence: 2}) {
+						t.Fatalf("resend: %s at %+v, %v", o, pos, err)
+					}
+					if o, _, err := other.Apply(ctx, src, d); err != nil || o != kvindex.Duplicate {
+						t.Fatalf("second resend: %s, %v", o, err)
+					}
+					wantGPU := func(when string, n uint64) {
+						t.Helper()
+						if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers[kvindex.TierGPU] != n {
+							t.Fatalf("%s: %d GPU residencies, want %d", when, tiers[kvindex.TierGPU], n)
+						}
+					}
+					wantGPU("after the resend", 2000)
+					if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 1 || ms[0].GPU != 2000 {
+						t.Fatalf("after the resend the placements match %+v, want the pod's 2000 GPU blocks", ms)
+					}
+					rm := func(seq uint64) {
+						if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: seq, Ops: []kvindex.Op{storetest.Remove(kvindex.TierGPU, hashes[:500]...)}}); err != nil || o != kvindex.Applied {
+							t.Fatalf("removal %d: %s, %v", seq, o, err)
+						}
+					}
+					rm(3)
+					wantGPU("after one removal of the twice-stored hashes", 2000)
+					rm(4)
+					wantGPU("after the second removal", 1500)
+					if n, _ := other.PodBlocks(ctx, pod); n != 1501 {
+						t.Errorf("pod blocks = %d, want 1501", n)
+					}
+				})
 			}
 		})
 	}
@@ -210,36 +213,39 @@ func TestDeltaResumedAfterACrashAppliesOnce(t *testing.T) {
 // A snapshot cut short leaves the position where it was and only a change
 // that drops the rank first applies after it; a restart applies whole.
 func TestSnapshotCutShortIsReplacedWhole(t *testing.T) {
-	addr := startRedis(t)
-	ctx := context.Background()
-	dying, other := newStore(t, addr), newStore(t, addr)
-	src := storetest.Src("p", 0)
-	pod := kvindex.PodKey{Backend: storetest.BackendA, UID: "p"}
-	if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierCPU, 1)}}); err != nil || o != kvindex.Applied {
-		t.Fatalf("sequence 1: %s, %v", o, err)
-	}
-	entries := make([]kvindex.Entry, 0, 3000)
-	for _, h := range storetest.Chain(4, 3000) {
-		entries = append(entries, kvindex.Entry{Space: storetest.Space, Tier: kvindex.TierGPU, Hash: h, Refs: 1})
-	}
-	crashAfter(dying, 4)
-	if err := dying.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, kvindex.SnapshotOf(entries)); !errors.Is(err, errCrash) {
-		t.Fatalf("crash: %v", err)
-	}
-	if ps, _ := other.Positions(ctx, pod); ps[0] != (kvindex.Position{Epoch: 1, Sequence: 1}) {
-		t.Fatalf("a partial snapshot moved the position to %+v", ps[0])
-	}
-	if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 2}); err != nil || o != kvindex.NeedSnapshot {
-		t.Fatalf("the next delta over a partial snapshot: %s, %v", o, err)
-	}
-	if err := other.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, kvindex.SnapshotOf(entries)); err != nil {
-		t.Fatal(err)
-	}
-	if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers != [kvindex.NumTiers]uint64{0, 3000, 0, 0} {
-		t.Fatalf("after the snapshot sent again: tiers %v", tiers)
-	}
-	if n, _ := other.PodBlocks(ctx, pod); n != 3000 {
-		t.Errorf("pod blocks = %d, want 3000", n)
+	for _, r := range targets(t) {
+		t.Run(r.name, func(t *testing.T) {
+			ctx := context.Background()
+			dying, other := r.store(t, redisstore.Options{}), r.store(t, redisstore.Options{})
+			src := storetest.Src("p", 0)
+			pod := kvindex.PodKey{Backend: storetest.BackendA, UID: "p"}
+			if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierCPU, 1)}}); err != nil || o != kvindex.Applied {
+				t.Fatalf("sequence 1: %s, %v", o, err)
+			}
+			entries := make([]kvindex.Entry, 0, 3000)
+			for _, h := range storetest.Chain(4, 3000) {
+				entries = append(entries, kvindex.Entry{Space: storetest.Space, Tier: kvindex.TierGPU, Hash: h, Refs: 1})
+			}
+			crashAfter(dying, 4)
+			if err := dying.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, kvindex.SnapshotOf(entries)); !errors.Is(err, errCrash) {
+				t.Fatalf("crash: %v", err)
+			}
+			if ps, _ := other.Positions(ctx, pod); ps[0] != (kvindex.Position{Epoch: 1, Sequence: 1}) {
+				t.Fatalf("a partial snapshot moved the position to %+v", ps[0])
+			}
+			if o, _, err := other.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 2}); err != nil || o != kvindex.NeedSnapshot {
+				t.Fatalf("the next delta over a partial snapshot: %s, %v", o, err)
+			}
+			if err := other.Replace(ctx, src, kvindex.Position{Epoch: 1, Sequence: 9}, kvindex.SnapshotOf(entries)); err != nil {
+				t.Fatal(err)
+			}
+			if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers != [kvindex.NumTiers]uint64{0, 3000, 0, 0} {
+				t.Fatalf("after the snapshot sent again: tiers %v", tiers)
+			}
+			if n, _ := other.PodBlocks(ctx, pod); n != 3000 {
+				t.Errorf("pod blocks = %d, want 3000", n)
+			}
+		})
 	}
 }
 
@@ -247,38 +253,41 @@ func TestSnapshotCutShortIsReplacedWhole(t *testing.T) {
 // reconnected elsewhere while the first replica was still at it) apply
 // each step once: one reports it applied, the other a duplicate.
 func TestConcurrentReplicasApplyALargeDeltaOnce(t *testing.T) {
-	addr := startRedis(t)
-	ctx := context.Background()
-	a, b := newStore(t, addr), newStore(t, addr)
-	src := storetest.Src("p", 0)
-	hashes := storetest.Chain(5, 3000)
-	for seq := uint64(1); seq <= 4; seq++ {
-		op := storetest.Store(kvindex.TierGPU, hashes...)
-		if seq%2 == 0 {
-			op = storetest.Remove(kvindex.TierGPU, hashes...)
-		}
-		d := kvindex.Delta{Epoch: 1, Sequence: seq, Ops: []kvindex.Op{op, op}}
-		var wg sync.WaitGroup
-		outcomes := make([]kvindex.Outcome, 2)
-		errs := make([]error, 2)
-		for i, s := range []*redisstore.Store{a, b} {
-			wg.Go(func() { outcomes[i], _, errs[i] = s.Apply(ctx, src, d) })
-		}
-		wg.Wait()
-		if errs[0] != nil || errs[1] != nil {
-			t.Fatalf("sequence %d: %v, %v", seq, errs[0], errs[1])
-		}
-		if got := [2]kvindex.Outcome(outcomes); got != [2]kvindex.Outcome{kvindex.Applied, kvindex.Duplicate} && got != [2]kvindex.Outcome{kvindex.Duplicate, kvindex.Applied} {
-			t.Fatalf("sequence %d: outcomes %v, want one applied and one duplicate", seq, outcomes)
-		}
-		// Stores add two references (one residency), removals drop both.
-		want := uint64(3000)
-		if seq%2 == 0 {
-			want = 0
-		}
-		if tiers, _ := a.TierBlocks(ctx, storetest.BackendA); tiers[kvindex.TierGPU] != want {
-			t.Fatalf("after sequence %d: %d GPU residencies, want %d", seq, tiers[kvindex.TierGPU], want)
-		}
+	for _, r := range targets(t) {
+		t.Run(r.name, func(t *testing.T) {
+			ctx := context.Background()
+			a, b := r.store(t, redisstore.Options{}), r.store(t, redisstore.Options{})
+			src := storetest.Src("p", 0)
+			hashes := storetest.Chain(5, 3000)
+			for seq := uint64(1); seq <= 4; seq++ {
+				op := storetest.Store(kvindex.TierGPU, hashes...)
+				if seq%2 == 0 {
+					op = storetest.Remove(kvindex.TierGPU, hashes...)
+				}
+				d := kvindex.Delta{Epoch: 1, Sequence: seq, Ops: []kvindex.Op{op, op}}
+				var wg sync.WaitGroup
+				outcomes := make([]kvindex.Outcome, 2)
+				errs := make([]error, 2)
+				for i, s := range []*redisstore.Store{a, b} {
+					wg.Go(func() { outcomes[i], _, errs[i] = s.Apply(ctx, src, d) })
+				}
+				wg.Wait()
+				if errs[0] != nil || errs[1] != nil {
+					t.Fatalf("sequence %d: %v, %v", seq, errs[0], errs[1])
+				}
+				if got := [2]kvindex.Outcome(outcomes); got != [2]kvindex.Outcome{kvindex.Applied, kvindex.Duplicate} && got != [2]kvindex.Outcome{kvindex.Duplicate, kvindex.Applied} {
+					t.Fatalf("sequence %d: outcomes %v, want one applied and one duplicate", seq, outcomes)
+				}
+				// Stores add two references (one residency), removals drop both.
+				want := uint64(3000)
+				if seq%2 == 0 {
+					want = 0
+				}
+				if tiers, _ := a.TierBlocks(ctx, storetest.BackendA); tiers[kvindex.TierGPU] != want {
+					t.Fatalf("after sequence %d: %d GPU residencies, want %d", seq, tiers[kvindex.TierGPU], want)
+				}
+			}
+		})
 	}
 }
 
@@ -343,30 +352,33 @@ func TestKeysExpireWithTheirLease(t *testing.T) {
 // it cannot overwrite a flush another caller took over since); the
 // change's resend takes the flush over and completes it.
 func TestAnOwnerPastItsLeaseSendsNothing(t *testing.T) {
-	addr := startRedis(t)
-	ctx := context.Background()
-	late := redisstore.NewWithOptions(redis.NewClient(&redis.Options{Addr: addr}), redisstore.Options{FlushLease: time.Nanosecond})
-	t.Cleanup(func() { _ = late.Close() })
-	other := newStore(t, addr)
-	src := storetest.Src("p", 0)
-	hashes := storetest.Chain(6, 10)
-	d := kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierCPU, hashes...)}}
-	if _, _, err := late.Apply(ctx, src, d); err == nil || !strings.Contains(err.Error(), "half its lease") {
-		t.Fatalf("apply past the lease: %v, want the flush refused", err)
-	}
-	if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 0 {
-		t.Fatalf("a flush past its lease wrote placements: %+v", ms)
-	}
-	if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers != [kvindex.NumTiers]uint64{} {
-		t.Fatalf("a flush past its lease counted: %v", tiers)
-	}
-	if o, _, err := other.Apply(ctx, src, d); err != nil || o != kvindex.Duplicate {
-		t.Fatalf("resend: %s, %v, want duplicate (the state was applied, its flush taken over)", o, err)
-	}
-	if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 1 || ms[0].CPU != 10 {
-		t.Fatalf("after the resend: %+v, want the pod's 10 CPU blocks", ms)
-	}
-	if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers[kvindex.TierCPU] != 10 {
-		t.Fatalf("after the resend: tiers %v", tiers)
+	for _, r := range clusterOnly(t) {
+		t.Run(r.name, func(t *testing.T) {
+			ctx := context.Background()
+			late := r.store(t, redisstore.Options{FlushLease: time.Nanosecond})
+			t.Cleanup(func() { _ = late.Close() })
+			other := r.store(t, redisstore.Options{})
+			src := storetest.Src("p", 0)
+			hashes := storetest.Chain(6, 10)
+			d := kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierCPU, hashes...)}}
+			if _, _, err := late.Apply(ctx, src, d); err == nil || !strings.Contains(err.Error(), "half its lease") {
+				t.Fatalf("apply past the lease: %v, want the flush refused", err)
+			}
+			if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 0 {
+				t.Fatalf("a flush past its lease wrote placements: %+v", ms)
+			}
+			if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers != [kvindex.NumTiers]uint64{} {
+				t.Fatalf("a flush past its lease counted: %v", tiers)
+			}
+			if o, _, err := other.Apply(ctx, src, d); err != nil || o != kvindex.Duplicate {
+				t.Fatalf("resend: %s, %v, want duplicate (the state was applied, its flush taken over)", o, err)
+			}
+			if ms, _ := other.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 1 || ms[0].CPU != 10 {
+				t.Fatalf("after the resend: %+v, want the pod's 10 CPU blocks", ms)
+			}
+			if tiers, _ := other.TierBlocks(ctx, storetest.BackendA); tiers[kvindex.TierCPU] != 10 {
+				t.Fatalf("after the resend: tiers %v", tiers)
+			}
+		})
 	}
 }

@@ -51,7 +51,8 @@ func selfCPU(tb testing.TB) int64 {
 }
 
 // BenchmarkClusterIngest is ingest into one CacheBackend on a real Redis
-// Cluster of 1 and of 3 masters (loopback), from 1, 8 and 32 publishers
+// server (shards=0: one server, no cluster) and on a real Redis Cluster of
+// 1 and of 3 masters (loopback), from 1, 8 and 32 publishers
 // (each an engine pod of the backend, applying its own deltas in order,
 // as one subscriber's stream does): each delta stores 64 new blocks in
 // the GPU tier and removes the 64 it stored 8 deltas before, so a pod
@@ -64,15 +65,27 @@ func selfCPU(tb testing.TB) int64 {
 //	go test -run '^$' -bench BenchmarkClusterIngest -benchtime 4000x -count 6 ./internal/kvindex/redisstore/
 func BenchmarkClusterIngest(b *testing.B) {
 	const perDelta, keep = 64, 8
-	for _, shards := range []int{1, 3} {
-		addrs := redisserver.StartCluster(b, shards)
+	for _, shards := range []int{0, 1, 3} {
+		var addrs []string
+		if shards == 0 {
+			addrs = []string{redisserver.Start(b)}
+		} else {
+			addrs = redisserver.StartCluster(b, shards)
+		}
 		for _, pubs := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("shards=%d/publishers=%d", shards, pubs), func(b *testing.B) {
-				c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
-				if err := c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
-					return m.FlushAll(ctx).Err()
-				}); err != nil {
-					b.Fatal(err)
+				var c redis.UniversalClient
+				if shards == 0 {
+					c = redis.NewClient(&redis.Options{Addr: addrs[0], PoolSize: 64})
+				} else {
+					c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
+				}
+				for _, a := range addrs {
+					m := redis.NewClient(&redis.Options{Addr: a})
+					if err := m.FlushAll(context.Background()).Err(); err != nil {
+						b.Fatal(err)
+					}
+					_ = m.Close()
 				}
 				s := redisstore.New(c)
 				defer s.Close()

@@ -228,3 +228,43 @@ func TestRedisStoreThroughSentinel(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) kvindex.Store { return newStore(t, kvindex.Limits{}) })
 	storetest.RunLimits(t, newStore)
 }
+
+// target is a Redis the store runs on: one server, or a cluster.
+type target struct {
+	name  string
+	addrs []string
+}
+
+// store is a new store on r (not flushed).
+func (r target) store(t testing.TB, opt redisstore.Options) *redisstore.Store {
+	t.Helper()
+	var c redis.UniversalClient
+	if len(r.addrs) == 1 {
+		c = redis.NewClient(&redis.Options{Addr: r.addrs[0]})
+	} else {
+		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs})
+	}
+	s := redisstore.NewWithOptions(c, opt)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// flush empties every master of r.
+func (r target) flush(t testing.TB) {
+	t.Helper()
+	for _, a := range r.addrs {
+		flush(t, a)
+	}
+}
+
+// targets are the two shapes a test of the store's changes runs on: one
+// server, where a change writes its placements and counts in its own
+// scripts, and a 3-master cluster, where it leaves them to a flush.
+func targets(t *testing.T) []target {
+	return []target{{name: "server", addrs: []string{startRedis(t)}}, clusterOnly(t)[0]}
+}
+
+// clusterOnly is a 3-master cluster: for what only a flush does.
+func clusterOnly(t *testing.T) []target {
+	return []target{{name: "cluster", addrs: redisserver.StartCluster(t, 3)}}
+}

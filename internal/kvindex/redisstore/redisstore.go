@@ -265,7 +265,7 @@ func (s *Store) newCaller(src kvindex.Source) *caller {
 	c := &caller{s: s, src: src, q: q, key: key, rs: rs, ack: rs.ack}
 	rs.ack = ""
 	s.mu.Unlock()
-	c.base = []any{q, rank, s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), ""}
+	c.base = s.libArgs(src, q, rank)
 	return c
 }
 
@@ -286,6 +286,20 @@ func (c *caller) release() {
 	rs.change.Unlock()
 }
 
+// libArgs are lib's ARGV for src's rank (see lib): direct when the store
+// is on one server (a Sentinel's master included), where one script may
+// write every slot's keys.
+func (s *Store) libArgs(src kvindex.Source, q, rank string) []any {
+	direct := "1"
+	if _, cluster := s.rdb.(*redis.ClusterClient); cluster {
+		direct = "0"
+	}
+	pre, suf, _ := strings.Cut(blockKey(src.Backend, "\x00", "\x01"), "\x01")
+	suf = strings.TrimSuffix(suf, "\x00")
+	return []any{q, rank, s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), "",
+		direct, prefix(src.Backend), nsKey(src.Backend.Namespace), pre, suf, src.PodUID}
+}
+
 // ackLater acks a rank's version that no call took over in AckDelay. An
 // ack that fails leaves the flush to be taken over after its lease.
 func (s *Store) ackLater(key string, rs *rankState) {
@@ -298,7 +312,7 @@ func (s *Store) ackLater(key string, rs *rankState) {
 	if ver != "" {
 		q, rank := key[:strings.LastIndexByte(key, ':')+1], key[strings.LastIndexByte(key, ':')+1:]
 		c := &caller{s: s, src: rs.src, q: q, key: key, rs: rs, ack: ver}
-		c.base = []any{q, rank, s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), ""}
+		c.base = s.libArgs(rs.src, q, rank)
 		ctx, cancel := context.WithTimeout(context.Background(), s.opt.FlushLease)
 		_, _ = c.call(ctx, ackScript, slices.Clone(c.base), 0)
 		cancel()
@@ -595,7 +609,7 @@ func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.
 	defer c.release()
 	base := append(slices.Clone(c.base), strconv.FormatUint(pos.Epoch, 10), strconv.FormatUint(pos.Sequence, 10), tok, 0, steps.count(), s.opt.ChunkHashes,
 		s.opt.Limits.PodBlocks, s.opt.Limits.BackendBlocks, s.opt.Limits.NamespaceBlocks, held[0], held[1], held[2], adding)
-	const kArg = 9
+	const kArg = 15
 	args := make([]any, 0, len(base)+4*s.opt.ChunkHashes+8)
 	for k, lost := 0, 0; ; {
 		base[kArg] = k

@@ -5,7 +5,9 @@ import "github.com/redis/go-redis/v9"
 // The pod-slot library every change script shares. ARGV: Q (the pod's
 // key prefix), rank, me (the caller's owner id), the flush lease (ms),
 // the key TTL margin (ms), ack (the version the caller flushed, or ”),
-// then the script's own from ARGV[7].
+// direct ('1' on one server: see attach), P (the backend's prefix), the
+// namespace count key, a placement key's parts before and after the
+// block hash, the pod's UID, then the script's own from ARGV[13].
 //
 // own:rank is the rank's authoritative state: member "S:H" -> "g c d",
 // its references in the GPU, CPU and disk tiers. A call changes it and
@@ -13,6 +15,7 @@ import "github.com/redis/go-redis/v9"
 // (see pend) instead of writing them: those live in other cluster slots.
 const lib = `
 local Q, rank, me, L, margin, ack = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local direct, P, NSK, blkPre, blkSuf, uid = ARGV[7] == '1', ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local ownKey = Q .. 'own:' .. rank
 local pendKey = Q .. 'pend:' .. rank
 local progKey = Q .. 'prog:' .. rank
@@ -171,10 +174,29 @@ local function pending()
   return out
 end
 -- attach records this call's changes as the pending flush (a new version
--- of the rank's) and puts them in the reply.
+-- of the rank's) and puts them in the reply; on one server (direct), where
+-- a script may write any key, it writes the placements and counts itself,
+-- in the same atomic step, and leaves nothing to flush.
 local function attach(out)
   writeOwn()
   if #clist == 0 then return out end
+  if direct then
+    local inst = uid .. '|' .. rank
+    for _, m in ipairs(clist) do
+      local i = string.find(m, ':', 1, true)
+      local key = blkPre .. string.sub(m, i + 1) .. blkSuf .. string.sub(m, 1, i - 1)
+      if cmask[m] == 0 then redis.call('HDEL', key, inst) else redis.call('HSET', key, inst, cmask[m]) end
+    end
+    if dblocks ~= 0 then
+      redis.call('HINCRBY', P .. 'podblocks', uid, dblocks)
+      redis.call('INCRBY', P .. 'blocks', dblocks)
+      redis.call('INCRBY', NSK, dblocks)
+    end
+    for t = 1, 3 do
+      if dt[t] ~= 0 then redis.call('HINCRBY', P .. 'tiers', t, dt[t]) end
+    end
+    return out
+  end
   local ver = math.max(tonumber(redis.call('HGET', versKey, rank) or '0') + 1, nowUs)
   local vs = string.format('%d', ver)
   local d = string.format('%d %d %d %d', dblocks, dt[1], dt[2], dt[3])
@@ -191,10 +213,10 @@ local function attach(out)
 end
 `
 
-// step is the part of the change scripts: ARGV after lib's six: epoch,
+// step is the part of the change scripts: ARGV after lib's twelve: epoch,
 // sequence, token, step k, steps, count, the pod's, backend's and
 // namespace's limits, the blocks each holds (read before the change),
-// adding, then step k's payload from ARGV[20].
+// adding, then step k's payload from ARGV[26].
 //
 // A change (a delta or a snapshot) runs as steps, one script call each
 // (a clear step as many calls as its HSCAN takes). Step 0 checks the
@@ -208,16 +230,16 @@ end
 // (a crash mid-change), the rank's state is partial: only a change that
 // drops it first (a snapshot, or sequence 1 of a newer epoch) applies.
 const step = `
-local epoch, seqs, token = ARGV[7], ARGV[8], ARGV[9]
-local k, nsteps, count = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local epoch, seqs, token = ARGV[13], ARGV[14], ARGV[15]
+local k, nsteps, count = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
 local function over(ownDropped)
-  local adding = tonumber(ARGV[19])
+  local adding = tonumber(ARGV[25])
   if adding == 0 then return nil end
   local own = 0
   if ownDropped then own = redis.call('HLEN', ownKey) end
   local names = {'pod', 'backend', 'namespace'}
   for i = 1, 3 do
-    local lim, held = tonumber(ARGV[12 + i]), tonumber(ARGV[15 + i])
+    local lim, held = tonumber(ARGV[18 + i]), tonumber(ARGV[21 + i])
     local h = math.max(held - own, 0)
     if lim > 0 and h + adding > lim then
       return {'over', names[i], string.format('%d', lim), string.format('%d', h), '', '', string.format('%d', adding)}
@@ -279,7 +301,7 @@ local function main()
     local c = clearSome(0, cursor, count)
     if c ~= '0' then return finish(false, c) end
   end
-  local i = 20
+  local i = 26
   if ARGV[i] == 'C' then
     local c = clearSome(tonumber(ARGV[i + 1]), cursor, count)
     return finish(c == '0', c)
@@ -334,9 +356,9 @@ local function main()
     return finish(c == '0', c)
   end
   local ms = {}
-  for i = 20, #ARGV, 4 do ms[#ms + 1] = ARGV[i + 1] .. ':' .. ARGV[i + 2] end
+  for i = 26, #ARGV, 4 do ms[#ms + 1] = ARGV[i + 1] .. ':' .. ARGV[i + 2] end
   load(ms)
-  for i = 20, #ARGV, 4 do
+  for i = 26, #ARGV, 4 do
     local tier, n = tonumber(ARGV[i]), tonumber(ARGV[i + 3])
     if tier >= 1 and tier <= 3 and n > 0 then add(ARGV[i + 1] .. ':' .. ARGV[i + 2], tier, n) end
   end
@@ -360,8 +382,8 @@ return reply('acked')
 var expireRankScript = redis.NewScript(lib + `
 local function main()
   local until_ = redis.call('GET', leaseKey)
-  if until_ and tonumber(until_) >= tonumber(ARGV[7]) then return reply('alive') end
-  local c = clearSome(0, ARGV[8], tonumber(ARGV[9]))
+  if until_ and tonumber(until_) >= tonumber(ARGV[13]) then return reply('alive') end
+  local c = clearSome(0, ARGV[14], tonumber(ARGV[15]))
   if c ~= '0' then return reply('more', c) end
   redis.call('DEL', ownKey, progKey)
   redis.call('HDEL', posKey, rank)
