@@ -36,14 +36,17 @@
 // each, so that no script holds Redis for more than a few milliseconds;
 // a per-rank record of the change in progress, checked and advanced by
 // each script, keeps deltas exactly once across crashes and replicas
-// (see step). Each script that changed the rank's state leaves a pending
-// flush (pend): the placements of the members it changed, written as
-// absolute masks (so writing them twice is harmless), and its count
+// (see step). On one server a script may write any key, so each script
+// writes the placements and counts it changed itself (see attach). On a
+// cluster each script that changed the rank's state leaves a pending
+// flush (pend) instead: the placements of the members it changed, written
+// as absolute masks (so writing them twice is harmless), and its count
 // changes, counted once per version by a script in the backend's slot.
 // The caller that ran the script owns the flush for Options.FlushLease
-// and acks it with its next call; any other call on the rank waits for
-// the ack or the lease's end, then takes the flush over. An owner sends
-// no flush write after half its lease, so two never interleave. Every
+// and acks it with the rank's next call (or after Options.AckDelay); any
+// other call on the rank waits for the ack or the lease's end, then takes
+// the flush over. An owner sends no flush write after half its lease, so
+// two never interleave. Every
 // key but the placements and kvi2:backends expires Options.KeyTTLMargin
 // after the last lease PutPod set for it; a placement is emptied, and so
 // removed, by the clears of its holders.
