@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -267,4 +268,109 @@ func targets(t *testing.T) []target {
 // clusterOnly is a 3-master cluster: for what only a flush does.
 func clusterOnly(t *testing.T) []target {
 	return []target{{name: "cluster", addrs: redisserver.StartCluster(t, 3)}}
+}
+
+// moveSlot moves a slot, with its keys, from the master at from to the one
+// at to, and tells every master: a resharding as redis-cli --cluster
+// reshard does it, while the store's client still has the old slot map.
+func moveSlot(t *testing.T, addrs []string, slot int64, from, to string) {
+	t.Helper()
+	ctx := context.Background()
+	cl := map[string]*redis.Client{}
+	ids := map[string]string{}
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a, DisableIdentity: true,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+		defer c.Close()
+		cl[a] = c
+		id, err := c.Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[a] = id
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(cl[to].Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[from]).Err())
+	must(cl[from].Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[to]).Err())
+	keys, err := cl[from].ClusterGetKeysInSlot(ctx, int(slot), 1000).Result()
+	must(err)
+	if len(keys) > 0 {
+		host, port, _ := net.SplitHostPort(to)
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		must(cl[from].Do(ctx, args...).Err())
+	}
+	for _, a := range addrs {
+		must(cl[a].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[to]).Err())
+	}
+}
+
+// A slot that moves to another master between two changes (a resharding)
+// does not lose a write: the placement script, run on the master the
+// client still thinks serves the block, refuses the key it no longer
+// holds, and the placements go one command each through the cluster
+// client, which follows MOVED. Nothing surfaces to the caller.
+func TestPlacementsFollowAMovedSlot(t *testing.T) {
+	addrs := redisserver.StartCluster(t, 3)
+	s := newClusterStore(t, addrs, redisstore.Options{})
+	ctx := context.Background()
+	backend := kvindex.BackendRef{Namespace: "team-a", Name: "cache"}
+	src := kvindex.Source{Backend: backend, PodUID: "uid-0"}
+	hashes := storetest.Chain(11, 64)
+	if o, _, err := s.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, hashes...)}}); err != nil || o != kvindex.Applied {
+		t.Fatalf("delta 1: %s, %v", o, err)
+	}
+	// Move the slot of the first block's placement to the next master;
+	// the pod's slot stays, so that nothing tells the client before the
+	// placement script runs on the block's old master.
+	probe := redis.NewClient(&redis.Options{Addr: addrs[0]})
+	defer probe.Close()
+	owner := func(slot int64) string {
+		slots, err := probe.ClusterSlots(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) {
+				return r.Nodes[0].Addr
+			}
+		}
+		t.Fatalf("no master serves slot %d", slot)
+		return ""
+	}
+	next := func(a string) string { return addrs[(slices.Index(addrs, a)+1)%len(addrs)] }
+	for _, tag := range []string{fmt.Sprintf("%016x", hashes[0])} {
+		slot, err := probe.ClusterKeySlot(ctx, "{"+tag+"}").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		from := owner(slot)
+		moveSlot(t, addrs, slot, from, next(from))
+		if got := owner(slot); got != next(from) {
+			t.Fatalf("slot %d is on %s after the move, want %s", slot, got, next(from))
+		}
+	}
+	// Remove the first block, add it in the CPU tier: both need the
+	// moved slots.
+	d := kvindex.Delta{Epoch: 1, Sequence: 2, Ops: []kvindex.Op{storetest.Remove(kvindex.TierGPU, hashes[0]), storetest.Store(kvindex.TierCPU, hashes[0])}}
+	if o, _, err := s.Apply(ctx, src, d); err != nil || o != kvindex.Applied {
+		t.Fatalf("delta 2 after the moves: %s, %v", o, err)
+	}
+	ms, err := s.Score(ctx, backend, storetest.Space, hashes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 1 || ms[0].Any != 64 || ms[0].GPU != 0 || ms[0].CPU != 1 {
+		t.Fatalf("after the moves: %+v, want the pod with 64 blocks, the first in CPU only", ms)
+	}
+	if tiers, _ := s.TierBlocks(ctx, backend); tiers != [kvindex.NumTiers]uint64{0, 63, 1, 0} {
+		t.Fatalf("tiers %v, want 63 GPU and 1 CPU", tiers)
+	}
 }
