@@ -333,13 +333,19 @@ func TestPlacementsFollowAMovedSlot(t *testing.T) {
 	probe := redis.NewClient(&redis.Options{Addr: addrs[0]})
 	defer probe.Close()
 	owner := func(slot int64) string {
-		slots, err := probe.ClusterSlots(ctx).Result()
+		shards, err := probe.ClusterShards(ctx).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range slots {
-			if int64(r.Start) <= slot && slot <= int64(r.End) {
-				return r.Nodes[0].Addr
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start <= slot && slot <= r.End {
+					for _, n := range sh.Nodes {
+						if n.Role == "master" {
+							return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+						}
+					}
+				}
 			}
 		}
 		t.Fatalf("no master serves slot %d", slot)
