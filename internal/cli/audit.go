@@ -12,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
 )
@@ -94,7 +93,7 @@ func IsEnginePod(p *corev1.Pod, backends []v1alpha1.CacheBackend) bool {
 	if _, ok := p.Labels[render.LabelCacheBackend]; ok {
 		return false
 	}
-	if inject.Select(p.Labels, backends) != nil {
+	if v1alpha1.Claimant(p.Labels, backends) != nil {
 		return true
 	}
 	for _, k := range []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationSkipInject, v1alpha1.AnnotationInjectSkipped} {

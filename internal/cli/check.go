@@ -475,7 +475,7 @@ func checkPodWebhook(ctx context.Context, c client.Client, ns string) CheckResul
 	for i := range list.Items {
 		cb := &list.Items[i]
 		if len(cb.Spec.EngineSelector.MatchLabels) > 0 && (cb.Spec.Type != v1alpha1.BackendTypeLMCache || cb.Status.Endpoint != "") {
-			target = inject.Select(cb.Spec.EngineSelector.MatchLabels, list.Items)
+			target = v1alpha1.Claimant(cb.Spec.EngineSelector.MatchLabels, list.Items)
 			break
 		}
 	}

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
 )
 
@@ -185,7 +184,7 @@ func explainAdmission(pod *corev1.Pod, backends []v1alpha1.CacheBackend, keys []
 		}
 		return e
 	}
-	matched := inject.Select(pod.Labels, backends)
+	matched := v1alpha1.Claimant(pod.Labels, backends)
 	name := ""
 	if matched != nil {
 		name = matched.Namespace + "/" + matched.Name

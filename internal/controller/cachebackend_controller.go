@@ -214,7 +214,7 @@ func (r *CacheBackendReconciler) backendsForPod(ctx context.Context, pod client.
 		return server, nil
 	}
 	for i := range list.Items {
-		if inject.Matches(list.Items[i].Spec.EngineSelector.MatchLabels, pod.GetLabels()) {
+		if list.Items[i].Spec.EngineSelector.Matches(pod.GetLabels()) {
 			engines = append(engines, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
 		}
 	}

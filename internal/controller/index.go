@@ -13,7 +13,6 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
-	"github.com/inferencecache/operator/internal/inject"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -138,12 +137,12 @@ type claims struct {
 
 // claimedBy reports whether the backend named name claims a pod with
 // these labels among backends: the webhook wires a pod to the first by
-// name of the backends whose selectors match it (inject.Select), so a pod
+// name of the backends whose selectors match it (v1alpha1.Claimant), so a pod
 // another backend claims is that backend's engine, never an unwired one
 // of name's. A pod none claims (its backend is being deleted) stays
 // name's to report.
 func claimedBy(name string, labels map[string]string, backends []v1alpha1.CacheBackend) (bool, string) {
-	if c := inject.Select(labels, backends); c != nil && c.Name != name {
+	if c := v1alpha1.Claimant(labels, backends); c != nil && c.Name != name {
 		return false, c.Name
 	}
 	return true, ""

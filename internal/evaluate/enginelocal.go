@@ -88,7 +88,7 @@ func EngineLocal(cb *v1alpha1.CacheBackend, pods []corev1.Pod, keys []receipt.Ke
 		if !p.DeletionTimestamp.IsZero() || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		if !inject.Matches(cb.Spec.EngineSelector.MatchLabels, p.Labels) {
+		if !cb.Spec.EngineSelector.Matches(p.Labels) {
 			continue
 		}
 		t.active++

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -130,42 +129,11 @@ func SkipRequested(value string) bool {
 	return true
 }
 
-// Matches reports whether every key/value of sel is in podLabels, the
-// semantics of a Service selector. An empty selector matches nothing.
-func Matches(sel, podLabels map[string]string) bool {
-	if len(sel) == 0 {
-		return false
-	}
-	for k, v := range sel {
-		if have, ok := podLabels[k]; !ok || have != v {
-			return false
-		}
-	}
-	return true
-}
-
-// Select returns the CacheBackend that claims a pod with these labels: of
-// those whose non-empty selector matches, the first by metadata.name. Nil
-// when none matches.
-func Select(podLabels map[string]string, backends []v1alpha1.CacheBackend) *v1alpha1.CacheBackend {
-	var matched []*v1alpha1.CacheBackend
-	for i := range backends {
-		if backends[i].DeletionTimestamp.IsZero() && Matches(backends[i].Spec.EngineSelector.MatchLabels, podLabels) {
-			matched = append(matched, &backends[i])
-		}
-	}
-	if len(matched) == 0 {
-		return nil
-	}
-	sort.Slice(matched, func(i, j int) bool { return matched[i].Name < matched[j].Name })
-	return matched[0]
-}
-
 // Decide returns the verdict on pod given the CacheBackends of its
 // namespace. It does not modify its inputs.
 func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Decision {
 	out := pod.DeepCopy()
-	cb := Select(pod.Labels, backends)
+	cb := v1alpha1.Claimant(pod.Labels, backends)
 	if cb == nil {
 		clearReceipts(out)
 		return Decision{Outcome: NoMatch, Pod: out, Message: "no CacheBackend selector matches the pod's labels"}

@@ -397,15 +397,3 @@ func assertPatchApplies(t testing.TB, raw []byte, ops any, want *corev1.Pod) {
 }
 
 var _ = admissionv1.Create
-
-func TestMatches(t *testing.T) {
-	pod := map[string]string{"app": "qwen", "tier": "gpu"}
-	assert.True(t, Matches(map[string]string{"app": "qwen"}, pod))
-	assert.True(t, Matches(pod, pod))
-	assert.False(t, Matches(map[string]string{"app": "llama"}, pod))
-	assert.False(t, Matches(map[string]string{"app": "qwen", "zone": "a"}, pod))
-	assert.False(t, Matches(map[string]string{"app": ""}, pod), "a selector value must be present, even empty")
-	assert.True(t, Matches(map[string]string{"app": ""}, map[string]string{"app": ""}))
-	assert.False(t, Matches(nil, pod), "an empty selector matches nothing")
-	assert.False(t, Matches(map[string]string{}, pod))
-}

@@ -9,7 +9,6 @@ import (
 	crcache "sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/inject"
 )
 
 // Index selects the CacheBackend that claims a pod without listing the
@@ -73,9 +72,9 @@ func (x *Index) Synced() bool {
 	return f != nil && f()
 }
 
-// Select is inject.Select over the CacheBackends of namespace: of those not being
-// deleted whose non-empty selector matches labels, the first by name; nil
-// when none does.
+// Select is v1alpha1.Claimant over the CacheBackends of namespace, found
+// through the label pairs they select by: of those that select labels, the
+// first by name; nil when none does.
 func (x *Index) Select(namespace string, labels map[string]string) *v1alpha1.CacheBackend {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
@@ -86,8 +85,7 @@ func (x *Index) Select(namespace string, labels map[string]string) *v1alpha1.Cac
 	var best *v1alpha1.CacheBackend
 	for k, v := range labels {
 		for _, cb := range ns.byAnchor[labelPair{k, v}] {
-			if cb.DeletionTimestamp.IsZero() && inject.Matches(cb.Spec.EngineSelector.MatchLabels, labels) &&
-				(best == nil || cb.Name < best.Name) {
+			if cb.Selects(labels) && (best == nil || cb.Name < best.Name) {
 				best = cb
 			}
 		}

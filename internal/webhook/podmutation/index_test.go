@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/inject"
 )
 
 // indexOf feeds backends to a new, synced Index as the informer would.
@@ -63,7 +62,7 @@ func TestIndexSelectIsSelect(t *testing.T) {
 		t.Helper()
 		for _, ns := range []string{"llm", "elsewhere", "none"} {
 			for _, labels := range pods {
-				want, got := inject.Select(labels, inNS(ns)), x.Select(ns, labels)
+				want, got := v1alpha1.Claimant(labels, inNS(ns)), x.Select(ns, labels)
 				name := func(cb *v1alpha1.CacheBackend) string {
 					if cb == nil {
 						return "<none>"
