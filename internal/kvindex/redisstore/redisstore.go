@@ -108,10 +108,11 @@ const DefaultAckDelay = 250 * time.Millisecond
 
 // Options configure a Store.
 type Options struct {
-	// Limits the store enforces (kvindex.Limits). The pod's, backend's
-	// and namespace's blocks are read just before a change: changes of
-	// different pods that race may pass a backend's or namespace's limit
-	// together by one change each.
+	// Limits the store enforces (kvindex.Limits). On one server the
+	// pod's, backend's and namespace's blocks are read atomically with the
+	// change; on a cluster, just before it, so that changes of different
+	// pods that race may pass a backend's or namespace's limit together
+	// by one change each.
 	Limits kvindex.Limits
 	// ChunkHashes bounds the hashes (or snapshot entries, or members of a
 	// clear) one Lua script handles, so that no script holds Redis for
@@ -582,7 +583,8 @@ func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pa
 const maxLost = 3
 
 // held reads the blocks the pod, its backend and its namespace hold, for
-// the limits: one round trip to the backend's slot.
+// the limits on a cluster: one round trip to the backend's slot (on one
+// server the step script reads them itself).
 func (s *Store) held(ctx context.Context, src kvindex.Source) ([3]uint64, error) {
 	p := prefix(src.Backend)
 	pipe := s.rdb.Pipeline()
@@ -602,7 +604,7 @@ func (s *Store) held(ctx context.Context, src kvindex.Source) ([3]uint64, error)
 // returns the last reply: 'ok', 'dup', 'snap', 'stale', 'over' or 'lost'.
 func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.Source, pos kvindex.Position, tok string, adding uint64, steps steps, restartOnLost bool) ([]string, error) {
 	var held [3]uint64
-	if adding > 0 {
+	if _, cluster := s.rdb.(*redis.ClusterClient); cluster && adding > 0 {
 		var err error
 		if held, err = s.held(ctx, src); err != nil {
 			return nil, err

@@ -215,7 +215,8 @@ end
 
 // step is the part of the change scripts: ARGV after lib's twelve: epoch,
 // sequence, token, step k, steps, count, the pod's, backend's and
-// namespace's limits, the blocks each holds (read before the change),
+// namespace's limits, the blocks each holds (on a cluster, read by the
+// caller before the change),
 // adding, then step k's payload from ARGV[26].
 //
 // A change (a delta or a snapshot) runs as steps, one script call each
@@ -238,8 +239,13 @@ local function over(ownDropped)
   local own = 0
   if ownDropped then own = redis.call('HLEN', ownKey) end
   local names = {'pod', 'backend', 'namespace'}
+  -- On one server the counts are read here, atomically with the change;
+  -- on a cluster they are in the backend's slot, read by the caller just
+  -- before.
+  local counts = {ARGV[22], ARGV[23], ARGV[24]}
+  if direct then counts = {redis.call('HGET', P .. 'podblocks', uid), redis.call('GET', P .. 'blocks'), redis.call('GET', NSK)} end
   for i = 1, 3 do
-    local lim, held = tonumber(ARGV[18 + i]), tonumber(ARGV[21 + i])
+    local lim, held = tonumber(ARGV[18 + i]), tonumber(counts[i] or '0')
     local h = math.max(held - own, 0)
     if lim > 0 and h + adding > lim then
       return {'over', names[i], string.format('%d', lim), string.format('%d', h), '', '', string.format('%d', adding)}
