@@ -11,14 +11,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -33,57 +28,21 @@ import (
 
 // replica is one cache-index process.
 type replica struct {
-	grpc, http string
-	conn       *grpc.ClientConn
-	kill       func()
+	http string
+	conn *grpc.ClientConn
+	kill func()
 }
 
 func startReplica(t *testing.T, bin string, redisAddrs []string) *replica {
 	t.Helper()
-	r := &replica{
-		grpc: fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)),
-		http: fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)),
-	}
-	probe := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
-	logs, err := os.Create(filepath.Join(t.TempDir(), "cache-index.log"))
+	addr := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
+	ix := fixture.StartCacheIndex(t, bin, addr, "--store=redis", "--redis-address="+strings.Join(redisAddrs, ","), "--heartbeat", "1s")
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--store=redis", "--redis-address="+strings.Join(redisAddrs, ","),
-		"--grpc-bind-address", r.grpc, "--http-bind-address", r.http, "--health-probe-bind-address", probe,
-		"--auth", "none", "--heartbeat", "1s")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start cache-index: %v", err)
-	}
-	var once sync.Once
-	r.kill = func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) }
-	t.Cleanup(r.kill)
-	t.Cleanup(func() {
-		if t.Failed() {
-			b, _ := os.ReadFile(logs.Name())
-			t.Logf("cache-index on %s:\n%s", r.grpc, b)
-		}
-	})
-	for i := 0; ; i++ {
-		resp, err := http.Get("http://" + probe + "/readyz")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if i == 300 {
-			b, _ := os.ReadFile(logs.Name())
-			t.Fatalf("cache-index did not become ready: %v\n%s", err, b)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if r.conn, err = grpc.NewClient(r.grpc, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.conn.Close() })
-	return r
+	t.Cleanup(func() { _ = conn.Close() })
+	return &replica{http: ix.HTTP, conn: conn, kill: ix.Kill}
 }
 
 var backend = &pb.CacheBackendRef{Namespace: "team-a", Name: "cache"}

@@ -1,17 +1,12 @@
 package kvevents_test
 
 import (
-	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/inferencecache/operator/test/kvevents/fixture"
-	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 var (
@@ -51,37 +46,8 @@ func binaries(t *testing.T) (index, subscriber string) {
 func startCacheIndex(t *testing.T, addr string) index {
 	t.Helper()
 	bin, _ := binaries(t)
-	probe := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
-	logs, err := os.Create(filepath.Join(t.TempDir(), "cache-index.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)),
-		"--health-probe-bind-address", probe, "--auth", "none", "--heartbeat", "1s", "--zap-devel")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start cache-index: %v", err)
-	}
-	var once sync.Once
-	stop := func() {
-		once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	}
-	t.Cleanup(stop)
-	for i := 0; ; i++ {
-		resp, err := http.Get("http://" + probe + "/healthz")
-		if err == nil {
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if i == 300 {
-			b, _ := os.ReadFile(logs.Name())
-			t.Fatalf("cache-index did not become healthy: %v\n%s", err, b)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	q, err := newQueryIndex(addr, "ns", "cb", "m", "engine-0", stop)
+	ix := fixture.StartCacheIndex(t, bin, addr, "--heartbeat", "1s", "--zap-devel")
+	q, err := newQueryIndex(addr, "ns", "cb", "m", "engine-0", ix.Kill)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,10 @@ import (
 // Store is the Redis store.
 type Store struct {
 	rdb redis.UniversalClient
-	opt Options
+	// cluster is rdb on a Redis Cluster, nil on one server (or a
+	// Sentinel's master), where a script may write every key.
+	cluster *redis.ClusterClient
+	opt     Options
 	// id owns the flushes this store's calls leave.
 	id string
 	// onCall, when set (tests), hears each change script call that did
@@ -163,7 +166,8 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	if opt.AckDelay <= 0 {
 		opt.AckDelay = DefaultAckDelay
 	}
-	return &Store{rdb: rdb, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
+	cluster, _ := rdb.(*redis.ClusterClient)
+	return &Store{rdb: rdb, cluster: cluster, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
 }
 
 // Close implements kvindex.Store: the acks still waiting are sent first.
@@ -198,7 +202,14 @@ func podPrefix(b kvindex.BackendRef, uid string) string {
 // blockKey is the placement of a block: the hash is the hash tag, so a
 // backend's blocks spread over a cluster's slots.
 func blockKey(b kvindex.BackendRef, space, hash string) string {
-	return "kvi2:{" + hash + "}:blk:" + b.Namespace + "/" + b.Name + ":" + space
+	pre, suf := blockKeyParts(b)
+	return pre + hash + suf + space
+}
+
+// blockKeyParts are a placement key's parts before and after the hash
+// (the space follows): the scripts build keys from them.
+func blockKeyParts(b kvindex.BackendRef) (pre, suf string) {
+	return "kvi2:{", "}:blk:" + b.Namespace + "/" + b.Name + ":"
 }
 
 // nsKey counts a namespace's blocks. '_' is in no Kubernetes name, so no
@@ -221,8 +232,7 @@ func hashHex(h uint64) string {
 	return string(b[:])
 }
 
-// newOwner names one caller's run of calls (a change or an expiry) as the
-// owner of the flushes they leave.
+// newOwner names a store as the owner of the flushes its calls leave.
 func newOwner() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
@@ -249,9 +259,7 @@ type caller struct {
 // other change of the rank, if any, and takes over its unacked version.
 // The caller must release it.
 func (s *Store) newCaller(src kvindex.Source) *caller {
-	q := podPrefix(src.Backend, src.PodUID)
-	rank := strconv.FormatUint(uint64(src.Rank), 10)
-	key := q + rank
+	key := podPrefix(src.Backend, src.PodUID) + strconv.FormatUint(uint64(src.Rank), 10)
 	s.mu.Lock()
 	rs := s.ranks[key]
 	if rs == nil {
@@ -266,11 +274,34 @@ func (s *Store) newCaller(src kvindex.Source) *caller {
 		rs.timer.Stop()
 		rs.timer = nil
 	}
-	c := &caller{s: s, src: src, q: q, key: key, rs: rs, ack: rs.ack}
-	rs.ack = ""
+	c := s.callerOf(key, rs)
 	s.mu.Unlock()
-	c.base = s.libArgs(src, q, rank)
 	return c
+}
+
+// callerOf is a caller on rs's rank that takes over its unacked version;
+// s.mu and rs.change held.
+func (s *Store) callerOf(key string, rs *rankState) *caller {
+	q := podPrefix(rs.src.Backend, rs.src.PodUID)
+	c := &caller{s: s, src: rs.src, q: q, key: key, rs: rs, ack: rs.ack}
+	rs.ack = ""
+	direct := "1"
+	if s.cluster != nil {
+		direct = "0"
+	}
+	pre, suf := blockKeyParts(rs.src.Backend)
+	c.base = []any{q, strconv.FormatUint(uint64(rs.src.Rank), 10), s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), "",
+		direct, prefix(rs.src.Backend), nsKey(rs.src.Backend.Namespace), pre, suf, rs.src.PodUID}
+	return c
+}
+
+// leave drops rs from the store's ranks once no change uses it and no
+// ack waits; s.mu held.
+func (s *Store) leave(key string, rs *rankState) {
+	rs.users--
+	if rs.users == 0 && rs.ack == "" {
+		delete(s.ranks, key)
+	}
 }
 
 // release ends the change: a version flushed and not acked yet waits for
@@ -282,26 +313,9 @@ func (c *caller) release() {
 		rs.ack = c.ack
 		rs.timer = time.AfterFunc(s.opt.AckDelay, func() { s.ackLater(c.key, rs) })
 	}
-	rs.users--
-	if rs.users == 0 && rs.ack == "" {
-		delete(s.ranks, c.key)
-	}
+	s.leave(c.key, rs)
 	s.mu.Unlock()
 	rs.change.Unlock()
-}
-
-// libArgs are lib's ARGV for src's rank (see lib): direct when the store
-// is on one server (a Sentinel's master included), where one script may
-// write every slot's keys.
-func (s *Store) libArgs(src kvindex.Source, q, rank string) []any {
-	direct := "1"
-	if _, cluster := s.rdb.(*redis.ClusterClient); cluster {
-		direct = "0"
-	}
-	pre, suf, _ := strings.Cut(blockKey(src.Backend, "\x00", "\x01"), "\x01")
-	suf = strings.TrimSuffix(suf, "\x00")
-	return []any{q, rank, s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), "",
-		direct, prefix(src.Backend), nsKey(src.Backend.Namespace), pre, suf, src.PodUID}
 }
 
 // ackLater acks a rank's version that no call took over in AckDelay. An
@@ -309,23 +323,17 @@ func (s *Store) libArgs(src kvindex.Source, q, rank string) []any {
 func (s *Store) ackLater(key string, rs *rankState) {
 	rs.change.Lock()
 	s.mu.Lock()
-	ver := rs.ack
-	rs.ack, rs.timer = "", nil
+	rs.timer = nil
 	rs.users++
+	c := s.callerOf(key, rs)
 	s.mu.Unlock()
-	if ver != "" {
-		q, rank := key[:strings.LastIndexByte(key, ':')+1], key[strings.LastIndexByte(key, ':')+1:]
-		c := &caller{s: s, src: rs.src, q: q, key: key, rs: rs, ack: ver}
-		c.base = s.libArgs(rs.src, q, rank)
+	if c.ack != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), s.opt.FlushLease)
 		_, _ = c.call(ctx, ackScript, slices.Clone(c.base), 0)
 		cancel()
 	}
 	s.mu.Lock()
-	rs.users--
-	if rs.users == 0 && rs.ack == "" {
-		delete(s.ranks, key)
-	}
+	s.leave(key, rs)
 	s.mu.Unlock()
 	rs.change.Unlock()
 }
@@ -522,8 +530,8 @@ func parseLimit(res []string) error {
 // cluster client, which follows MOVED and ASK.
 func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pairs []string) error {
 	args := func(n int) []any { return append(make([]any, 0, 1+n), inst) }
-	cc, ok := s.rdb.(*redis.ClusterClient)
-	if !ok {
+	cc := s.cluster
+	if cc == nil {
 		all := args(len(pairs))
 		for i := 0; i+1 < len(pairs); i += 2 {
 			space, hash, _ := strings.Cut(pairs[i], ":")
@@ -604,7 +612,7 @@ func (s *Store) held(ctx context.Context, src kvindex.Source) ([3]uint64, error)
 // returns the last reply: 'ok', 'dup', 'snap', 'stale', 'over' or 'lost'.
 func (s *Store) runSteps(ctx context.Context, script *redis.Script, src kvindex.Source, pos kvindex.Position, tok string, adding uint64, steps steps, restartOnLost bool) ([]string, error) {
 	var held [3]uint64
-	if _, cluster := s.rdb.(*redis.ClusterClient); cluster && adding > 0 {
+	if s.cluster != nil && adding > 0 {
 		var err error
 		if held, err = s.held(ctx, src); err != nil {
 			return nil, err

@@ -13,7 +13,7 @@ import "github.com/redis/go-redis/v9"
 // its references in the GPU, CPU and disk tiers. A call changes it and
 // records what the placement keys and the backend's counts must learn
 // (see pend) instead of writing them: those live in other cluster slots.
-const lib = `
+const lib = writes + `
 local Q, rank, me, L, margin, ack = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local direct, P, NSK, blkPre, blkSuf, uid = ARGV[7] == '1', ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local ownKey = Q .. 'own:' .. rank
@@ -184,17 +184,9 @@ local function attach(out)
     local inst = uid .. '|' .. rank
     for _, m in ipairs(clist) do
       local i = string.find(m, ':', 1, true)
-      local key = blkPre .. string.sub(m, i + 1) .. blkSuf .. string.sub(m, 1, i - 1)
-      if cmask[m] == 0 then redis.call('HDEL', key, inst) else redis.call('HSET', key, inst, cmask[m]) end
+      place(blkPre .. string.sub(m, i + 1) .. blkSuf .. string.sub(m, 1, i - 1), inst, cmask[m])
     end
-    if dblocks ~= 0 then
-      redis.call('HINCRBY', P .. 'podblocks', uid, dblocks)
-      redis.call('INCRBY', P .. 'blocks', dblocks)
-      redis.call('INCRBY', NSK, dblocks)
-    end
-    for t = 1, 3 do
-      if dt[t] ~= 0 then redis.call('HINCRBY', P .. 'tiers', t, dt[t]) end
-    end
+    addCounts(P, NSK, uid, dblocks, dt)
     return out
   end
   local ver = math.max(tonumber(redis.call('HGET', versKey, rank) or '0') + 1, nowUs)
@@ -404,21 +396,12 @@ return attach(main())
 // namespace's counts, once per version of the rank's. KEYS: the
 // backend's seen hash. ARGV: P, the namespace count key, uid, rank,
 // version, blocks, GPU, CPU and disk residencies gained (or lost).
-var countScript = redis.NewScript(`
+var countScript = redis.NewScript(writes + `
 local P, NSK, uid, inst, ver = ARGV[1], ARGV[2], ARGV[3], ARGV[3] .. '|' .. ARGV[4], ARGV[5]
 local seen = redis.call('HGET', P .. 'seen', inst)
 if seen and tonumber(seen) >= tonumber(ver) then return 0 end
 redis.call('HSET', P .. 'seen', inst, ver)
-local n = tonumber(ARGV[6])
-if n ~= 0 then
-  redis.call('HINCRBY', P .. 'podblocks', uid, n)
-  redis.call('INCRBY', P .. 'blocks', n)
-  redis.call('INCRBY', NSK, n)
-end
-for t = 1, 3 do
-  local d = tonumber(ARGV[6 + t])
-  if d ~= 0 then redis.call('HINCRBY', P .. 'tiers', t, d) end
-end
+addCounts(P, NSK, uid, tonumber(ARGV[6]), {tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])})
 return 1
 `)
 
@@ -502,14 +485,30 @@ end
 // several slots of its own node; a key another node serves fails it, and
 // the caller writes those one command each). ARGV: the instance, then
 // per block its placement key and mask ('0': not held).
-var placeScript = redis.NewScript(`
+var placeScript = redis.NewScript(writes + `
 local inst = ARGV[1]
-for i = 2, #ARGV, 2 do
-  if ARGV[i + 1] == '0' then
-    redis.call('HDEL', ARGV[i], inst)
-  else
-    redis.call('HSET', ARGV[i], inst, ARGV[i + 1])
-  end
-end
+for i = 2, #ARGV, 2 do place(ARGV[i], inst, tonumber(ARGV[i + 1])) end
 return 1
 `)
+
+// writes are the two writes a change's outcome makes outside the rank's
+// own state, shared by the step scripts on one server (attach) and the
+// flush's scripts on a cluster: place sets (or, for mask 0, removes) an
+// instance's tier mask in a block's placement; addCounts adds blocks and
+// per-tier residencies gained (or lost) to the pod's, backend's and
+// namespace's counts.
+const writes = `
+local function place(key, inst, mask)
+  if mask == 0 then redis.call('HDEL', key, inst) else redis.call('HSET', key, inst, mask) end
+end
+local function addCounts(P, NSK, uid, n, dt)
+  if n ~= 0 then
+    redis.call('HINCRBY', P .. 'podblocks', uid, n)
+    redis.call('INCRBY', P .. 'blocks', n)
+    redis.call('INCRBY', NSK, n)
+  end
+  for t = 1, 3 do
+    if dt[t] ~= 0 then redis.call('HINCRBY', P .. 'tiers', t, dt[t]) end
+  end
+end
+`

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/inferencecache/operator/test/testutil/freeport"
 )
 
 // Bin is the redis-server the tests run.
@@ -27,42 +29,61 @@ const Bin = "/usr/bin/redis-server"
 // host:port once it answers (a refusal such as NOAUTH is an answer).
 func Start(t testing.TB, args ...string) string {
 	t.Helper()
+	p := launch(t, "redis.log", func(port int, dir string) []string {
+		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}, args...)
+	})
+	c := redis.NewClient(&redis.Options{Addr: p.addr})
+	defer c.Close()
+	p.waitFor(t, "redis-server on "+p.addr+" did not answer", func() bool {
+		var answer redis.Error
+		err := c.Ping(context.Background()).Err()
+		return err == nil || errors.As(err, &answer)
+	})
+	return p.addr
+}
+
+// process is a redis-server launch started: its address and log.
+type process struct {
+	addr, log string
+}
+
+// launch starts redis-server with the arguments args gives for a free
+// loopback port and a fresh directory, logging to logName there, and
+// kills it at the test's end. A missing binary fails the test.
+func launch(t testing.TB, logName string, args func(port int, dir string) []string) process {
+	t.Helper()
 	if _, err := os.Stat(Bin); err != nil {
 		t.Fatalf("%s is missing (%v): run `make packages` (test/tools/install-packages.sh installs the Debian package redis-server)", Bin, err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := freeport.MustTake(t)
 	dir := t.TempDir()
-	logFile, err := os.Create(filepath.Join(dir, "redis.log"))
+	logFile, err := os.Create(filepath.Join(dir, logName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(Bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}, args...)...)
+	cmd := exec.Command(Bin, args(port, dir)...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server: %v", err)
+		t.Fatalf("starting %s: %v", Bin, err)
 	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
+	return process{addr: fmt.Sprintf("127.0.0.1:%d", port), log: logFile.Name()}
+}
+
+// waitFor polls ready for 5 s, then fails the test with what and the log.
+func (p process) waitFor(t testing.TB, what string, ready func() bool) {
+	t.Helper()
 	for range 200 {
-		var answer redis.Error
-		if err := c.Ping(context.Background()).Err(); err == nil || errors.As(err, &answer) {
-			return addr
+		if ready() {
+			return
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-	out, _ := os.ReadFile(logFile.Name())
-	t.Fatalf("redis-server on %s did not answer; its log:\n%s", addr, out)
-	return ""
+	out, _ := os.ReadFile(p.log)
+	t.Fatalf("%s; its log:\n%s", what, out)
 }
 
 // StartCluster runs a Redis Cluster of n masters (no replicas), each a
@@ -119,44 +140,19 @@ func StartCluster(t testing.TB, n int) []string {
 // host:port once it reports the master.
 func StartSentinel(t testing.TB, masterAddr, name string) string {
 	t.Helper()
-	if _, err := os.Stat(Bin); err != nil {
-		t.Fatalf("%s is missing (%v): run `make packages` (test/tools/install-packages.sh installs the Debian package redis-server)", Bin, err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
-	dir := t.TempDir()
 	host, mport, _ := net.SplitHostPort(masterAddr)
-	conf := filepath.Join(dir, "sentinel.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 1000\n", port, dir, name, host, mport, name), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logFile, err := os.Create(filepath.Join(dir, "sentinel.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(Bin, conf, "--sentinel")
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server --sentinel: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	c := redis.NewSentinelClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	for range 200 {
-		if got, err := c.GetMasterAddrByName(context.Background(), name).Result(); err == nil && len(got) == 2 && got[1] == mport {
-			return addr
+	p := launch(t, "sentinel.log", func(port int, dir string) []string {
+		conf := filepath.Join(dir, "sentinel.conf")
+		if err := os.WriteFile(conf, fmt.Appendf(nil, "port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 1000\n", port, dir, name, host, mport, name), 0o600); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	out, _ := os.ReadFile(logFile.Name())
-	t.Fatalf("the Sentinel on %s does not report master %s at %s; its log:\n%s", addr, name, masterAddr, out)
-	return ""
+		return []string{conf, "--sentinel"}
+	})
+	c := redis.NewSentinelClient(&redis.Options{Addr: p.addr})
+	defer c.Close()
+	p.waitFor(t, fmt.Sprintf("the Sentinel on %s does not report master %s at %s", p.addr, name, masterAddr), func() bool {
+		got, err := c.GetMasterAddrByName(context.Background(), name).Result()
+		return err == nil && len(got) == 2 && got[1] == mport
+	})
+	return p.addr
 }
