@@ -96,6 +96,8 @@ func run(args []string) error {
 	audiences := stringList{}
 	fs.Var(&audiences, "audience", "token audience the index accepts (repeatable; default "+v1alpha1.IndexTokenAudience+", the kvevent-subscriber token's)")
 	readers := stringList{}
+	sglangIndexers := stringList{}
+	fs.Var(&sglangIndexers, "sglang-kv-indexer", "namespace/name=host:port: serve SGLang's router query (kv_indexer.v1.KVIndexer/MatchExternalKvPrefix, the router's --kv-indexer-endpoint) for that CacheBackend on that address, without authentication (the router's client sends none; keep it to the router with a NetworkPolicy); repeatable, one address a backend")
 	fs.Var(&readers, "cluster-reader", "username allowed to query every CacheBackend, e.g. system:serviceaccount:inferencecache-system:inferencecache-operator (repeatable)")
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for the TokenReview API when running outside a cluster (in-cluster config otherwise)")
 	lease := fs.Duration("lease", time.Minute, "a pod whose subscriber sends nothing for this long loses its blocks")
@@ -133,6 +135,10 @@ func run(args []string) error {
 	}
 	if *maxStagedNS < 0 {
 		return fmt.Errorf("--max-staged-blocks-per-namespace %d: want 0 (half of --max-staged-blocks) or more", *maxStagedNS)
+	}
+	sglangBindings, err := parseSGLangIndexers(sglangIndexers)
+	if err != nil {
+		return err
 	}
 	if *maxRanks < 1 || *maxRanks > 1<<16 {
 		return fmt.Errorf("--max-ranks %d: want 1 to 65536", *maxRanks)
@@ -220,6 +226,23 @@ func run(args []string) error {
 	}
 	gs := grpc.NewServer(server.GRPCOptions()...)
 	server.RegisterGRPC(gs, ix)
+	grpcServers := []*grpc.Server{gs}
+	type sglangListener struct {
+		lis     net.Listener
+		srv     *grpc.Server
+		backend kvindex.BackendRef
+	}
+	var sglangListeners []sglangListener
+	for _, b := range sglangBindings {
+		lis, err := net.Listen("tcp", b.address)
+		if err != nil {
+			return fmt.Errorf("--sglang-kv-indexer %s: %w", b.backend, err)
+		}
+		srv := grpc.NewServer(server.GRPCOptions()...)
+		server.RegisterSGLang(srv, ix, b.backend)
+		grpcServers = append(grpcServers, srv)
+		sglangListeners = append(sglangListeners, sglangListener{lis, srv, b.backend})
+	}
 
 	api := http.NewServeMux()
 	server.HTTPHandler(ix, api)
@@ -243,8 +266,14 @@ func run(args []string) error {
 	probes.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	probeSrv := server.NewHTTPServer(*probeAddr, probes)
 
-	errc := make(chan error, 3)
+	errc := make(chan error, 3+len(sglangListeners))
 	go func() { errc <- serve("gRPC", func() error { return gs.Serve(grpcLis) }) }()
+	for _, l := range sglangListeners {
+		log.Info("serving SGLang's router query without authentication", "cacheBackend", l.backend.String(), "address", l.lis.Addr().String())
+		go func() {
+			errc <- serve("SGLang router query for "+l.backend.String(), func() error { return l.srv.Serve(l.lis) })
+		}()
+	}
 	go func() { errc <- serve("HTTP API", apiSrv.ListenAndServe) }()
 	go func() { errc <- serve("probes", probeSrv.ListenAndServe) }()
 	go ix.RunLeaseReaper(ctx, max(*lease/6, time.Second))
@@ -259,7 +288,7 @@ func run(args []string) error {
 	case runErr = <-errc:
 	}
 	ready.Store(false)
-	shutdown(log, gs, apiSrv, probeSrv)
+	shutdown(log, grpcServers, apiSrv, probeSrv)
 	return runErr
 }
 
@@ -270,15 +299,22 @@ func serve(name string, fn func() error) error {
 	return nil
 }
 
-func shutdown(log logr.Logger, gs *grpc.Server, srvs ...*http.Server) {
+func shutdown(log logr.Logger, gss []*grpc.Server, srvs ...*http.Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
+	go func() {
+		for _, gs := range gss {
+			gs.GracefulStop()
+		}
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		gs.Stop()
+		for _, gs := range gss {
+			gs.Stop()
+		}
 	}
 	for _, s := range srvs {
 		_ = s.Shutdown(ctx)
@@ -336,4 +372,35 @@ func redisOptions(addresses string, cluster bool, sentinelMaster string, db int)
 		// Maintenance notifications are Redis Enterprise's: on Redis and
 		// Valkey the attempt is one ERR reply per connection.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}}, nil
+}
+
+// sglangBinding is one --sglang-kv-indexer value.
+type sglangBinding struct {
+	backend kvindex.BackendRef
+	address string
+}
+
+// parseSGLangIndexers reads the --sglang-kv-indexer values
+// ("namespace/name=host:port"): one listener a backend, one backend a
+// listener.
+func parseSGLangIndexers(values []string) ([]sglangBinding, error) {
+	var out []sglangBinding
+	backends, addresses := map[kvindex.BackendRef]bool{}, map[string]bool{}
+	for _, v := range values {
+		ref, addr, ok := strings.Cut(v, "=")
+		ns, name, okRef := strings.Cut(ref, "/")
+		if !ok || !okRef || ns == "" || name == "" || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("--sglang-kv-indexer %q: want namespace/name=host:port", v)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("--sglang-kv-indexer %q: %w", v, err)
+		}
+		b := kvindex.BackendRef{Namespace: ns, Name: name}
+		if backends[b] || addresses[addr] {
+			return nil, fmt.Errorf("--sglang-kv-indexer %q: a backend and an address each take one listener", v)
+		}
+		backends[b], addresses[addr] = true, true
+		out = append(out, sglangBinding{backend: b, address: addr})
+	}
+	return out, nil
 }

@@ -74,6 +74,7 @@ func run(ctx context.Context, args []string) error {
 	podNS := fs.String("pod-namespace", os.Getenv("POD_NAMESPACE"), "this pod's namespace (downward API)")
 	podUID := fs.String("pod-uid", os.Getenv("POD_UID"), "this pod's UID (downward API)")
 	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "this pod's node (downward API)")
+	workerAddress := fs.String("worker-address", workerURL(os.Getenv("WORKER_ADDRESS"), os.Getenv("POD_IP"), os.Getenv("WORKER_PORT")), "the engine as routers name it, e.g. http://10.0.3.7:30000; the default is http://$POD_IP:$WORKER_PORT, which the webhook sets for SGLang pods from the pod's IP and SGLang's --port; the index gives it to SGLang's router as worker_address")
 	engine := fs.String("engine", envOr("KV_EVENTS_ENGINE", "vllm"), "the engine: vllm or sglang")
 	hashAlgo := fs.String("hash-algorithm", envOr("KV_EVENTS_HASH_ALGORITHM", "sha256_cbor"), "the engine's block hash: sha256_cbor (vLLM --prefix-caching-hash-algo; the default for vllm), sglang_sha256 (the default for sglang), or another (unverifiable)")
 	hashSeeds := fs.String("hash-seeds", envOr("KV_EVENTS_HASH_SEEDS", hashcheck.SeedVLLM), "comma-separated NONE_HASH seeds to try: vllm-none-hash and/or the engine's PYTHONHASHSEED")
@@ -193,6 +194,7 @@ func run(ctx context.Context, args []string) error {
 		HashScheme:        &pb.HashScheme{Algorithm: *hashAlgo, Seed: strings.Split(*hashSeeds, ",")[0], BlockSize: uint32(*blockSize)},
 		DataParallelSize:  uint32(*dpSize),
 		SubscriberVersion: version.Version,
+		WorkerAddress:     *workerAddress,
 	}
 	fw := forward.NewFanout(forward.FanoutConfig{
 		Forwarder: forward.Config{Target: *index, Hello: hello, TokenFile: *tokenFile, JournalLimit: *journal},
@@ -236,4 +238,13 @@ func offsetEndpoint(ep string, rank int) (string, error) {
 		return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(port+rank)), nil
 	}
 	return "", fmt.Errorf("endpoint %q: data-parallel ranks need tcp:// endpoints (vLLM cannot offset %s)", ep, strings.SplitN(ep, ":", 2)[0])
+}
+
+// workerURL is the engine's URL as routers name it: address when set,
+// else http://ip:port (brackets around an IPv6 address), else "".
+func workerURL(address, ip, port string) string {
+	if address != "" || ip == "" || port == "" {
+		return address
+	}
+	return "http://" + net.JoinHostPort(ip, port)
 }

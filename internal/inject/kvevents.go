@@ -51,6 +51,9 @@ const (
 	// unset (sglang/srt/arg_groups/overrides.py, _page_size_default; the
 	// conformance suite holds it to SGLang's resolution).
 	sglangDefaultPageSize = "1"
+	// sglangDefaultPort is SGLang's HTTP port when --port is not given
+	// (sglang.srt.arg_groups: port = 30000).
+	sglangDefaultPort = "30000"
 	// hashAlgoUnknown tells the subscriber the algorithm could not be read
 	// from the command line; it then reports hashes as unverifiable.
 	hashAlgoUnknown = "unknown"
@@ -85,6 +88,7 @@ const (
 	envKVEventsHashAlgo  = "KV_EVENTS_HASH_ALGORITHM"
 	envKVEventsHashSeeds = "KV_EVENTS_HASH_SEEDS"
 	envKVEventsBlockSize = "KV_EVENTS_BLOCK_SIZE"
+	envWorkerPort        = "WORKER_PORT"
 	envIndexEndpoint     = "INDEX_ENDPOINT"
 	envIndexTokenFile    = "INDEX_TOKEN_FILE"
 	envPythonHashSeed    = "PYTHONHASHSEED"
@@ -160,7 +164,7 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	}
 	w := &KVEventsWiring{}
 	engine, algo, blockSize := "vllm", HashAlgoSHA256CBOR, lastValue(cmdline, "--block-size", false)
-	seeds := ""
+	seeds, workerPort := "", ""
 	w.Flags = append(w.Flags, Flag{KVEventsConfigFlag, config})
 	if !vllm {
 		engine, algo, blockSize = "sglang", hashAlgoSGLang, lastValue(cmdline, "--page-size", true)
@@ -168,6 +172,12 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 			// Without --page-size SGLang pages 1 token (its default on
 			// CUDA and CPU), not the subscriber's default block of 16.
 			blockSize = sglangDefaultPageSize
+		}
+		// The pod's IP and SGLang's HTTP port make the URL SGLang's
+		// router names the worker by; the index answers the router's
+		// prefix queries with it.
+		if workerPort = lastValue(cmdline, "--port", true); workerPort == "" {
+			workerPort = sglangDefaultPort
 		}
 	} else {
 		if uses := FlagUses(cmdline, HashAlgoFlag, abbrev); len(uses) > 0 {
@@ -198,6 +208,9 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 	}
 	if blockSize != "" {
 		env = append(env, corev1.EnvVar{Name: envKVEventsBlockSize, Value: blockSize})
+	}
+	if workerPort != "" {
+		env = append(env, fieldEnv("POD_IP", "status.podIP"), corev1.EnvVar{Name: envWorkerPort, Value: workerPort})
 	}
 	env = append(env,
 		corev1.EnvVar{Name: envSubscriberModelID, Value: cb.Spec.Observation.ModelID},

@@ -356,6 +356,16 @@ func TestKVEventsWiring(t *testing.T) {
 				assert.Equal(t, "sglang", env["KV_EVENTS_ENGINE"])
 				assert.Equal(t, "sglang_sha256", env["KV_EVENTS_HASH_ALGORITHM"])
 				assert.Equal(t, "64", env["KV_EVENTS_BLOCK_SIZE"])
+				// The router-facing URL: the pod's IP and SGLang's default port.
+				assert.Equal(t, "fieldRef:status.podIP", env["POD_IP"])
+				assert.Equal(t, "30000", env["WORKER_PORT"])
+			},
+		},
+		{
+			name: "SGLang --port: the worker's URL follows it",
+			pod:  enginePod(withArgs("--port=8080")), backend: backend("hicache", observed, sglang), opts: opts,
+			check: func(t *testing.T, out *corev1.Pod) {
+				assert.Equal(t, "8080", sidecarEnv(t, out)["WORKER_PORT"])
 			},
 		},
 		{

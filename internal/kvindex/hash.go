@@ -42,14 +42,39 @@ func HashTokens(algorithm, seed string, blockSize int, tokens []uint32) ([]uint6
 }
 
 // HashPrompt computes a prompt's full-block hashes in a scheme the index
-// can reproduce: vLLM's sha256_cbor (HashTokens), or LMCache's blake3
-// chunk hashes (HashChunks), which its multiprocess connector publishes
-// for its CPU tier.
+// can reproduce: vLLM's sha256_cbor (HashTokens), SGLang's chained page
+// hashes (HashPages), or LMCache's blake3 chunk hashes (HashChunks), which
+// its multiprocess connector publishes for its CPU tier.
 func HashPrompt(algorithm, seed string, blockSize int, tokens []uint32) ([]uint64, error) {
-	if algorithm == hashcheck.LMCacheBlake3 {
+	switch algorithm {
+	case hashcheck.LMCacheBlake3:
 		return HashChunks(blockSize, tokens)
+	case hashcheck.SGLangSHA256:
+		return HashPages(blockSize, tokens)
 	}
 	return HashTokens(algorithm, seed, blockSize, tokens)
+}
+
+// HashPages computes SGLang's page hashes of a prompt's full pages as its
+// KV events carry them (the first 8 bytes of each digest, big-endian):
+// SHA-256 of the parent page's whole digest (none for the first page)
+// followed by the page's tokens as little-endian uint32. Prompts with a
+// cache salt, which SGLang hashes into the first page, are not
+// reproducible this way.
+func HashPages(pageSize int, tokens []uint32) ([]uint64, error) {
+	if pageSize <= 0 {
+		return nil, fmt.Errorf("scheme %s/%d: %w", hashcheck.SGLangSHA256, pageSize, ErrTokensUnsupported)
+	}
+	n := len(tokens) / pageSize
+	out := make([]uint64, 0, n)
+	var parent *hashcheck.Digest
+	var d hashcheck.Digest
+	for p := range n {
+		d = hashcheck.SGLangDigest(parent, tokens[p*pageSize:(p+1)*pageSize])
+		out = append(out, hashcheck.SGLangWire(d))
+		parent = &d
+	}
+	return out, nil
 }
 
 // HashChunks computes LMCache's blake3 chunk hashes of a prompt's full

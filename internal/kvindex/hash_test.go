@@ -60,3 +60,25 @@ func TestHashChunksMatchesLMCacheBlake3(t *testing.T) {
 		t.Fatalf("chunk size 0: err = %v, want ErrTokensUnsupported", err)
 	}
 }
+
+// SGLang 0.5.23's own get_hash_str(tokens, None, 16) through
+// hash_str_to_int64 (printed by the locked environment's sglang) on
+// tokens 1..32, as unsigned; the engine publishes the same values in its
+// BlockStored events (test/kvevents checks the pages end to end).
+func TestHashPagesMatchesSGLang(t *testing.T) {
+	toks := make([]uint32, 36)
+	for i := range toks {
+		toks[i] = uint32(i + 1)
+	}
+	got, err := HashPrompt("sglang_sha256", "", 16, toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The partial third page is not hashed: only whole pages are stored.
+	if want := []uint64{8635429971592222890, 1256577331724852459}; len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("page hashes %d, want %d", got, want)
+	}
+	if _, err := HashPrompt("sglang_sha256", "", 0, toks); !errors.Is(err, ErrTokensUnsupported) {
+		t.Fatalf("page size 0: err = %v, want ErrTokensUnsupported", err)
+	}
+}

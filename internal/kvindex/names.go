@@ -20,6 +20,9 @@ const (
 	MaxEngineBytes        = 64
 	MaxHashAlgorithmBytes = 64
 	MaxHashSeedBytes      = 256
+	// MaxWorkerAddressBytes bounds a Hello's worker_address (a URL such
+	// as "http://[IPv6]:port").
+	MaxWorkerAddressBytes = 256
 	// MaxCandidatePods bounds a Score's candidate_pods (each compared with
 	// every match).
 	MaxCandidatePods = 1024

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inferencecache/operator/internal/kvevent/hashcheck"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -90,7 +91,7 @@ type RankScores struct {
 // holds at least the prompt's first block, with its prefix lengths; the
 // Mooncake-shaped HTTP API reports them per rank and medium. The prompt is
 // block hashes, or token IDs that the index hashes with the pods' scheme
-// when that scheme is a Verified sha256_cbor, and with the scheme of the
+// when that scheme is a Verified sha256_cbor or sglang_sha256, and with the scheme of the
 // pods' LMCache chunks when their subscribers verified one (scoreTiers).
 // Pods reported Unsynced are left out: their blocks are not trusted.
 func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend BackendRef, model, lora string, hashes []uint64, tokens []uint32) (RankScores, error) {
@@ -139,7 +140,7 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 				continue
 			}
 			alg, seed := schemeParts(scheme)
-			if hs, err = HashTokens(alg, seed, int(rep.BlockSize), tokens); err != nil {
+			if hs, err = HashPrompt(alg, seed, int(rep.BlockSize), tokens); err != nil || alg == hashcheck.LMCacheBlake3 {
 				continue
 			}
 			hashedTokens = true
@@ -170,7 +171,7 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 		hashedTokens = hashedTokens || tiered
 	}
 	if len(hashes) == 0 && len(tokens) > 0 && len(schemes) > 0 && !hashedTokens {
-		return res, fmt.Errorf("no pod of model %s in %s has a Verified sha256_cbor scheme or LMCache chunks for the base model: %w", model, backend, ErrTokensUnsupported)
+		return res, fmt.Errorf("no pod of model %s in %s has a Verified sha256_cbor or sglang_sha256 scheme or LMCache chunks for the base model: %w", model, backend, ErrTokensUnsupported)
 	}
 	return res, nil
 }

@@ -193,6 +193,7 @@ func (s *Session) handleHello(ctx context.Context, h *pb.Hello) ([]*pb.IngestRes
 		Backend: backend, UID: pod.GetUid(), Name: pod.GetName(), Model: h.GetModel(), Engine: h.GetEngine(),
 		Scheme: s.scheme, BlockSize: h.GetHashScheme().GetBlockSize(), Compatibility: int32(h.GetHashCompatibility()),
 		TierScheme: s.tierScheme, ChunkSize: h.GetTierScheme().GetBlockSize(), DPSize: dp, LastSeen: now,
+		Address: h.GetWorkerAddress(),
 	}
 	// Keep the counters and last event of an earlier stream of this pod.
 	if old, err := s.ix.opt.Store.Pods(ctx, backend); err == nil {
@@ -282,6 +283,7 @@ func checkHelloNames(h *pb.Hello) error {
 		{"hash_scheme.seed", h.GetHashScheme().GetSeed(), MaxHashSeedBytes},
 		{"tier_scheme.algorithm", h.GetTierScheme().GetAlgorithm(), MaxHashAlgorithmBytes},
 		{"tier_scheme.seed", h.GetTierScheme().GetSeed(), MaxHashSeedBytes},
+		{"worker_address", h.GetWorkerAddress(), MaxWorkerAddressBytes},
 	} {
 		if err := checkLen(c.field, c.value, c.max); err != nil {
 			return err

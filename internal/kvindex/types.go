@@ -163,9 +163,12 @@ type PodRecord struct {
 	// TierScheme is the scheme of the pod's tiers other than GPU when its
 	// subscriber verified one (LMCache's blake3 chunks), "" otherwise;
 	// ChunkSize its block size.
-	TierScheme    string       `json:"tierScheme,omitempty"`
-	ChunkSize     uint32       `json:"chunkSize,omitempty"`
-	Compatibility int32        `json:"compatibility"`
+	TierScheme    string `json:"tierScheme,omitempty"`
+	ChunkSize     uint32 `json:"chunkSize,omitempty"`
+	Compatibility int32  `json:"compatibility"`
+	// Address is the pod as routers name it (the Hello's worker_address),
+	// "" when the subscriber sent none.
+	Address       string       `json:"address,omitempty"`
 	DPSize        uint32       `json:"dpSize"`
 	LastSeen      time.Time    `json:"lastSeen"`
 	LastEvent     time.Time    `json:"lastEvent,omitzero"`

@@ -747,7 +747,13 @@ type Hello struct {
 	// index keeps the tiers other than GPU in this scheme's key space and
 	// hashes a router's token IDs with it too. Unset: every tier is in
 	// hash_scheme's space.
-	TierScheme    *HashScheme `protobuf:"bytes,11,opt,name=tier_scheme,json=tierScheme,proto3" json:"tier_scheme,omitempty"`
+	TierScheme *HashScheme `protobuf:"bytes,11,opt,name=tier_scheme,json=tierScheme,proto3" json:"tier_scheme,omitempty"`
+	// The pod's address as routers name it, e.g. "http://10.0.3.7:30000":
+	// the webhook sets it from the pod's IP and the engine's --port. The
+	// SGLang router's MatchExternalKvPrefix answers carry it as
+	// worker_address, which the router compares byte for byte with its
+	// worker URLs. Empty: routers that need it do not see the pod.
+	WorkerAddress string `protobuf:"bytes,12,opt,name=worker_address,json=workerAddress,proto3" json:"worker_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -857,6 +863,13 @@ func (x *Hello) GetTierScheme() *HashScheme {
 		return x.TierScheme
 	}
 	return nil
+}
+
+func (x *Hello) GetWorkerAddress() string {
+	if x != nil {
+		return x.WorkerAddress
+	}
+	return ""
 }
 
 // RankPosition is a (rank, epoch, sequence) position.
@@ -2831,7 +2844,7 @@ const file_inferencecache_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\talgorithm\x18\x01 \x01(\tR\talgorithm\x12\x12\n" +
 	"\x04seed\x18\x02 \x01(\tR\x04seed\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\x03 \x01(\rR\tblockSize\"\xf4\x04\n" +
+	"block_size\x18\x03 \x01(\rR\tblockSize\"\x9b\x05\n" +
 	"\x05Hello\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x128\n" +
 	"\x03pod\x18\x02 \x01(\v2&.inferencecache.kvindex.v1.PodIdentityR\x03pod\x12O\n" +
@@ -2846,7 +2859,8 @@ const file_inferencecache_kvindex_v1_kvindex_proto_rawDesc = "" +
 	"\x12subscriber_version\x18\n" +
 	" \x01(\tR\x11subscriberVersion\x12F\n" +
 	"\vtier_scheme\x18\v \x01(\v2%.inferencecache.kvindex.v1.HashSchemeR\n" +
-	"tierScheme\"T\n" +
+	"tierScheme\x12%\n" +
+	"\x0eworker_address\x18\f \x01(\tR\rworkerAddress\"T\n" +
 	"\fRankPosition\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1a\n" +

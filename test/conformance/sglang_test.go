@@ -167,6 +167,15 @@ func sglangCases(t *testing.T) []sglangCase {
 	// KV events with data-parallel ranks (tcp:// endpoints).
 	add("KV events, dp-size 2", sglangBackend(&v1alpha1.HiCache{PageSize: ptr.To[int32](16)}, sglangObserved), 0,
 		append([]string{"--dp-size", "2"}, sglangUser...))
+	// The port the sidecar names the worker by (its router-facing URL):
+	// the user's own, abbreviated as SGLang's parser allows, and SGLang's
+	// default when the command line sets none.
+	add("KV events, the user's own port", sglangBackend(&v1alpha1.HiCache{PageSize: ptr.To[int32](16)}, sglangObserved), 1,
+		[]string{"--device", "cpu", "--host", "0.0.0.0", "--por", "31000"})
+	cases[len(cases)-1].fields = map[string]any{"device": "cpu", "host": "0.0.0.0", "port": 31000.0}
+	add("KV events, SGLang's default port", sglangBackend(&v1alpha1.HiCache{PageSize: ptr.To[int32](16)}, sglangObserved), 2,
+		[]string{"--device", "cpu"})
+	cases[len(cases)-1].fields = map[string]any{"device": "cpu"}
 	// engineOverrides.args SGLang's HiCache handling reads.
 	for _, o := range []struct {
 		name    string
@@ -446,6 +455,9 @@ func sglangCheckEvents(t *testing.T, d inject.Decision, p Process, res sglangRes
 		block = sglangSubscriberBlockSize
 	}
 	assert.Equal(t, fmt.Sprint(res.Resolved["page_size"]), block, "the subscriber hashes blocks of %s tokens, SGLang pages of %v", block, res.Resolved["page_size"])
+	// The index names the worker to SGLang's router by the pod's IP and
+	// this port: it must be the one SGLang serves on.
+	assert.Equal(t, fmt.Sprint(res.Resolved["port"]), side["WORKER_PORT"], "the sidecar names the worker by port %s, SGLang serves on %v", side["WORKER_PORT"], res.Resolved["port"])
 }
 
 // sglangSettings reads the HiCache settings of a parsed command line.

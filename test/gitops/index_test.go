@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -187,4 +188,50 @@ func imageName(image string) string {
 		}
 	}
 	return image
+}
+
+// TestSGLangRouterComponent: the component serves SGLang's router query
+// for one CacheBackend on a port of its own: the index's argument, a
+// named container port, the Service's port, and a NetworkPolicy that
+// lets only pods labelled as SGLang routers reach it (the listener has no
+// authentication).
+func TestSGLangRouterComponent(t *testing.T) {
+	objs := build(t, "testdata/sglang-router")
+	var d *appsv1.Deployment
+	var svc *corev1.Service
+	var np []*networkingv1.NetworkPolicy
+	for _, o := range objs {
+		switch {
+		case o.GetKind() == "Deployment" && o.GetName() == indexName:
+			d = convert[appsv1.Deployment](t, o)
+		case o.GetKind() == "Service" && o.GetName() == indexName:
+			svc = convert[corev1.Service](t, o)
+		case o.GetKind() == "NetworkPolicy":
+			np = append(np, convert[networkingv1.NetworkPolicy](t, o))
+		}
+	}
+	require.NotNil(t, d)
+	require.NotNil(t, svc)
+	c := d.Spec.Template.Spec.Containers[0]
+	assert.Contains(t, c.Args, "--sglang-kv-indexer=default/qwen-hicache=:50051", "the example's SGLang CacheBackend")
+	assert.Contains(t, c.Ports, corev1.ContainerPort{Name: "sglang-router", ContainerPort: 50051, Protocol: corev1.ProtocolTCP})
+	assert.True(t, slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool {
+		return p.Port == 50051 && p.TargetPort == intstr.FromString("sglang-router")
+	}), "Service ports %v", svc.Spec.Ports)
+	// Which policies admit the port, and from whom.
+	var from []networkingv1.NetworkPolicyPeer
+	for _, p := range np {
+		if !labels.SelectorFromSet(p.Spec.PodSelector.MatchLabels).Matches(labels.Set(d.Spec.Template.Labels)) {
+			continue
+		}
+		for _, in := range p.Spec.Ingress {
+			if slices.ContainsFunc(in.Ports, func(pp networkingv1.NetworkPolicyPort) bool {
+				return pp.Port != nil && *pp.Port == intstr.FromString("sglang-router")
+			}) {
+				from = append(from, in.From...)
+			}
+		}
+	}
+	require.Len(t, from, 1, "one peer may reach the unauthenticated listener")
+	assert.Equal(t, map[string]string{"inferencecache.io/sglang-router": "true"}, from[0].PodSelector.MatchLabels)
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/inferencecache/operator/internal/inject"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/sglangpb"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
 	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/netns"
@@ -49,6 +50,7 @@ const (
 	enginePodNS   = "llm"
 	enginePodUID  = "uid-qwen-0"
 	engineNode    = "node-a"
+	enginePodIP   = "10.0.3.7"
 )
 
 // wiring is what the webhook gave one engine pod.
@@ -142,7 +144,7 @@ func envString(env []corev1.EnvVar) string {
 func sidecarProcessEnv(t *testing.T, c corev1.Container, indexAddr string) []string {
 	t.Helper()
 	fields := map[string]string{"metadata.name": enginePodName, "metadata.namespace": enginePodNS,
-		"metadata.uid": enginePodUID, "spec.nodeName": engineNode}
+		"metadata.uid": enginePodUID, "spec.nodeName": engineNode, "status.podIP": enginePodIP}
 	env := []string{"PATH=" + os.Getenv("PATH")}
 	sawIndex := false
 	for _, e := range c.Env {
@@ -175,19 +177,30 @@ func sidecarProcessEnv(t *testing.T, c corev1.Container, indexAddr string) []str
 // podHTTP is an HTTP client whose connections are made in the pod.
 var podHTTP = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: netns.DialShared}}
 
+// podIndex is where the test's cache-index answers in the pod's namespace.
+type podIndex struct {
+	grpc, http string
+	// sglang serves SGLang's router query for the engine's CacheBackend
+	// (--sglang-kv-indexer).
+	sglang string
+}
+
 // startPodIndex runs the cache-index binary in the pod's namespace (memory
-// store, --auth none) with its gRPC API on 127.0.0.1:port there.
-func startPodIndex(t *testing.T) string {
+// store, --auth none) with its APIs on 127.0.0.1 ports there; backend is
+// the CacheBackend its SGLang router listener serves.
+func startPodIndex(t *testing.T, backend *v1alpha1.CacheBackend) podIndex {
 	t.Helper()
 	bin, _ := binaries(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)) // any port: the namespace is empty
-	probe := fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t))
+	port := func() string { return fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)) } // any port: the namespace is empty
+	addrs := podIndex{grpc: port(), http: port(), sglang: port()}
+	probe := port()
 	logs := filepath.Join(t.TempDir(), "cache-index.log")
 	f, err := os.Create(logs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "--grpc-bind-address", addr, "--http-bind-address", fmt.Sprintf("127.0.0.1:%d", freeport.MustTake(t)),
+	cmd := exec.Command(bin, "--grpc-bind-address", addrs.grpc, "--http-bind-address", addrs.http,
+		"--sglang-kv-indexer", backend.Namespace+"/"+backend.Name+"="+addrs.sglang,
 		"--health-probe-bind-address", probe, "--auth", "none", "--heartbeat", "1s")
 	netns.Shared(t).Enter(t, cmd)
 	cmd.Stdout, cmd.Stderr = f, f
@@ -200,7 +213,7 @@ func startPodIndex(t *testing.T) string {
 		if err == nil {
 			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return addr
+				return addrs
 			}
 		}
 		if i == 300 {
@@ -638,7 +651,8 @@ func engineScenario(t *testing.T, tc engineCase) {
 	if w.dp != len(tc.pubs) {
 		t.Fatalf("webhook wired %d ranks, want %d", w.dp, len(tc.pubs))
 	}
-	indexAddr := startPodIndex(t)
+	index := startPodIndex(t, w.backend)
+	indexAddr := index.grpc
 	ix := newEngineIndex(t, indexAddr, w)
 
 	// One engine publisher per data-parallel rank, each built by the
@@ -812,6 +826,11 @@ func engineScenario(t *testing.T, tc engineCase) {
 	if tc.runtime == v1alpha1.RuntimeVLLM && w.dp == 1 {
 		lmcacheCPUChunks(t, pubs[0], ix, sc)
 	}
+	if tc.runtime == v1alpha1.RuntimeSGLang {
+		// The prompt rank 0 holds whole (four pages) and half a page more.
+		toks := append(append(prompt(0, 40, 3), prompt(0, 51, 1)...), prompt(0, 52, 1)[:bs/2]...)
+		sglangRouterQuery(t, w, pubs[0], index, toks, 4)
+	}
 	t.Logf("final: %d blocks over %d ranks equal; index scheme %s %v; subscriber %v", n, w.dp, s.GetHashScheme(), p.GetHashCompatibility(), m)
 }
 
@@ -896,4 +915,100 @@ func lmcacheCPUChunks(t *testing.T, pub *enginePublisher, ix *engineIndex, sc *s
 	if v := fixture.SubscriberMetrics(podHTTP, sc.httpAddr)[`tier_hash_verify_total{result="Verified"}`]; v < 2 {
 		t.Errorf("tier_hash_verify_total{result=\"Verified\"} = %v, want LMCache's 2 chunks", v)
 	}
+}
+
+// sglangRouterQuery (issue 38): SGLang's router asks an external index
+// which workers hold a prompt's leading pages (kv_indexer.v1.KVIndexer/
+// MatchExternalKvPrefix at its --kv-indexer-endpoint), and cache-index
+// answers it on the --sglang-kv-indexer listener of the pod's backend. No
+// package registry ships the router's client (docs/design/router-
+// protocols.md); the client here is generated from proto/kv_indexer/v1,
+// which follows the proto SGLang publishes. The hashes are SGLang's own
+// (get_hash_str, a partial last page included, as the router hashes a
+// prompt), the worker address the one the webhook gave the sidecar (the
+// pod's IP, SGLang's port). The answer must name the pod with want leading
+// pages, as /query by the prompt's token IDs does; a prompt the engine
+// never saw matches nothing.
+func sglangRouterQuery(t *testing.T, w wiring, pub *enginePublisher, index podIndex, toks []int, want uint32) {
+	t.Helper()
+	pageHashes := func(toks []int) []int64 {
+		var out []int64
+		for _, s := range pub.do(map[string]any{"op": "page_hashes", "tokens": toks})["hashes"].([]any) {
+			h, err := strconv.ParseInt(s.(string), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, h)
+		}
+		return out
+	}
+	conn, err := grpc.NewClient("passthrough:///"+index.sglang, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return netns.DialShared(ctx, "tcp", a) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	router := sglangpb.NewKVIndexerClient(conn)
+	match := func(hashes []int64) *sglangpb.MatchExternalKvPrefixResponse {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := router.MatchExternalKvPrefix(ctx, &sglangpb.MatchExternalKvPrefixRequest{Hashes: hashes})
+		if err != nil {
+			t.Fatalf("MatchExternalKvPrefix: %v", err)
+		}
+		return r
+	}
+
+	hashes := pageHashes(toks)
+	if len(hashes) != int(want)+1 {
+		t.Fatalf("SGLang hashed the prompt into %d pages, want %d whole and a partial one", len(hashes), want)
+	}
+	r := match(hashes)
+	addr := "http://" + enginePodIP + ":30000" // the test's command line sets no --port: SGLang's own default
+	if len(r.GetMatches()) != 1 || r.GetMatches()[0].GetWorkerAddress() != addr || r.GetMatches()[0].GetMatchedPrefixBlocks() != want ||
+		r.GetBestPrefixBlocks() != want || r.GetBlocksRead() != uint32(len(hashes)) {
+		t.Errorf("MatchExternalKvPrefix of the prompt: %v; want one match, %s with %d leading pages, best %d, %d read", r, addr, want, want, len(hashes))
+	}
+	if got := r.GetMatches(); len(got) == 1 && got[0].GetWorkerId() != enginePodNS+"/"+enginePodName {
+		t.Errorf("worker_id %q, want %s/%s", got[0].GetWorkerId(), enginePodNS, enginePodName)
+	}
+
+	// /query by the same prompt's token IDs: the index hashes them with
+	// the pod's Verified scheme; the same pod, the same pages.
+	ids := make([]uint32, len(toks))
+	for i, v := range toks {
+		ids[i] = uint32(v)
+	}
+	body, _ := json.Marshal(map[string]any{"tenant_id": w.backend.Namespace + "/" + w.backend.Name, "model": w.backend.Spec.Observation.ModelID, "token_ids": ids})
+	resp, err := podHTTP.Post("http://"+index.http+"/query", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var q map[string]map[string]struct {
+		LongestMatched uint64 `json:"longest_matched"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&q); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/query: %d %v", resp.StatusCode, err)
+	}
+	inst := q[w.backend.Namespace+"/"+w.backend.Name]
+	if len(inst) != 1 || inst[enginePodName].LongestMatched != uint64(want)*uint64(*w.blockSize) {
+		t.Errorf("/query by token IDs: %v; want %s with %d tokens, as MatchExternalKvPrefix answered", inst, enginePodName, uint64(want)*uint64(*w.blockSize))
+	}
+
+	// A prompt no page of which the engine holds.
+	if r := match(pageHashes(unseenPrompt(len(toks)))); len(r.GetMatches()) != 0 || r.GetBestPrefixBlocks() != 0 {
+		t.Errorf("MatchExternalKvPrefix of an unseen prompt: %v, want no match", r)
+	}
+	t.Logf("SGLang router query: %v; /query %v", r, inst)
+}
+
+// unseenPrompt is n tokens no scenario stores (its prompts' tokens are
+// below 150,000).
+func unseenPrompt(n int) []int {
+	toks := make([]int, n)
+	for i := range toks {
+		toks[i] = 150000 + i
+	}
+	return toks
 }

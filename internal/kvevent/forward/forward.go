@@ -348,7 +348,8 @@ func (f *Forwarder) session(ctx context.Context, client pb.IngestClient) error {
 
 func cloneHello(h *pb.Hello) *pb.Hello {
 	c := &pb.Hello{ProtocolVersion: h.ProtocolVersion, Pod: h.Pod, CacheBackend: h.CacheBackend, Model: h.Model, Engine: h.Engine,
-		HashScheme: h.HashScheme, DataParallelSize: h.DataParallelSize, SubscriberVersion: h.SubscriberVersion}
+		HashScheme: h.HashScheme, DataParallelSize: h.DataParallelSize, SubscriberVersion: h.SubscriberVersion,
+		WorkerAddress: h.WorkerAddress}
 	return c
 }
 

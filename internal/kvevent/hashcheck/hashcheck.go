@@ -106,6 +106,9 @@ func SGLangDigest(parent *Digest, tokens []uint32) Digest {
 // signed int64 (kept here as its bit pattern).
 func SGLangWire(d Digest) uint64 { return binary.BigEndian.Uint64(d[:8]) }
 
+// SGLangSHA256 names SGLang's chained page hash (SGLangDigest, SGLangWire).
+const SGLangSHA256 = "sglang_sha256"
+
 // LMCacheBlake3 is the scheme name of LMCache's blake3 chunk hashes.
 const LMCacheBlake3 = "lmcache_blake3"
 
@@ -298,7 +301,7 @@ func (c *Checker) Check(e *wire.Event) Result {
 	switch c.scheme.Algorithm {
 	case "sha256_cbor":
 		r = c.checkVLLM(e)
-	case "sglang_sha256":
+	case SGLangSHA256:
 		r = c.checkSGLang(e)
 	case LMCacheBlake3:
 		r = c.checkLMCache(e)

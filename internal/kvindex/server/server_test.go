@@ -506,7 +506,7 @@ func TestMooncakeShapedQuery(t *testing.T) {
 			t.Fatalf("%s: got %+v, want %+v", q.path, g, want)
 		}
 	}
-	// Token IDs need a Verified sha256_cbor scheme.
+	// Token IDs need a Verified scheme the index can hash with.
 	s2 := h.open(t, "sub-sg")
 	m := hello("team-a", "sg-0", "uid-sg", 1)
 	m.GetHello().Model = "sg"

@@ -46,6 +46,7 @@ FIELDS = [
     "hicache_storage_prefetch_policy",
     "hicache_host_memory_mode",
     "page_size",
+    "port",
     "kv_events_config",
     "disable_radix_cache",
     "hicache_storage_backend_extra_config",

@@ -22,6 +22,11 @@ Commands:
   {"op": "evict", "n": k}            evict k pages' worth of tokens (LRU leaves)
   {"op": "clear"}                    reset the tree (AllBlocksCleared)
   {"op": "state"}                    the cached pages, as the events name them (uint64)
+  {"op": "page_hashes", "tokens": [...]}
+                                     a prompt's page hashes as SGLang computes them
+                                     (get_hash_str, a partial last page included, as
+                                     SGLang's router hashes a prompt), as the signed
+                                     int64 the router sends (hash_str_to_int64)
 """
 import json
 import sys
@@ -48,7 +53,7 @@ def engine(spec):
     from sglang.srt.disaggregation.kv_events import EventPublisherFactory, KVEventBatch, ZmqEventPublisher
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams
     from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-    from sglang.srt.mem_cache.utils import hash_str_to_int64
+    from sglang.srt.mem_cache.utils import get_hash_str, hash_str_to_int64
 
     rank = int(spec.get("dp_rank", 0))
     publisher = EventPublisherFactory.create(spec["kv_events_config"], attn_dp_rank=rank)
@@ -93,6 +98,9 @@ def engine(spec):
             cache.reset()
         elif op == "state":
             reply["held"] = [str(h) for h in sorted(held())]
+            return reply
+        elif op == "page_hashes":
+            reply["hashes"] = [str(hash_str_to_int64(h)) for h in get_hash_str(list(c["tokens"]), None, page)]
             return reply
         elif op == "close":
             publisher.shutdown()
