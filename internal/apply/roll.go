@@ -15,10 +15,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/rollout"
 )
 
-// Roll executes a roll plan (plan.Rolls): it writes
+// Roll executes a roll plan (rollout.Rolls): it writes
 // AnnotationServerInstance=value on the pod template of each workload of
 // namespace, with the rollout field manager, as kubectl rollout restart
 // does with its own annotation. The plan leaves out the workloads that
@@ -26,8 +26,8 @@ import (
 // manager restarts. Every roll is tried, so a workload that cannot be
 // written delays no other; it returns the rolls written, in order, and the
 // failures joined.
-func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll) ([]plan.Roll, error) {
-	done := make([]plan.Roll, 0, len(rolls))
+func (a *Applier) Roll(ctx context.Context, namespace string, rolls []rollout.Roll) ([]rollout.Roll, error) {
+	done := make([]rollout.Roll, 0, len(rolls))
 	var errs []error
 	for _, r := range rolls {
 		u := &unstructured.Unstructured{Object: map[string]any{
@@ -46,7 +46,7 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 	return done, errors.Join(errs...)
 }
 
-// Evict executes the evictions of a per-node cascade (plan.RollsPerNode):
+// Evict executes the evictions of a per-node cascade (rollout.RollsPerNode):
 // each engine pod is evicted through the Eviction API, so that its
 // PodDisruptionBudget is respected and its controller re-creates it, wired
 // again at its CREATE, and only if it is still the pod planned (its UID,
@@ -61,8 +61,8 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []plan.Roll)
 // apierrors.IsTooManyRequests; an admission webhook or policy, or a
 // namespace being deleted, 403), which the reconcile retries: the plan
 // never evicts a pod created after its node's server started.
-func (a *Applier) Evict(ctx context.Context, namespace string, evictions []plan.Eviction) (done, forbidden []plan.Eviction, err error) {
-	done = make([]plan.Eviction, 0, len(evictions))
+func (a *Applier) Evict(ctx context.Context, namespace string, evictions []rollout.Eviction) (done, forbidden []rollout.Eviction, err error) {
+	done = make([]rollout.Eviction, 0, len(evictions))
 	var errs []error
 	var allowed *bool
 	for _, e := range evictions {

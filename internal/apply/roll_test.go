@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/rollout"
 )
 
 // TestRollWritesTheValue: Roll writes the value on the pod template of
@@ -45,9 +45,9 @@ func TestRollWritesTheValue(t *testing.T) {
 			return nil
 		},
 	})
-	rolls := []plan.Roll{
-		{Workload: plan.Workload{Kind: "Deployment", Name: "fresh"}, Value: "v1", Cause: plan.CauseServerChange},
-		{Workload: plan.Workload{Kind: "StatefulSet", Name: "fresh"}, Value: "v1", Cause: plan.CauseAdmittedBeforeEndpoint},
+	rolls := []rollout.Roll{
+		{Workload: rollout.Workload{Kind: "Deployment", Name: "fresh"}, Value: "v1", Cause: rollout.CauseServerChange},
+		{Workload: rollout.Workload{Kind: "StatefulSet", Name: "fresh"}, Value: "v1", Cause: rollout.CauseAdmittedBeforeEndpoint},
 	}
 	done, err := New(c).Roll(context.Background(), "llm", rolls)
 	require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestEvictTriesEveryPod(t *testing.T) {
 			return nil
 		},
 	})
-	evictions := []plan.Eviction{{Pod: "engine-a", UID: "uid-engine-a", Node: "gpu-a"}, {Pod: "engine-b", UID: "uid-engine-b", Node: "gpu-b"},
+	evictions := []rollout.Eviction{{Pod: "engine-a", UID: "uid-engine-a", Node: "gpu-a"}, {Pod: "engine-b", UID: "uid-engine-b", Node: "gpu-b"},
 		{Pod: "engine-gone", UID: "uid-engine-gone", Node: "gpu-c"}, {Pod: "engine-renamed", UID: "uid-engine-renamed", Node: "gpu-d"},
 		{Pod: "engine-forbidden", UID: "uid-engine-forbidden", Node: "gpu-e"}, {Pod: "engine-forbidden-too", UID: "uid-engine-forbidden-too", Node: "gpu-e"}}
 	done, forbidden, err := New(c).Evict(context.Background(), "llm", evictions)
@@ -138,13 +138,13 @@ func TestRollTriesEveryWorkload(t *testing.T) {
 			return nil
 		},
 	})
-	roll := func(name string) plan.Roll {
-		return plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: name}, Value: "v1", Cause: plan.CauseAdmittedBeforeEndpoint}
+	roll := func(name string) rollout.Roll {
+		return rollout.Roll{Workload: rollout.Workload{Kind: "Deployment", Name: name}, Value: "v1", Cause: rollout.CauseAdmittedBeforeEndpoint}
 	}
-	done, err := New(c).Roll(context.Background(), "llm", []plan.Roll{roll("a"), roll("locked"), roll("b")})
+	done, err := New(c).Roll(context.Background(), "llm", []rollout.Roll{roll("a"), roll("locked"), roll("b")})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Deployment/locked")
 	assert.True(t, apierrors.IsForbidden(err), "the API's error, wrapped")
-	assert.Equal(t, []plan.Roll{roll("a"), roll("b")}, done)
+	assert.Equal(t, []rollout.Roll{roll("a"), roll("b")}, done)
 	assert.Equal(t, []string{"a", "b"}, written)
 }

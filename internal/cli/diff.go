@@ -13,6 +13,7 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/rollout"
 )
 
 // DiffResult is what a reconcile of a CacheBackend, as written in a file,
@@ -28,7 +29,7 @@ type DiffResult struct {
 	// Rolls are the engine rolls a reconcile would make now (the restart
 	// cascade, the heal), the controller's own roll plan; RollsNote says
 	// why they could not be previewed, "" when they were.
-	Rolls     plan.RollPlan
+	Rolls     rollout.RollPlan
 	RollsNote string
 }
 
@@ -91,7 +92,7 @@ func (d DiffResult) namespace() string {
 // the cluster. It builds the controller's own plan (plan.Gather and
 // plan.Build: the same holds, hand-offs and prunes) and previews it with
 // the applier's server-side dry run (fluxcd/pkg/ssa), and the engine rolls
-// a reconcile would make now (plan.Rolls; keys verify the engines'
+// a reconcile would make now (rollout.Rolls; keys verify the engines'
 // receipts, nil when they could not be read). It writes nothing.
 func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend, keys []receipt.Key) (DiffResult, error) {
 	res := DiffResult{Backend: cb.Namespace + "/" + cb.Name}
@@ -119,7 +120,7 @@ func Diff(ctx context.Context, c client.Client, cb *v1alpha1.CacheBackend, keys 
 	if res.Preview, err = apply.New(c).Preview(ctx, p); err != nil {
 		return res, err
 	}
-	rolls, err := previewRolls(ctx, c, live, p.WorkloadHold() != nil, keys, time.Now())
+	rolls, err := PreviewRolls(ctx, c, live, p.WorkloadHold() != nil, keys, time.Now())
 	if err != nil {
 		res.RollsNote = err.Error()
 	}

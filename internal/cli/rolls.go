@@ -12,87 +12,69 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
-	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/rollout"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
-// previewRolls plans the engine rolls a reconcile of live would make now,
-// with the controller's own roll plan (plan.RollsPerNode over the
-// candidates plan.WiredWorkloads or, for per-node servers, plan.WiredPods,
-// and plan.EarlyWorkloads read), from the live status
-// and the cluster as the controller observes them. hold is the plan's
-// StatefulSet hold (its storage cannot change: nothing rolls). keys are
-// the receipt keys (nil: receipts naming the backend are not verified, and
-// neither the cascade nor the heal can be previewed).
-func previewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBackend, hold bool, keys []receipt.Key, now time.Time) (plan.RollPlan, error) {
+// PreviewRolls plans the engine rolls a reconcile of live would make now,
+// with the controller's own roll plan: rollout.State of the facts read
+// from the cluster and the live status, rollout.Gather of its candidates,
+// rollout.Decide. hold is the plan's StatefulSet hold (its storage cannot
+// change: nothing rolls). keys are the receipt keys (nil: receipts naming
+// the backend are not verified, and neither the cascade nor the heal can
+// be previewed).
+func PreviewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBackend, hold bool, keys []receipt.Key, now time.Time) (rollout.RollPlan, error) {
 	if live.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
-		return plan.RollPlan{}, nil // runs no server: nothing rolls
+		return rollout.RollPlan{}, nil // runs no server: nothing rolls
 	}
 	w, err := workload.Read(ctx, c, live)
 	if err != nil {
-		return plan.RollPlan{}, err
+		return rollout.RollPlan{}, err
 	}
 	pods, err := w.ServingPods(ctx, c, render.SelectorLabels(live))
 	if err != nil {
-		return plan.RollPlan{}, err
+		return rollout.RollPlan{}, err
 	}
-	servers := evaluate.ServerPods(pods, w.PerNode())
-	change := evaluate.ObserveServer(live.Status.ObservedServerInstance, servers)
-	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
-	isReady := ready != nil && ready.Status == metav1.ConditionTrue
 	var engines []metav1.PartialObjectMetadata
 	if sel := live.Spec.EngineSelector.MatchLabels; len(sel) > 0 {
 		list := &metav1.PartialObjectMetadataList{}
 		list.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
 		if err := c.List(ctx, list, client.InNamespace(live.Namespace), client.MatchingLabels(sel)); err != nil {
-			return plan.RollPlan{}, fmt.Errorf("listing engine pods: %w", err)
+			return rollout.RollPlan{}, fmt.Errorf("listing engine pods: %w", err)
 		}
 		engines = list.Items
 	}
+	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
 	tally := evaluate.TallyWiring(live, engines, keys, evaluate.EndpointSince(live))
-	state := plan.RollState{
-		Policy: live.Spec.EngineRestartPolicy, Instance: change.Instance, Changed: change.Changed,
-		ServerAvailable: !hold && evaluate.Health(w).Available, Ready: isReady, Multiprocess: render.IsMultiprocess(live),
-		Early: len(tally.Early) > 0, KeysUnavailable: tally.KeysUnavailable,
-	}
-	state.SetPerNode(w, servers, change, now)
-	if state.Multiprocess {
-		// The CLI previews from the live status: the endpoint it
-		// publishes is the one served (the controller's want).
-		state.Published = evaluate.Publication(&live.Status, "")
-	}
-	state.Settled = evaluate.EndpointSettled(&live.Status, "", state.Multiprocess, now)
-	var wired, early []plan.Candidate
-	var enginePods []plan.EnginePod
-	if state.Cascade() {
+	state := rollout.State(rollout.Facts{
+		Backend: live, Workload: w, ServerPods: pods,
+		Change:      evaluate.ObserveServer(live.Status.ObservedServerInstance, evaluate.ServerPods(pods, w.PerNode())),
+		StorageHeld: hold, Ready: ready != nil && ready.Status == metav1.ConditionTrue,
+		// The status publishes an endpoint while the backend is available;
+		// the CLI previews from it, whichever endpoint it shows.
+		Available: live.Status.Endpoint != "", Wiring: tally,
+		Status: &live.Status, Live: true, Now: now,
+	})
+	cands, err := rollout.Gather(ctx, c, c, live, state, func() ([]receipt.Key, error) {
 		if keys == nil {
-			return plan.RollPlan{}, fmt.Errorf("a cache-server pod was replaced or restarted, and the receipt keys are needed to find the wired engines")
+			return nil, fmt.Errorf("a cache-server pod was replaced or restarted, and the receipt keys are needed to find the wired engines")
 		}
-		if state.PerNode {
-			enginePods, err = plan.WiredPods(ctx, c, c, live, keys)
-		} else {
-			wired, err = plan.WiredWorkloads(ctx, c, c, live, keys)
-		}
-		if err != nil {
-			return plan.RollPlan{}, err
-		}
+		return keys, nil
+	}, tally.Early)
+	if err != nil {
+		return rollout.RollPlan{}, err
 	}
-	if state.Heal() && state.Settled {
-		if early, err = plan.EarlyWorkloads(ctx, c, live.Namespace, tally.Early); err != nil {
-			return plan.RollPlan{}, err
-		}
-	}
-	return plan.RollsPerNode(state, wired, early, enginePods), nil
+	return rollout.Decide(state, cands), nil
 }
 
 // rollCause says why a reconcile rolls a workload, for a person.
-func rollCause(c plan.RollCause) string {
+func rollCause(c rollout.RollCause) string {
 	switch c {
-	case plan.CauseServerChange:
+	case rollout.CauseServerChange:
 		return "a cache-server pod was replaced or restarted, and it has pods wired to it"
-	case plan.CauseAdmittedBeforeEndpoint:
+	case rollout.CauseAdmittedBeforeEndpoint:
 		return "it has pods admitted before the endpoint existed, unwired"
 	}
 	return string(c)

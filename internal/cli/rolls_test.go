@@ -16,9 +16,9 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
-	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/rollout"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -74,22 +74,22 @@ func TestDiffPreviewsTheCascade(t *testing.T) {
 	engine("plain", false)
 	c := fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(objs...).Build()
 
-	p, err := previewRolls(context.Background(), c, cb, false, []receipt.Key{key}, now)
+	p, err := PreviewRolls(context.Background(), c, cb, false, []receipt.Key{key}, now)
 	require.NoError(t, err)
-	assert.Equal(t, []plan.Workload{{Kind: "Deployment", Name: "wired"}}, p.Workloads(plan.CauseServerChange))
+	assert.Equal(t, []rollout.Workload{{Kind: "Deployment", Name: "wired"}}, p.Workloads(rollout.CauseServerChange))
 	assert.Len(t, p.Rolls, 1)
 	d := DiffResult{Backend: "llm/cache", Rolls: p}
 	assert.True(t, d.HasChanges(), "a roll is a change")
 	assert.Contains(t, d.String(), "Deployment/llm/wired would be rolled")
 
-	_, err = previewRolls(context.Background(), c, cb, false, nil, now)
+	_, err = PreviewRolls(context.Background(), c, cb, false, nil, now)
 	require.Error(t, err, "without keys the wired engines cannot be verified")
 	assert.Contains(t, err.Error(), "receipt keys")
 
 	// Recorded as followed (the new pod is the recorded instance): nothing rolls.
 	followed := cb.DeepCopy()
 	followed.Status.ObservedServerInstance = "new-pod:0"
-	p, err = previewRolls(context.Background(), c, followed, false, []receipt.Key{key}, now)
+	p, err = PreviewRolls(context.Background(), c, followed, false, []receipt.Key{key}, now)
 	require.NoError(t, err)
 	assert.Empty(t, p.Rolls)
 }
@@ -140,17 +140,17 @@ func TestDiffPreviewsTheMultiprocessHeal(t *testing.T) {
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
 		return []client.Object{d, rs, p}
 	}
-	preview := func(cb *v1alpha1.CacheBackend, carries string) plan.RollPlan {
+	preview := func(cb *v1alpha1.CacheBackend, carries string) rollout.RollPlan {
 		t.Helper()
 		c := fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(append([]client.Object{cb, servers, server}, engine(carries)...)...).Build()
-		p, err := previewRolls(context.Background(), c, cb, false, []receipt.Key{receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))}, now)
+		p, err := PreviewRolls(context.Background(), c, cb, false, []receipt.Key{receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))}, now)
 		require.NoError(t, err)
 		return p
 	}
-	value := plan.InstanceHash(cb.Status.Endpoint + "@" + published.UTC().Format(time.RFC3339))
+	value := rollout.InstanceHash(cb.Status.Endpoint + "@" + published.UTC().Format(time.RFC3339))
 
 	p := preview(cb, "")
-	assert.Equal(t, []plan.Workload{{Kind: "Deployment", Name: "early"}}, p.Workloads(plan.CauseAdmittedBeforeEndpoint), "healed, not Ready")
+	assert.Equal(t, []rollout.Workload{{Kind: "Deployment", Name: "early"}}, p.Workloads(rollout.CauseAdmittedBeforeEndpoint), "healed, not Ready")
 	if assert.Len(t, p.Rolls, 1) {
 		assert.Equal(t, value, p.Rolls[0].Value, "the publication's hash")
 	}

@@ -46,6 +46,7 @@ import (
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/rollout"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -269,8 +270,8 @@ type pass struct {
 	// rollErr what executing them failed with (retried; the rest of the
 	// status is published meanwhile), out evaluate's: the status to
 	// publish.
-	rolls   plan.RollPlan
-	rolled  []plan.Roll
+	rolls   rollout.RollPlan
+	rolled  []rollout.Roll
 	rollErr error
 	out     evaluate.Outcome
 	// probed: the functional probe ran in this reconcile.
@@ -377,8 +378,7 @@ func (r *CacheBackendReconciler) serve(s *pass) evaluate.Verdict {
 
 // planRolls decides, from the pass's values alone, the engine rolls.
 func (r *CacheBackendReconciler) planRolls(s *pass) {
-	seen := &s.seen
-	s.rolls = plan.RollsPerNode(seen.roll, seen.wired, seen.early, seen.pods)
+	s.rolls = rollout.Decide(s.seen.roll, s.seen.candidates)
 }
 
 // evaluate decides, from the pass's values alone, the whole status to
@@ -432,16 +432,16 @@ func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
 			"the API server refused an eviction; retrying: %s", evaluate.Brief(evictErr))
 	}
 	r.rememberForbidden(s.cb, s.rolls.Evictions, forbidden)
-	r.recordRolls(ctx, s.cb, plan.RollPlan{Rolls: done, Evictions: evicted})
+	r.recordRolls(ctx, s.cb, rollout.RollPlan{Rolls: done, Evictions: evicted})
 	r.recordForbidden(ctx, s.cb, forbidden)
 	return errors.Join(rollErr, evictErr)
 }
 
 // healRolled reports whether every heal roll the pass planned was written
 // (the heal's pods are being replaced, whatever else failed).
-func healRolled(planned, done []plan.Roll) bool {
+func healRolled(planned, done []rollout.Roll) bool {
 	for _, p := range planned {
-		if p.Cause == plan.CauseAdmittedBeforeEndpoint && !slices.Contains(done, p) {
+		if p.Cause == rollout.CauseAdmittedBeforeEndpoint && !slices.Contains(done, p) {
 			return false
 		}
 	}
@@ -450,8 +450,8 @@ func healRolled(planned, done []plan.Roll) bool {
 
 // unreported leaves out of planned the evictions RBAC refused before for
 // the same start of their node's server (reported).
-func unreported(reported map[types.UID]time.Time, planned []plan.Eviction) []plan.Eviction {
-	return slices.DeleteFunc(slices.Clone(planned), func(e plan.Eviction) bool {
+func unreported(reported map[types.UID]time.Time, planned []rollout.Eviction) []rollout.Eviction {
+	return slices.DeleteFunc(slices.Clone(planned), func(e rollout.Eviction) bool {
 		since, ok := reported[e.UID]
 		return ok && since.Equal(e.Since)
 	})
@@ -460,7 +460,7 @@ func unreported(reported map[types.UID]time.Time, planned []plan.Eviction) []pla
 // rememberForbidden keeps, of the evictions planned, those RBAC refused
 // now or before (for the same server start of their node), so that they
 // are reported once (memoEntry.forbidden).
-func (r *CacheBackendReconciler) rememberForbidden(cb *v1alpha1.CacheBackend, planned, forbidden []plan.Eviction) {
+func (r *CacheBackendReconciler) rememberForbidden(cb *v1alpha1.CacheBackend, planned, forbidden []rollout.Eviction) {
 	r.memo.update(cb, func(m *memoEntry) {
 		keep := map[types.UID]time.Time{}
 		for _, e := range planned {

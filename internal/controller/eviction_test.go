@@ -12,7 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/internal/apply"
-	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/rollout"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -28,13 +28,13 @@ func TestEvictionIsConditionalOnTheUID(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, pod))
 	a := apply.New(k8s)
 
-	done, forbidden, err := a.Evict(ctx, ns, []plan.Eviction{{Pod: "engine-0", UID: "uid-of-its-predecessor", Node: "gpu-a"}})
+	done, forbidden, err := a.Evict(ctx, ns, []rollout.Eviction{{Pod: "engine-0", UID: "uid-of-its-predecessor", Node: "gpu-a"}})
 	require.NoError(t, err)
 	assert.Empty(t, done)
 	assert.Empty(t, forbidden)
 	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}), "the pod under that name is left alone")
 
-	done, _, err = a.Evict(ctx, ns, []plan.Eviction{{Pod: "engine-0", UID: pod.UID, Node: "gpu-a"}})
+	done, _, err = a.Evict(ctx, ns, []rollout.Eviction{{Pod: "engine-0", UID: pod.UID, Node: "gpu-a"}})
 	require.NoError(t, err)
 	assert.Len(t, done, 1)
 	testutil.Eventually(t, 15*time.Second, func() error {

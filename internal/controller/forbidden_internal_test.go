@@ -25,7 +25,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/evaluate"
-	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/rollout"
 )
 
 // TestForbiddenEvictionsAreReportedOnce: an engine pod whose eviction RBAC
@@ -37,9 +37,9 @@ func TestForbiddenEvictionsAreReportedOnce(t *testing.T) {
 	r := &CacheBackendReconciler{}
 	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-mp"}}
 	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	a := plan.Eviction{Pod: "engine-a", UID: "uid-a", Node: "gpu-a", Since: t0}
-	b := plan.Eviction{Pod: "engine-b", UID: "uid-b", Node: "gpu-b", Since: t0.Add(time.Minute)}
-	toTry := func(planned ...plan.Eviction) []string {
+	a := rollout.Eviction{Pod: "engine-a", UID: "uid-a", Node: "gpu-a", Since: t0}
+	b := rollout.Eviction{Pod: "engine-b", UID: "uid-b", Node: "gpu-b", Since: t0.Add(time.Minute)}
+	toTry := func(planned ...rollout.Eviction) []string {
 		var out []string
 		for _, e := range unreported(r.memo.get(cb).forbidden, planned) {
 			out = append(out, e.Pod)
@@ -47,15 +47,15 @@ func TestForbiddenEvictionsAreReportedOnce(t *testing.T) {
 		return out
 	}
 	assert.Equal(t, []string{"engine-a"}, toTry(a))
-	r.rememberForbidden(cb, []plan.Eviction{a}, []plan.Eviction{a})
+	r.rememberForbidden(cb, []rollout.Eviction{a}, []rollout.Eviction{a})
 	assert.Empty(t, toTry(a), "reported once")
 	assert.Equal(t, []string{"engine-b"}, toTry(a, b), "another node's change: only its pod")
-	r.rememberForbidden(cb, []plan.Eviction{a, b}, []plan.Eviction{b})
+	r.rememberForbidden(cb, []rollout.Eviction{a, b}, []rollout.Eviction{b})
 	assert.Empty(t, toTry(a, b))
 	again := a
 	again.Since = t0.Add(time.Hour)
 	assert.Equal(t, []string{"engine-a"}, toTry(again), "gpu-a's server changed again")
-	r.rememberForbidden(cb, []plan.Eviction{b}, nil)
+	r.rememberForbidden(cb, []rollout.Eviction{b}, nil)
 	keys := slices.Collect(maps.Keys(r.memo.get(cb).forbidden))
 	assert.Equal(t, []types.UID{"uid-b"}, keys, "only pods still planned are kept")
 }
@@ -64,17 +64,17 @@ func TestForbiddenEvictionsAreReportedOnce(t *testing.T) {
 // every heal roll of the pass was written, whatever else failed (another
 // workload's cascade roll, an eviction).
 func TestHealRolledIgnoresOtherFailures(t *testing.T) {
-	heal := plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: "early"}, Value: "v", Cause: plan.CauseAdmittedBeforeEndpoint}
-	cascade := plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: "wired"}, Value: "v", Cause: plan.CauseServerChange}
+	heal := rollout.Roll{Workload: rollout.Workload{Kind: "Deployment", Name: "early"}, Value: "v", Cause: rollout.CauseAdmittedBeforeEndpoint}
+	cascade := rollout.Roll{Workload: rollout.Workload{Kind: "Deployment", Name: "wired"}, Value: "v", Cause: rollout.CauseServerChange}
 	for _, tc := range []struct {
 		name          string
-		planned, done []plan.Roll
+		planned, done []rollout.Roll
 		want          bool
 	}{
 		{"nothing planned", nil, nil, true},
-		{"the heal written", []plan.Roll{heal}, []plan.Roll{heal}, true},
-		{"the heal written, the cascade's roll failed", []plan.Roll{cascade, heal}, []plan.Roll{heal}, true},
-		{"the heal's roll failed", []plan.Roll{cascade, heal}, []plan.Roll{cascade}, false},
+		{"the heal written", []rollout.Roll{heal}, []rollout.Roll{heal}, true},
+		{"the heal written, the cascade's roll failed", []rollout.Roll{cascade, heal}, []rollout.Roll{heal}, true},
+		{"the heal's roll failed", []rollout.Roll{cascade, heal}, []rollout.Roll{cascade}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.Equal(t, tc.want, healRolled(tc.planned, tc.done))
@@ -141,15 +141,15 @@ func TestAFailedWorkloadRollHoldsNoEviction(t *testing.T) {
 	rec := events.NewFakeRecorder(8)
 	r := &CacheBackendReconciler{Client: c, Applier: apply.New(c), Recorder: rec}
 	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-mp"}}
-	heal := func(name string) plan.Roll {
-		return plan.Roll{Workload: plan.Workload{Kind: "Deployment", Name: name}, Value: "v", Cause: plan.CauseAdmittedBeforeEndpoint}
+	heal := func(name string) rollout.Roll {
+		return rollout.Roll{Workload: rollout.Workload{Kind: "Deployment", Name: name}, Value: "v", Cause: rollout.CauseAdmittedBeforeEndpoint}
 	}
-	p := &pass{cb: cb, rolls: plan.RollPlan{Rolls: []plan.Roll{heal("locked"), heal("open")},
-		Evictions: []plan.Eviction{{Pod: "engine-a", UID: "uid-a", Node: "gpu-a"}}}}
+	p := &pass{cb: cb, rolls: rollout.RollPlan{Rolls: []rollout.Roll{heal("locked"), heal("open")},
+		Evictions: []rollout.Eviction{{Pod: "engine-a", UID: "uid-a", Node: "gpu-a"}}}}
 	err := r.roll(context.Background(), p)
 	require.Error(t, err)
 	assert.True(t, apierrors.IsForbidden(err), "%v", err)
-	assert.Equal(t, []plan.Roll{heal("open")}, p.rolled, "the other workload is rolled")
+	assert.Equal(t, []rollout.Roll{heal("open")}, p.rolled, "the other workload is rolled")
 	assert.Equal(t, []string{"engine-a"}, evicted, "the evictions go ahead")
 	assert.False(t, healRolled(p.rolls.Rolls, p.rolled))
 	close(rec.Events)

@@ -17,6 +17,7 @@ import (
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/rollout"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -160,14 +161,13 @@ type observed struct {
 	// index are the IndexSynced evaluation's facts, the index's summary
 	// read when the KV-event gate is open.
 	index evaluate.IndexFacts
-	// roll is what decides the engine rolls; wired and early their
-	// candidates, read only when the cascade or the heal needs them.
-	roll         plan.RollState
-	wired, early []plan.Candidate
-	// serverPods are the serving cache-server pods; pods the wired engine
-	// pods of a per-node cascade, read only when it runs.
+	// roll is what decides the engine rolls (rollout.State), candidates
+	// what they may roll, read only when the cascade or the heal needs
+	// them (rollout.Gather).
+	roll       rollout.RollState
+	candidates rollout.Candidates
+	// serverPods are the serving cache-server pods.
 	serverPods []corev1.Pod
-	pods       []plan.EnginePod
 }
 
 // observe makes every read after the apply: the workload of the kind the
@@ -193,29 +193,22 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 		keys = nil
 	}
 	seen.wiring = evaluate.TallyWiring(cb, s.obs.engines, keys, evaluate.EndpointSince(cb))
-	seen.roll = plan.RollState{
-		EngineLocal: p.EngineLocal, Policy: cb.Spec.EngineRestartPolicy, ApplyFailed: s.applyErr != nil,
-		Instance: change.Instance, Changed: change.Changed,
-		ServerAvailable: seen.facts.StorageHold == "" && evaluate.Health(seen.facts.Workload).Available,
-		Ready:           s.verdict.Ready, Multiprocess: render.IsMultiprocess(cb),
-		Early: len(seen.wiring.Early) > 0, KeysUnavailable: seen.wiring.KeysUnavailable,
+	// The roll state from the publication this process last wrote (or
+	// the cache shows); from the live status's below when read.
+	rf := rollout.Facts{
+		Backend: cb, EngineLocal: p.EngineLocal, ApplyFailed: s.applyErr != nil,
+		Workload: seen.facts.Workload, ServerPods: seen.serverPods, Change: change, StorageHeld: seen.facts.StorageHold != "",
+		Ready: s.verdict.Ready, Available: s.verdict.Available, Wiring: seen.wiring,
+		Status: s.st, Want: render.Endpoint(cb, r.Inject.ClusterDomain), Now: r.Now().Time,
 	}
-	seen.roll.SetPerNode(seen.facts.Workload, evaluate.ServerPods(seen.serverPods, true), change, r.Now().Time)
-	want := render.Endpoint(cb, r.Inject.ClusterDomain)
-	if seen.roll.Multiprocess && s.verdict.Available {
-		// The publication this process last wrote (or the cache shows);
-		// the live status's replaces it below when read.
-		seen.roll.Published = evaluate.Publication(s.st, want)
-	}
+	seen.roll = rollout.State(rf)
 	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
 		// The cache may lag a status write: read the live status.
 		live := &v1alpha1.CacheBackend{}
 		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(cb), live); err == nil {
 			seen.facts.FirstAvailableAt = live.Status.FirstAvailableAt
-			seen.roll.Settled = evaluate.EndpointSettled(&live.Status, want, seen.roll.Multiprocess, r.Now().Time)
-			if seen.roll.Multiprocess && s.verdict.Available {
-				seen.roll.Published = evaluate.Publication(&live.Status, want)
-			}
+			rf.Status, rf.Live = &live.Status, true
+			seen.roll = rollout.State(rf)
 		}
 		if seen.facts.FirstAvailableAt == nil {
 			now := r.Now()
@@ -259,25 +252,8 @@ func (r *CacheBackendReconciler) observeServer(ctx context.Context, s *pass) (ev
 // observeRolls reads the engine workloads the cascade or the heal would
 // roll, only when the roll state says they roll now.
 func (r *CacheBackendReconciler) observeRolls(ctx context.Context, s *pass) error {
-	seen := &s.seen
-	if seen.roll.Cascade() {
-		keys, err := r.keysOf(ctx, s)
-		if err != nil {
-			return fmt.Errorf("reading receipt keys to verify the wired engines: %w", err)
-		}
-		if seen.roll.PerNode {
-			if seen.pods, err = plan.WiredPods(ctx, r.Client, r.APIReader, s.cb, keys); err != nil {
-				return err
-			}
-		} else if seen.wired, err = plan.WiredWorkloads(ctx, r.Client, r.APIReader, s.cb, keys); err != nil {
-			return err
-		}
-	}
-	if seen.roll.Heal() && seen.roll.Settled {
-		var err error
-		if seen.early, err = plan.EarlyWorkloads(ctx, r.APIReader, s.cb.Namespace, seen.wiring.Early); err != nil {
-			return err
-		}
-	}
-	return nil
+	var err error
+	s.seen.candidates, err = rollout.Gather(ctx, r.Client, r.APIReader, s.cb, s.seen.roll,
+		func() ([]receipt.Key, error) { return r.keysOf(ctx, s) }, s.seen.wiring.Early)
+	return err
 }

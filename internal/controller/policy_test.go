@@ -25,7 +25,7 @@ import (
 
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
-	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/rollout"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -156,7 +156,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 	require.NoError(t, k8s.Create(ctx, engine))
 	// role.yaml alone does not grant evictions: the cascade's evictions
 	// come back as forbidden, no error (not retried), and the pod stays.
-	evict := []plan.Eviction{{Pod: engine.Name, UID: engine.UID, Node: "gpu-a"}}
+	evict := []rollout.Eviction{{Pod: engine.Name, UID: engine.UID, Node: "gpu-a"}}
 	done, forbidden, err := apply.New(operator).Evict(ctx, ns, evict)
 	require.NoError(t, err)
 	assert.Empty(t, done)

@@ -11,15 +11,15 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/plan"
+	"github.com/inferencecache/operator/internal/rollout"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
 // recordRolls counts, logs and records the engine rolls written: the
 // restart cascade (EnginesRestarted) and the heal of engines admitted
 // before the endpoint existed (EnginesRestartedForWiring).
-func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.CacheBackend, done plan.RollPlan) {
-	if ws := done.Workloads(plan.CauseServerChange); len(ws) > 0 {
+func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.CacheBackend, done rollout.RollPlan) {
+	if ws := done.Workloads(rollout.CauseServerChange); len(ws) > 0 {
 		Cascades.WithLabelValues(cb.Namespace, cb.Name).Add(float64(len(ws)))
 		log.FromContext(ctx).Info("rolled engines after a cache-server change", "workloads", joinWorkloads(ws))
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Rollout",
@@ -32,7 +32,7 @@ func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.C
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestarted, "Evict",
 			"node-local cache server replaced or restarted: evicted the engine pods wired to it so they reconnect (%s)", pods)
 	}
-	if ws := done.Workloads(plan.CauseAdmittedBeforeEndpoint); len(ws) > 0 {
+	if ws := done.Workloads(rollout.CauseAdmittedBeforeEndpoint); len(ws) > 0 {
 		Heals.WithLabelValues(cb.Namespace, cb.Name).Add(float64(len(ws)))
 		log.FromContext(ctx).Info("rolled engines admitted before the endpoint existed", "workloads", joinWorkloads(ws))
 		r.Recorder.Eventf(cb, nil, corev1.EventTypeNormal, v1alpha1.EventEnginesRestartedForWiring, "Rollout",
@@ -45,7 +45,7 @@ func (r *CacheBackendReconciler) recordRolls(ctx context.Context, cb *v1alpha1.C
 // engine-eviction grant): the pods to restart by hand. The change is not
 // retried (no retry would be allowed), and the memo keeps a reconcile that
 // reads a stale status from reporting the same pods again.
-func (r *CacheBackendReconciler) recordForbidden(ctx context.Context, cb *v1alpha1.CacheBackend, forbidden []plan.Eviction) {
+func (r *CacheBackendReconciler) recordForbidden(ctx context.Context, cb *v1alpha1.CacheBackend, forbidden []rollout.Eviction) {
 	if len(forbidden) == 0 {
 		return
 	}
@@ -64,7 +64,7 @@ const EngineEvictionClusterRole = "inferencecache-operator-engine-eviction"
 
 // podsByNode lists evictions as "node X: pod, pod; node Y: pod", nodes in
 // their first order.
-func podsByNode(evictions []plan.Eviction) string {
+func podsByNode(evictions []rollout.Eviction) string {
 	byNode := map[string][]string{}
 	var nodes []string
 	for _, e := range evictions {
@@ -103,7 +103,7 @@ func (r *CacheBackendReconciler) reportUnwired(s *pass) {
 // workloadNames names the workload of each pod from its metadata alone, for
 // reports: Deployment/<name> for a pod of a ReplicaSet named
 // <name>-<pod-template-hash>, StatefulSet/<name>, else Pod/<name>. Rolls
-// resolve workloads through the API instead (plan.EarlyWorkloads); both
+// resolve workloads through the API instead (rollout.EarlyWorkloads); both
 // ask internal/workload.
 func workloadNames(pods []metav1.PartialObjectMetadata) []string {
 	out := make([]string, 0, len(pods))
@@ -118,7 +118,7 @@ func workloadNames(pods []metav1.PartialObjectMetadata) []string {
 	return out
 }
 
-func joinWorkloads(ws []plan.Workload) string {
+func joinWorkloads(ws []rollout.Workload) string {
 	names := make([]string, len(ws))
 	for i, w := range ws {
 		names[i] = w.String()

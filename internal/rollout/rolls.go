@@ -1,4 +1,9 @@
-package plan
+// Package rollout decides the engine rolls of a reconcile, and reads what
+// they are decided from: the roll state of a backend's facts (State), the
+// engine workloads or pods a roll may write (Gather), the plan (Decide,
+// pure). The controller and the CLI's diff both call these three, so the
+// diff previews exactly the controller's plan.
+package rollout
 
 import (
 	"cmp"
@@ -18,9 +23,8 @@ import (
 // This file is the engine-roll plan: which engine workloads a reconcile
 // rolls (the restart cascade after a cache-server change, and the heal of
 // engines admitted before the endpoint existed), or how long it waits
-// first. It is pure: the reconcile's observe reads the candidates
-// (GatherRolls), internal/apply writes the rolls (Applier.Roll), and the
-// CLI's diff previews the same plan.
+// first. It is pure: State and Gather (state.go) give it its inputs,
+// internal/apply writes the rolls (Applier.Roll).
 
 // Workload is an engine workload the operator may roll: a Deployment or a
 // StatefulSet of the backend's namespace.
