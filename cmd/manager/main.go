@@ -37,7 +37,7 @@ import (
 	"github.com/inferencecache/operator/internal/kvindex/indexclient"
 	"github.com/inferencecache/operator/internal/logging"
 	"github.com/inferencecache/operator/internal/metrics"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/version"
 )
 
@@ -52,7 +52,7 @@ func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
 	metricsAddr := fs.String("metrics-bind-address", ":8443", "address the Prometheus metrics endpoint binds to; 0 disables it")
 	metricsSecure := fs.Bool("metrics-secure", true, "serve metrics over HTTPS, only to clients the API server authenticates (TokenReview) and authorizes for GET /metrics (SubjectAccessReview); false serves plain HTTP to anyone who can reach the port")
-	clusterDomain := fs.String("cluster-domain", render.DefaultClusterDomain, "the cluster's DNS domain: engines are given, and the functional probe dials, <name>.<namespace>.svc.<domain>")
+	clusterDomain := fs.String("cluster-domain", topology.DefaultClusterDomain, "the cluster's DNS domain: engines are given, and the functional probe dials, <name>.<namespace>.svc.<domain>")
 	maxRequest := fs.Int64("webhook-max-request-bytes", inject.DefaultMaxRequestBytes, "a larger pod admission request is admitted unwired without being decoded (fail open; metric inferencecache_webhook_guard_trips_total)")
 	maxConcurrent := fs.Int("webhook-max-concurrency", inject.DefaultMaxConcurrent, "pod admissions decoded at once; the others wait until their deadline, then fail open")
 	memRatio := fs.Float64("memory-limit-ratio", controller.DefaultMemoryLimitRatio, "when GOMEMLIMIT is a plain byte count (the container's memory limit, as the install bundle sets it through the downward API), use this fraction of it as the Go runtime's soft memory limit")

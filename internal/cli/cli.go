@@ -11,12 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strings"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/cli-runtime/pkg/resource"
-	"os"
 	sigsjson "sigs.k8s.io/json"
-	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +30,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/validation"
 )
 
@@ -235,7 +237,7 @@ func WireEngine(cb *v1alpha1.CacheBackend, engine *appsv1.Deployment) (*appsv1.D
 func WireEngineWith(cb *v1alpha1.CacheBackend, engine *appsv1.Deployment, opts inject.Options) (*appsv1.Deployment, inject.Decision) {
 	b := cb.DeepCopy()
 	if b.Spec.Type == v1alpha1.BackendTypeLMCache {
-		b.Status.Endpoint = render.Endpoint(b, opts.ClusterDomain)
+		b.Status.Endpoint = topology.Endpoint(b, opts.ClusterDomain)
 	}
 	pod := &corev1.Pod{ObjectMeta: *engine.Spec.Template.ObjectMeta.DeepCopy(), Spec: *engine.Spec.Template.Spec.DeepCopy()}
 	pod.Namespace = engine.Namespace

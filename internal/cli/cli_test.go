@@ -19,7 +19,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 func TestBadInput(t *testing.T) {
@@ -319,7 +319,7 @@ func TestRenderMultiprocess(t *testing.T) {
 	require.Len(t, containers, 1)
 	assert.Equal(t, []any{"lmcache", "server"}, containers[0].(map[string]any)["command"])
 	assert.Contains(t, containers[0].(map[string]any)["args"], "--isolated-ipc")
-	assert.Equal(t, "tcp://qwen-mp-cache.default.svc.cluster.local:5555", render.Endpoint(cbs[0], ""))
+	assert.Equal(t, "tcp://qwen-mp-cache.default.svc.cluster.local:5555", topology.Endpoint(cbs[0], ""))
 }
 
 // TestExplainMultiprocess: explain (and so audit) of the engine pods of a

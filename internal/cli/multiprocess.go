@@ -10,6 +10,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // Modes of Explanation.Mode: how the CacheBackend a pod belongs to serves
@@ -45,15 +46,7 @@ const (
 )
 
 // ModeOf is the mode cb serves its cache in.
-func ModeOf(cb *v1alpha1.CacheBackend) string {
-	switch {
-	case cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache:
-		return ModeHiCache
-	case render.IsMultiprocess(cb):
-		return ModeMultiprocess
-	}
-	return ModeInProcess
-}
+func ModeOf(cb *v1alpha1.CacheBackend) string { return topology.Of(cb).String() }
 
 // ExpectedConnector is the kv_connector a vLLM pod wired by cb names in
 // its --kv-transfer-config ("" for a backend the webhook wires otherwise).
@@ -118,7 +111,7 @@ func describeMode(pod *corev1.Pod, cb *v1alpha1.CacheBackend, e *Explanation) {
 	s := render.MPServerFor(cb)
 	e.Lines = append(e.Lines, fmt.Sprintf("multiprocess mode: one lmcache server per node (DaemonSet %s/%s), reached through the node-local Service %s "+
 		"(internalTrafficPolicy Local) at %s: the engine talks only to the server of its own node",
-		cb.Namespace, render.ServiceName(cb), render.ServiceName(cb), render.Endpoint(cb, "")))
+		cb.Namespace, topology.ServiceName(cb), topology.ServiceName(cb), topology.Endpoint(cb, "")))
 	e.Node, e.NodeServer = pod.Spec.NodeName, NodeServerUnscheduled
 	if e.Node != "" {
 		var line string

@@ -15,6 +15,7 @@ import (
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/rollout"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -26,7 +27,7 @@ import (
 // the backend are not verified, and neither the cascade nor the heal can
 // be previewed).
 func PreviewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBackend, hold bool, keys []receipt.Key, now time.Time) (rollout.RollPlan, error) {
-	if live.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+	if topology.Of(live) == topology.EngineLocal {
 		return rollout.RollPlan{}, nil // runs no server: nothing rolls
 	}
 	w, err := workload.Read(ctx, c, live)
@@ -47,7 +48,7 @@ func PreviewRolls(ctx context.Context, c client.Reader, live *v1alpha1.CacheBack
 		engines = list.Items
 	}
 	ready := meta.FindStatusCondition(live.Status.Conditions, v1alpha1.ConditionReady)
-	tally := evaluate.TallyWiring(live, engines, keys, evaluate.EndpointSince(live))
+	tally := evaluate.TallyWiring(live, engines, keys, topology.Since(live))
 	state := rollout.State(rollout.Facts{
 		Backend: live, Workload: w, ServerPods: pods,
 		Change:      evaluate.ObserveServer(live.Status.ObservedServerInstance, evaluate.ServerPods(pods, w.PerNode())),

@@ -47,6 +47,7 @@ import (
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/rollout"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -390,7 +391,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 	cb, v, seen := s.cb, s.verdict, &s.seen
 	endpoint := ""
 	if v.Available && !s.plan.EngineLocal {
-		endpoint = render.Endpoint(cb, r.Inject.ClusterDomain)
+		endpoint = topology.Endpoint(cb, r.Inject.ClusterDomain)
 	}
 	w := seen.wiring
 	wiring := evaluate.ReportWiring(evaluate.WiringFacts{
@@ -404,7 +405,7 @@ func (r *CacheBackendReconciler) evaluate(s *pass) {
 		Probed: s.probed, ProbeErr: seen.facts.ProbeErr,
 		Endpoint: endpoint, FirstAvailableAt: seen.facts.FirstAvailableAt, Now: r.Now(), Capacity: s.plan.Capacity,
 		ServerInstance: seen.roll.Instance, Record: s.rolls.Record, RollErr: s.rollErr,
-		Multiprocess: evaluate.NodeServers(seen.facts.Workload, seen.serverPods, render.Port(cb)),
+		Multiprocess: evaluate.NodeServers(seen.facts.Workload, seen.serverPods, topology.Port(cb)),
 		Storage:      evaluate.StorageOf(cb),
 	}
 }

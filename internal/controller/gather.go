@@ -18,6 +18,7 @@ import (
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/rollout"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -102,7 +103,7 @@ func (r *CacheBackendReconciler) gather(ctx context.Context, s *pass) error {
 	if obs.wired, err = r.indexPods(ctx, cb, pods); err != nil {
 		return err
 	}
-	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+	if topology.Of(cb) == topology.EngineLocal {
 		// Without a pod list or keys there is no trustworthy verdict: the
 		// reconcile stops and the previous one stands.
 		if len(sel) > 0 {
@@ -192,14 +193,14 @@ func (r *CacheBackendReconciler) observe(ctx context.Context, s *pass) error {
 	if s.obs.keysErr != nil {
 		keys = nil
 	}
-	seen.wiring = evaluate.TallyWiring(cb, s.obs.engines, keys, evaluate.EndpointSince(cb))
+	seen.wiring = evaluate.TallyWiring(cb, s.obs.engines, keys, topology.Since(cb))
 	// The roll state from the publication this process last wrote (or
 	// the cache shows); from the live status's below when read.
 	rf := rollout.Facts{
 		Backend: cb, EngineLocal: p.EngineLocal, ApplyFailed: s.applyErr != nil,
 		Workload: seen.facts.Workload, ServerPods: seen.serverPods, Change: change, StorageHeld: seen.facts.StorageHold != "",
 		Ready: s.verdict.Ready, Available: s.verdict.Available, Wiring: seen.wiring,
-		Status: s.st, Want: render.Endpoint(cb, r.Inject.ClusterDomain), Now: r.Now().Time,
+		Status: s.st, Want: topology.Endpoint(cb, r.Inject.ClusterDomain), Now: r.Now().Time,
 	}
 	seen.roll = rollout.State(rf)
 	if serving && ((evaluate.Health(seen.facts.Workload).Available && cb.Status.FirstAvailableAt == nil) || change.Changed || seen.roll.Heal()) {
@@ -241,7 +242,7 @@ func (r *CacheBackendReconciler) observeServer(ctx context.Context, s *pass) (ev
 	// Multiprocess mode has no functional probe: its node-local Service
 	// reaches only the manager's own node, and each server pod's readiness
 	// is its kubelet's GET /healthcheck (render.MPProbe).
-	if evaluate.Health(w).Ready && f.StorageHold == "" && r.Prober != nil && !render.IsMultiprocess(cb) {
+	if evaluate.Health(w).Ready && f.StorageHold == "" && r.Prober != nil && topology.Of(cb) != topology.Multiprocess {
 		s.probed = true
 		f.Probed = true
 		f.ProbeErr, _ = r.Prober.Check(ctx, cb)

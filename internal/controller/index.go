@@ -14,6 +14,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // IndexReader reads a CacheBackend's participation summary from the
@@ -81,7 +82,7 @@ func (r *CacheBackendReconciler) indexView(ctx context.Context, cb *v1alpha1.Cac
 // status: the endpoint for server-backed backends, Ready for engine-local
 // ones.
 func gateAvailable(cb *v1alpha1.CacheBackend) bool {
-	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+	if topology.Of(cb) == topology.EngineLocal {
 		return meta.IsStatusConditionTrue(cb.Status.Conditions, v1alpha1.ConditionReady)
 	}
 	return cb.Status.Endpoint != ""

@@ -14,7 +14,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // ProbeResults counts functional probes by result.
@@ -40,7 +40,7 @@ type Prober struct {
 	// Timeout of one probe: the dial and the HEALTH exchange.
 	Timeout time.Duration
 	// ClusterDomain is the DNS domain of the probed Service's fully
-	// qualified name (render.Host); empty is cluster.local.
+	// qualified name (topology.Host); empty is cluster.local.
 	ClusterDomain string
 
 	mu    sync.Mutex
@@ -70,7 +70,7 @@ func (p *Prober) Check(ctx context.Context, cb *v1alpha1.CacheBackend) (error, b
 	}
 	p.mu.Unlock()
 
-	addr := net.JoinHostPort(render.Host(cb, p.ClusterDomain), strconv.Itoa(int(render.Port(cb))))
+	addr := net.JoinHostPort(topology.Host(cb, p.ClusterDomain), strconv.Itoa(int(topology.Port(cb))))
 	dctx, cancel := context.WithTimeout(ctx, p.Timeout)
 	defer cancel()
 	err := probe(dctx, p.Dial, addr)

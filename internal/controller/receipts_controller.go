@@ -24,6 +24,7 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // DefaultReceiptEventHorizon is how old a pod may be and still get its
@@ -243,7 +244,7 @@ func (r *ReceiptReconciler) verdict(ctx context.Context, pod *corev1.Pod, keys [
 // inferencecache.io/wired-for), what it got and how to declare the
 // release; "" otherwise.
 func releaseUnknown(pod *corev1.Pod, cb *v1alpha1.CacheBackend) string {
-	if cb == nil || cb.Spec.Multiprocess == nil || !inject.VLLMReleaseUnknown(pod.Annotations[v1alpha1.AnnotationWiredFor]) {
+	if cb == nil || topology.Of(cb) != topology.Multiprocess || !inject.VLLMReleaseUnknown(pod.Annotations[v1alpha1.AnnotationWiredFor]) {
 		return ""
 	}
 	return fmt.Sprintf("the engine's vLLM release is unknown, so it was wired without kv_connector_module_path (as every supported vLLM accepts); "+

@@ -14,7 +14,7 @@ import (
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/inject/injecttest"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -28,9 +28,9 @@ func TestReceiptEventSaysTheReleaseIsUnknown(t *testing.T) {
 	mp := injecttest.Backend("cache", func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Multiprocess = &v1alpha1.Multiprocess{Port: 5555, HTTPPort: 8080, L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("4Gi")}}
 	})
-	mp.Status.Endpoint = render.Endpoint(&mp, "")
+	mp.Status.Endpoint = topology.Endpoint(&mp, "")
 	inProcess := injecttest.Backend("other")
-	inProcess.Status.Endpoint = render.Endpoint(&inProcess, "")
+	inProcess.Status.Endpoint = topology.Endpoint(&inProcess, "")
 	for _, tc := range []struct {
 		name    string
 		backend v1alpha1.CacheBackend

@@ -21,6 +21,7 @@ import (
 	"github.com/inferencecache/operator/internal/receipt"
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/rollout"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -100,7 +101,7 @@ func TestDiffAndTheControllerPlanTheSameRolls(t *testing.T) {
 				EngineSelector:      v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "vllm"}}},
 		}
 		cb.Status = v1alpha1.CacheBackendStatus{
-			Endpoint: render.Endpoint(cb, ""), ObservedServerInstance: "old-pod:0",
+			Endpoint: topology.Endpoint(cb, ""), ObservedServerInstance: "old-pod:0",
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonBackendReady,
 				LastTransitionTime: metav1.NewTime(now.Add(-time.Minute))}},
 		}
@@ -136,7 +137,7 @@ func TestDiffAndTheControllerPlanTheSameRolls(t *testing.T) {
 				EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "vllm"}}},
 		}
 		cb.Status = v1alpha1.CacheBackendStatus{
-			Endpoint: render.Endpoint(cb, ""), EndpointPublishedAt: &published, ObservedServerInstance: "srv-a:0@gpu-a",
+			Endpoint: topology.Endpoint(cb, ""), EndpointPublishedAt: &published, ObservedServerInstance: "srv-a:0@gpu-a",
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonReplicasUnavailable,
 				LastTransitionTime: published}},
 		}

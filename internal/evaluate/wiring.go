@@ -6,13 +6,11 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/internal/render"
 )
 
 // Wiring is the tally of a backend's matched engine pods by what their
@@ -143,63 +141,4 @@ func workloads(ws []string) string {
 	}
 	sort.Strings(out)
 	return strings.Join(out, ", ")
-}
-
-// EndpointSettleTime is how long a backend must have been Ready before its
-// engines are rolled: the webhook's cache, which lags the API server, holds
-// the endpoint by then, so pods created after it are wired.
-const EndpointSettleTime = 3 * time.Second
-
-// EndpointSettled reports whether engine pods created now are wired by
-// the webhook: st publishes the endpoint want (any, when want is empty),
-// and has for EndpointSettleTime, so that the webhook's cache, which lags
-// the API server, holds it too. For the whole-workload rolls that is
-// counted from the Ready transition; in multiprocess mode
-// (byPublication) from status.endpointPublishedAt, which does not wait
-// for every node's server (the per-node evictions wait for their own
-// node's), plus a second (the time is stored in whole seconds), or from
-// the Ready transition when no publication time is recorded (a CRD from
-// before the field prunes it).
-func EndpointSettled(st *v1alpha1.CacheBackendStatus, want string, byPublication bool, now time.Time) bool {
-	if st.Endpoint == "" || (want != "" && st.Endpoint != want) {
-		return false
-	}
-	if byPublication && st.EndpointPublishedAt != nil {
-		return now.Sub(st.EndpointPublishedAt.Time) >= EndpointSettleTime+time.Second
-	}
-	ready := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionReady)
-	return ready != nil && ready.Status == metav1.ConditionTrue && now.Sub(ready.LastTransitionTime.Time) >= EndpointSettleTime
-}
-
-// Publication is the endpoint st publishes and when it was published, as
-// one string; "" when st publishes none, another than want (any, when want
-// is empty), or records no publication time (a CRD from before
-// status.endpointPublishedAt prunes it). In multiprocess mode the
-// whole-workload engine rolls write its hash: it stays while node servers
-// come and go, and changes only when the endpoint is published anew.
-func Publication(st *v1alpha1.CacheBackendStatus, want string) string {
-	if st.Endpoint == "" || (want != "" && st.Endpoint != want) || st.EndpointPublishedAt == nil {
-		return ""
-	}
-	return st.Endpoint + "@" + st.EndpointPublishedAt.UTC().Format(time.RFC3339)
-}
-
-// EndpointSince is when the webhook could first inject cb's published
-// endpoint: its Ready transition plus the settle time (in multiprocess
-// mode its publication, status.endpointPublishedAt, plus the settle time
-// and a second); nil while cb publishes no endpoint (pods admitted now are
-// admitted before it).
-func EndpointSince(cb *v1alpha1.CacheBackend) *time.Time {
-	if p := cb.Status.EndpointPublishedAt; render.IsMultiprocess(cb) && cb.Status.Endpoint != "" && p != nil {
-		// Multiprocess mode: the webhook wires while the endpoint is
-		// published, Ready (every node's server) or not.
-		t := p.Add(EndpointSettleTime + time.Second)
-		return &t
-	}
-	ready := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
-	if cb.Status.Endpoint == "" || ready == nil || ready.Status != metav1.ConditionTrue {
-		return nil
-	}
-	t := ready.LastTransitionTime.Add(EndpointSettleTime)
-	return &t
 }

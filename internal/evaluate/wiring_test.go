@@ -98,60 +98,6 @@ func TestReportWiring(t *testing.T) {
 	}
 }
 
-// TestEndpointSettled: whole-workload rolls count the settle time from the
-// Ready transition; multiprocess mode's per-node cascade from
-// status.endpointPublishedAt, so a node whose server is missing (Ready
-// False) holds no other node's evictions.
-func TestEndpointSettled(t *testing.T) {
-	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	const ep = "tcp://mp.llm.svc.cluster.local:5555"
-	at := func(ago time.Duration) *metav1.Time { t := metav1.NewTime(now.Add(-ago)); return &t }
-	ready := func(s metav1.ConditionStatus, ago time.Duration) []metav1.Condition {
-		return []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: s, LastTransitionTime: *at(ago)}}
-	}
-	for _, tc := range []struct {
-		name    string
-		st      v1alpha1.CacheBackendStatus
-		want    string
-		perNode bool
-		settled bool
-	}{
-		{"Ready for the settle time", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, EndpointSettleTime)}, ep, false, true},
-		{"Ready just now", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, time.Second)}, ep, false, false},
-		{"not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Hour), Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, false, false},
-		{"another endpoint", v1alpha1.CacheBackendStatus{Endpoint: "tcp://other:5555", Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, false, false},
-		{"any endpoint (the CLI)", v1alpha1.CacheBackendStatus{Endpoint: "tcp://other:5555", Conditions: ready(metav1.ConditionTrue, time.Hour)}, "", false, true},
-		{"no endpoint", v1alpha1.CacheBackendStatus{Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, false, false},
-		{"per node: published for the settle time and a second, not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(EndpointSettleTime + time.Second), Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, true, true},
-		{"per node: published just now", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Second), Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, false},
-		{"per node: published within the settle time and its second", v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(EndpointSettleTime + 999*time.Millisecond), Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, false},
-		{"per node: no publication time (an older CRD): Ready for the settle time", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionTrue, time.Hour)}, ep, true, true},
-		{"per node: no publication time, not Ready", v1alpha1.CacheBackendStatus{Endpoint: ep, Conditions: ready(metav1.ConditionFalse, time.Hour)}, ep, true, false},
-		{"per node: no endpoint", v1alpha1.CacheBackendStatus{EndpointPublishedAt: at(time.Hour)}, ep, true, false},
-	} {
-		assert.Equal(t, tc.settled, EndpointSettled(&tc.st, tc.want, tc.perNode, now), tc.name)
-	}
-}
-
-// TestEndpointSinceInMultiprocessMode: in multiprocess mode the webhook
-// wires from the endpoint's publication on, Ready or not; otherwise from
-// the Ready transition.
-func TestEndpointSinceInMultiprocessMode(t *testing.T) {
-	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	cb := &v1alpha1.CacheBackend{Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache, Multiprocess: &v1alpha1.Multiprocess{}},
-		Status: v1alpha1.CacheBackendStatus{Endpoint: "tcp://mp.llm.svc.cluster.local:5555", EndpointPublishedAt: &metav1.Time{Time: t0},
-			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, LastTransitionTime: metav1.NewTime(t0)}}}}
-	since := EndpointSince(cb)
-	require.NotNil(t, since, "published, not Ready")
-	assert.Equal(t, t0.Add(EndpointSettleTime+time.Second), *since)
-	inProcess := cb.DeepCopy()
-	inProcess.Spec.Multiprocess = nil
-	assert.Nil(t, EndpointSince(inProcess), "the in-process server: from Ready")
-	unpublished := cb.DeepCopy()
-	unpublished.Status.Endpoint = ""
-	assert.Nil(t, EndpointSince(unpublished))
-}
-
 // TestPublishRecordsWhenTheEndpointAppears: status.endpointPublishedAt is
 // set when the endpoint appears or changes, kept while it stays, removed
 // with it.
@@ -169,20 +115,4 @@ func TestPublishRecordsWhenTheEndpointAppears(t *testing.T) {
 	Publish(st, 2, Outcome{Now: t1})
 	assert.Nil(t, st.EndpointPublishedAt, "removed with the endpoint")
 	assert.Empty(t, st.Endpoint)
-}
-
-// TestPublication: the endpoint and its publication time, "" without
-// either; a new publication of the same endpoint is a new value.
-func TestPublication(t *testing.T) {
-	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	ep := "tcp://mp.llm.svc.cluster.local:5555"
-	at := func(d time.Duration) *metav1.Time { return &metav1.Time{Time: t0.Add(d)} }
-	st := &v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(0)}
-	assert.Equal(t, ep+"@2026-12-05T12:00:00Z", Publication(st, ep))
-	assert.Equal(t, ep+"@2026-12-05T12:00:00Z", Publication(st, ""), "any endpoint")
-	assert.Empty(t, Publication(st, "tcp://other.llm.svc.cluster.local:5555"), "another endpoint than the one wanted")
-	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep}, ep), "no publication time (pruned by an older CRD)")
-	assert.Empty(t, Publication(&v1alpha1.CacheBackendStatus{EndpointPublishedAt: at(0)}, ""), "no endpoint")
-	assert.NotEqual(t, Publication(st, ep),
-		Publication(&v1alpha1.CacheBackendStatus{Endpoint: ep, EndpointPublishedAt: at(time.Minute)}, ep), "published anew")
 }

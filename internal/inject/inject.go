@@ -22,7 +22,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // Outcome is what the webhook did with a pod.
@@ -50,8 +50,8 @@ type Options struct {
 	Key *receipt.Key
 	// ClusterDomain is the cluster's DNS domain (the manager's
 	// --cluster-domain; cluster.local when empty): LMCACHE_REMOTE_URL is
-	// render.Endpoint of the spec in it, and in multiprocess mode the
-	// connector's lmcache.mp.host is render.Host.
+	// topology.Endpoint of the spec in it, and in multiprocess mode the
+	// connector's lmcache.mp.host is topology.Host.
 	ClusterDomain string
 	// Limits bound the admission handler's memory and concurrency.
 	Limits Limits
@@ -149,7 +149,7 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 		d.Message = fmt.Sprintf("CacheBackend %s/%s has no status.endpoint yet; pod admitted unwired (restart it once the backend is Ready)", cb.Namespace, cb.Name)
 		return d
 	}
-	if want := render.Endpoint(cb, opts.ClusterDomain); cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Status.Endpoint != want {
+	if want := topology.Endpoint(cb, opts.ClusterDomain); cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Status.Endpoint != want {
 		// Status only says whether the server is available; the address
 		// always comes from the spec. A status that names another address
 		// was not written by this operator (or by one with another
@@ -171,7 +171,7 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 			return skip(d, v1alpha1.SkippedShellWrapper, fmt.Sprintf("container %q runs a shell command line (%s -c); add %s and the LMCache variables to it by hand, or run the engine directly", c.Name, sh, KVTransferConfigFlag))
 		}
 	}
-	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+	if topology.Of(cb) == topology.EngineLocal {
 		if f := hiCacheExclusiveSet(cmdline); f != "" {
 			return skip(d, v1alpha1.SkippedUserConfig, fmt.Sprintf("container %q sets %s, which SGLang refuses together with --enable-hierarchical-cache (\"mutually exclusive\"); the webhook leaves the pod unwired rather than make it fail at start", c.Name, f))
 		}
@@ -180,7 +180,7 @@ func Decide(pod *corev1.Pod, backends []v1alpha1.CacheBackend, opts Options) Dec
 	if cb.Spec.Type == v1alpha1.BackendTypeLMCache {
 		rel = ReleasesOf(pod, c, cb)
 	}
-	if render.IsMultiprocess(cb) {
+	if topology.Of(cb) == topology.Multiprocess {
 		if why := isolatedIPCUnsupported(c, cmdline); why != "" {
 			return skip(d, v1alpha1.SkippedIsolatedIPCUnsupported, why+"; the webhook leaves the pod unwired")
 		}
@@ -352,7 +352,7 @@ func DesiredFor(cb *v1alpha1.CacheBackend, opts Options, rel Releases, cmdline [
 	var cfg Config
 	switch cb.Spec.Type {
 	case v1alpha1.BackendTypeLMCache:
-		if render.IsMultiprocess(cb) {
+		if topology.Of(cb) == topology.Multiprocess {
 			// The node's MP server holds the tiers: no in-process LMCache
 			// settings, no LMCACHE_REMOTE_URL.
 			modulePath, optOut := mpWiring(rel)
@@ -405,7 +405,7 @@ func kvTransferConfig(r v1alpha1.IntegrationRole) string {
 }
 
 func lmcacheEnv(cb *v1alpha1.CacheBackend, domain string) []corev1.EnvVar {
-	env := []corev1.EnvVar{{Name: envRemoteURL, Value: render.Endpoint(cb, domain)}}
+	env := []corev1.EnvVar{{Name: envRemoteURL, Value: topology.Endpoint(cb, domain)}}
 	lc := cb.Spec.LMCache
 	serde := "naive"
 	if lc != nil && lc.Serde != "" {

@@ -13,9 +13,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/render"
 
 	"github.com/inferencecache/operator/internal/imageref"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // The KV-event wiring (docs/design/kvevent-subscriber.md, "Wiring"): the
@@ -276,7 +276,7 @@ func PlanKVEvents(cb *v1alpha1.CacheBackend, opts Options, pod *corev1.Pod, c *c
 // replica of the in-memory index holds every pod.
 func DefaultIndexEndpoint(namespace, domain string) string {
 	if domain == "" {
-		domain = render.DefaultClusterDomain
+		domain = topology.DefaultClusterDomain
 	}
 	return fmt.Sprintf("%s.%s.svc.%s:%d", v1alpha1.IndexPeersService, namespace, domain, v1alpha1.IndexGRPCPort)
 }

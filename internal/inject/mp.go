@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // Names of LMCache's multiprocess-mode connector (issue 23). vLLM 0.33
@@ -99,7 +99,7 @@ func EngineSharedMemory(cb *v1alpha1.CacheBackend) resource.Quantity {
 // mpTransfer is the --kv-transfer-config of an engine wired to cb's MP
 // server, reached through its node-local Service.
 func mpTransfer(cb *v1alpha1.CacheBackend, domain string, modulePath bool) Flag {
-	return Flag{KVTransferConfigFlag, MPKVTransferConfigFor(render.Host(cb, domain), render.Port(cb), cb.Spec.Integration.Role, modulePath)}
+	return Flag{KVTransferConfigFlag, MPKVTransferConfigFor(topology.Host(cb, domain), topology.Port(cb), cb.Spec.Integration.Role, modulePath)}
 }
 
 // isolatedIPCUnsupported returns why LMCache's isolated IPC cannot share

@@ -13,7 +13,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // mpBackend is an LMCache CacheBackend in multiprocess mode whose
@@ -28,7 +28,7 @@ func mpBackend(name string, mut ...func(*v1alpha1.CacheBackend)) v1alpha1.CacheB
 	for _, m := range mut {
 		m(&cb)
 	}
-	cb.Status.Endpoint = render.Endpoint(&cb, "")
+	cb.Status.Endpoint = topology.Endpoint(&cb, "")
 	return cb
 }
 
@@ -106,7 +106,7 @@ func TestDecideMultiprocess(t *testing.T) {
 					cb.Spec.Multiprocess.Port = 6000
 					cb.Spec.Multiprocess.EngineSharedMemory = ptr.To(resource.MustParse("4Gi"))
 				})
-				cb.Status.Endpoint = render.Endpoint(&cb, "example.org")
+				cb.Status.Endpoint = topology.Endpoint(&cb, "example.org")
 				return cb
 			}(),
 			opts:    Options{ClusterDomain: "example.org"},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/engineversion"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // Releases are the vLLM and LMCache releases the webhook wires a pod for,
@@ -133,7 +134,7 @@ func inProcessRefused(r Releases) string {
 func (r Releases) note(cb *v1alpha1.CacheBackend) string {
 	var notes []string
 	notes = append(notes, r.Problems...)
-	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Spec.Multiprocess != nil && !r.VLLM.Known {
+	if topology.Of(cb) == topology.Multiprocess && !r.VLLM.Known {
 		notes = append(notes, fmt.Sprintf("the engine's vLLM release is unknown: wired without kv_connector_module_path, as every supported vLLM accepts "+
 			"(declare it with the pod annotation %s or spec.integration.versions.vllm)", v1alpha1.AnnotationVLLMVersion))
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject/injecttest"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // TestMPWiringFollowsTheVLLMRelease: the multiprocess wiring follows the
@@ -86,7 +86,7 @@ func TestMPWiringFollowsTheVLLMRelease(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cb := tc.backend
-			cb.Status.Endpoint = render.Endpoint(&cb, "")
+			cb.Status.Endpoint = topology.Endpoint(&cb, "")
 			d := Decide(tc.pod, []v1alpha1.CacheBackend{cb}, Options{})
 			require.Equal(t, tc.outcome, d.Outcome, d.Message)
 			assert.Equal(t, tc.reason, d.Reason)
@@ -143,7 +143,7 @@ func TestWiredForIsLMCaches(t *testing.T) {
 	require.Equal(t, Injected, d.Outcome, d.Message)
 	assert.NotContains(t, d.Pod.Annotations, v1alpha1.AnnotationWiredFor)
 	lm := backend("cache")
-	lm.Status.Endpoint = render.Endpoint(&lm, "")
+	lm.Status.Endpoint = topology.Endpoint(&lm, "")
 	d = Decide(enginePod(), []v1alpha1.CacheBackend{lm}, Options{})
 	require.Equal(t, Injected, d.Outcome, d.Message)
 	assert.Equal(t, "vllm=unknown; lmcache=unknown", d.Pod.Annotations[v1alpha1.AnnotationWiredFor])

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -25,7 +26,7 @@ import (
 // read, for the controller and the CLI alike.
 func Gather(ctx context.Context, c, claims client.Reader, cb *v1alpha1.CacheBackend) (Input, error) {
 	in := Input{Backend: cb}
-	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+	if topology.Of(cb) == topology.EngineLocal {
 		return in, nil // runs no server: nothing to apply or prune
 	}
 	w, err := workload.Read(ctx, c, cb)

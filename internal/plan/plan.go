@@ -24,6 +24,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -165,7 +166,7 @@ func (p Plan) WorkloadHold() *Hold {
 func Build(in Input) (Plan, error) {
 	cb := in.Backend
 	p := Plan{Backend: cb}
-	if cb.Spec.Type == v1alpha1.BackendTypeSGLangHiCache {
+	if topology.Of(cb) == topology.EngineLocal {
 		p.EngineLocal = true
 		return p, nil
 	}

@@ -13,6 +13,7 @@ import (
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // MPServer is a multiprocess-mode LMCache server (`lmcache server`, LMCache
@@ -67,7 +68,6 @@ type MPDisk struct {
 // Defaults of spec.multiprocess that the CRD also sets; MPServerFor uses
 // them for an object read without the schema's defaults.
 const (
-	DefaultMPPort     = int32(5555)
 	DefaultMPHTTPPort = int32(8080)
 	DefaultMPDiskPath = "/var/lib/lmcache"
 	// MPWorkerReapSeconds is --worker-reap-timeout-seconds: the server
@@ -76,11 +76,6 @@ const (
 	// heartbeats of 10 s): a replaced engine's registration goes sooner.
 	MPWorkerReapSeconds = 30
 )
-
-// IsMultiprocess reports whether cb runs LMCache's multiprocess mode.
-func IsMultiprocess(cb *v1alpha1.CacheBackend) bool {
-	return cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Spec.Multiprocess != nil
-}
 
 // MPServerFor is the MP server cb's spec.multiprocess asks for (the zero
 // MPServer when it has none). Sizes are whole GiB (the validating webhook
@@ -91,7 +86,7 @@ func MPServerFor(cb *v1alpha1.CacheBackend) MPServer {
 		return MPServer{}
 	}
 	s := MPServer{
-		Port: orDefault(mp.Port, DefaultMPPort), HTTPPort: orDefault(mp.HTTPPort, DefaultMPHTTPPort),
+		Port: orDefault(mp.Port, topology.DefaultMPPort), HTTPPort: orDefault(mp.HTTPPort, DefaultMPHTTPPort),
 		L1SizeGiB:        gib(mp.L1.Size),
 		EvictionPolicy:   string(mp.L1.EvictionPolicy),
 		WatermarkPercent: orDefault(mp.L1.EvictionWatermarkPercent, 80),
@@ -395,7 +390,7 @@ func MPDaemonSet(cb *v1alpha1.CacheBackend, s MPServer) *appsv1ac.DaemonSetApply
 // which listens on the pods' loopback only (the kubelet probes inside the
 // container, Prometheus scrapes the pods' metrics gate).
 func MPService(cb *v1alpha1.CacheBackend, s MPServer) *corev1ac.ServiceApplyConfiguration {
-	return corev1ac.Service(ServiceName(cb), cb.Namespace).
+	return corev1ac.Service(topology.ServiceName(cb), cb.Namespace).
 		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(corev1ac.ServiceSpec().

@@ -9,7 +9,6 @@ package render
 import (
 	"reflect"
 	"strconv"
-	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/version"
 	"github.com/inferencecache/operator/internal/workload"
 )
@@ -61,8 +61,6 @@ const (
 	// TestDefaultImageIsTheTestedLMCache holds them together, and the CRD
 	// default of spec.remoteStorage.lmCacheServer.image).
 	DefaultImage = "lmcache/vllm-openai:v0.5.6"
-	// DefaultPort is the cache-server port when the spec names none.
-	DefaultPort = int32(65432)
 )
 
 // Children is the full set of objects the operator wants for one
@@ -149,55 +147,8 @@ func LabelledFor(cb *v1alpha1.CacheBackend, labels map[string]string) bool {
 	return labels[LabelCacheBackend] == cb.Name
 }
 
-// ServiceName is the name of the cache-server Service (and of the workload).
-func ServiceName(cb *v1alpha1.CacheBackend) string { return cb.Name }
-
 // PVCName is the name of the shared PVC of a Deployment-kind backend.
 func PVCName(cb *v1alpha1.CacheBackend) string { return cb.Name + "-data" }
-
-// Port is the cache server's TCP port (in multiprocess mode, its ZMQ
-// request port).
-func Port(cb *v1alpha1.CacheBackend) int32 {
-	if IsMultiprocess(cb) {
-		return MPServerFor(cb).Port
-	}
-	if s := server(cb); s != nil && s.Port != 0 {
-		return s.Port
-	}
-	return DefaultPort
-}
-
-// DefaultClusterDomain is the cluster's DNS domain unless the manager's
-// --cluster-domain says otherwise.
-const DefaultClusterDomain = "cluster.local"
-
-// Host is the fully qualified DNS name of cb's cache-server Service,
-// <name>.<namespace>.svc.<domain> (domain "" is DefaultClusterDomain; a
-// trailing dot on it is dropped). The full suffix, not <name>.<namespace>.svc:
-// the short name is first looked up through the pod's resolver search
-// path, where <name>.<namespace>.svc.svc.<domain> is an endpoint of Service
-// <namespace> in a namespace named "svc", which its owner controls. The
-// full name has too many labels to match any Service under a search suffix.
-func Host(cb *v1alpha1.CacheBackend, domain string) string {
-	domain = strings.TrimSuffix(domain, ".")
-	if domain == "" {
-		domain = DefaultClusterDomain
-	}
-	return ServiceName(cb) + "." + cb.Namespace + ".svc." + domain
-}
-
-// Endpoint is the LMCache remote URL of cb's cache server,
-// lm://<Host>:<port>: what the webhook injects and, once the server is
-// available, status.endpoint. In multiprocess mode it is the node-local
-// Service's ZMQ address, tcp://<Host>:<port>, which reaches the server of
-// the engine's own node. It is derived from the spec only.
-func Endpoint(cb *v1alpha1.CacheBackend, domain string) string {
-	scheme := "lm://"
-	if IsMultiprocess(cb) {
-		scheme = "tcp://"
-	}
-	return scheme + Host(cb, domain) + ":" + strconv.Itoa(int(Port(cb)))
-}
 
 // Replicas is the replica count the operator applies to the workload when no
 // HPA owns it.
@@ -239,7 +190,7 @@ func RenderWith(cb *v1alpha1.CacheBackend, o Options) Children {
 	if cb.Spec.Type != v1alpha1.BackendTypeLMCache {
 		return Children{}
 	}
-	if IsMultiprocess(cb) {
+	if topology.Of(cb) == topology.Multiprocess {
 		s := MPServerFor(cb)
 		return Children{Service: MPService(cb, s), DaemonSet: MPDaemonSet(cb, s)}
 	}
@@ -343,7 +294,7 @@ func workloadAnnotations(o Options) map[string]string {
 }
 
 func podTemplate(cb *v1alpha1.CacheBackend, o Options) *corev1ac.PodTemplateSpecApplyConfiguration {
-	port := Port(cb)
+	port := topology.Port(cb)
 	image := ServerImage(cb)
 	var resources *corev1.ResourceRequirements
 	if s := server(cb); s != nil {
@@ -597,7 +548,7 @@ const ServerDevice = "cpu"
 // so spec.remoteStorage.lmCacheServer.extraArgs is refused at admission and
 // never rendered).
 func ServerArgs(cb *v1alpha1.CacheBackend) []string {
-	return []string{"0.0.0.0", strconv.Itoa(int(Port(cb))), ServerDevice}
+	return []string{"0.0.0.0", strconv.Itoa(int(topology.Port(cb))), ServerDevice}
 }
 
 // ProbeCommand is the exec command of the server container's readiness
@@ -606,7 +557,7 @@ func ServerArgs(cb *v1alpha1.CacheBackend) []string {
 // the controller's functional probe makes (lmcacheproto). The port is the
 // last argument.
 func ProbeCommand(cb *v1alpha1.CacheBackend) []string {
-	return []string{"python3", "-c", lmcacheproto.ProbeScript(), strconv.Itoa(int(Port(cb)))}
+	return []string{"python3", "-c", lmcacheproto.ProbeScript(), strconv.Itoa(int(topology.Port(cb)))}
 }
 
 // probeTimeoutSeconds is the container probes' timeout: a Python start and
@@ -627,7 +578,7 @@ func probe(cb *v1alpha1.CacheBackend, initialDelay, period, failures int32) *cor
 }
 
 func service(cb *v1alpha1.CacheBackend) *corev1ac.ServiceApplyConfiguration {
-	return corev1ac.Service(ServiceName(cb), cb.Namespace).
+	return corev1ac.Service(topology.ServiceName(cb), cb.Namespace).
 		WithLabels(objectLabels(cb)).
 		WithOwnerReferences(ownerRef(cb)).
 		WithSpec(corev1ac.ServiceSpec().
@@ -635,7 +586,7 @@ func service(cb *v1alpha1.CacheBackend) *corev1ac.ServiceApplyConfiguration {
 			WithSelector(SelectorLabels(cb)).
 			WithPorts(corev1ac.ServicePort().
 				WithName(portName).
-				WithPort(Port(cb)).
+				WithPort(topology.Port(cb)).
 				WithTargetPort(intstr.FromString(portName)).
 				WithProtocol(corev1.ProtocolTCP)))
 }
@@ -684,7 +635,7 @@ func hpa(cb *v1alpha1.CacheBackend) *autoscalingv2ac.HorizontalPodAutoscalerAppl
 // so that a policy edited by hand or missing is put back.
 func statefulSet(cb *v1alpha1.CacheBackend, o Options) *appsv1ac.StatefulSetApplyConfiguration {
 	spec := appsv1ac.StatefulSetSpec().
-		WithServiceName(ServiceName(cb)).
+		WithServiceName(topology.ServiceName(cb)).
 		WithSelector(metav1ac.LabelSelector().WithMatchLabels(SelectorLabels(cb))).
 		WithTemplate(podTemplate(cb, o)).
 		WithPersistentVolumeClaimRetentionPolicy(appsv1ac.StatefulSetPersistentVolumeClaimRetentionPolicy().

@@ -18,6 +18,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/version"
 )
 
@@ -234,11 +235,11 @@ func TestRenderStatefulSet(t *testing.T) {
 
 func TestEndpoint(t *testing.T) {
 	cb := load(t, "testdata/full.yaml")
-	assert.Equal(t, "lm://big.llm.svc.cluster.local:7000", render.Endpoint(cb, ""))
-	assert.Equal(t, "lm://cache.llm.svc.cluster.local:65432", render.Endpoint(load(t, "testdata/minimal.yaml"), "cluster.local"))
-	assert.Equal(t, "lm://cache.llm.svc.corp.example:65432", render.Endpoint(load(t, "testdata/minimal.yaml"), "corp.example."),
+	assert.Equal(t, "lm://big.llm.svc.cluster.local:7000", topology.Endpoint(cb, ""))
+	assert.Equal(t, "lm://cache.llm.svc.cluster.local:65432", topology.Endpoint(load(t, "testdata/minimal.yaml"), "cluster.local"))
+	assert.Equal(t, "lm://cache.llm.svc.corp.example:65432", topology.Endpoint(load(t, "testdata/minimal.yaml"), "corp.example."),
 		"the cluster domain comes from the flag, a trailing dot dropped")
-	assert.Equal(t, "big.llm.svc.cluster.local", render.Host(cb, ""))
+	assert.Equal(t, "big.llm.svc.cluster.local", topology.Host(cb, ""))
 }
 
 // TestVersionLabels: every child carries the operator's version and the

@@ -87,7 +87,7 @@ type RollState struct {
 	// the heal waits for the endpoint to settle, not for Ready (every
 	// node's server).
 	// Published is, in that mode, the endpoint the status publishes and
-	// when (evaluate.Publication), while this reconcile publishes it too;
+	// when (topology.Publication), while this reconcile publishes it too;
 	// "" otherwise. It opens the heal (without it, only Ready does), and
 	// its hash is the value of every whole-workload roll (the heal, and
 	// the cascade of a move from the in-process server): unlike the
@@ -99,7 +99,7 @@ type RollState struct {
 	// Settled: the live status publishes the endpoint, long enough for
 	// the webhook's cache to hold it (engines rolled now are wired):
 	// counted from the Ready transition, or in multiprocess mode from
-	// status.endpointPublishedAt (evaluate.EndpointSettled), so a node
+	// status.endpointPublishedAt (topology.Settled), so a node
 	// without a server holds neither the other nodes' evictions nor the
 	// heal.
 	Settled bool

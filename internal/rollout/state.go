@@ -12,7 +12,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/receipt"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/workload"
 )
 
@@ -56,16 +56,16 @@ func State(f Facts) RollState {
 		EngineLocal: f.EngineLocal, Policy: cb.Spec.EngineRestartPolicy, ApplyFailed: f.ApplyFailed,
 		Instance: f.Change.Instance, Changed: f.Change.Changed,
 		ServerAvailable: !f.StorageHeld && evaluate.Health(f.Workload).Available,
-		Ready:           f.Ready, Multiprocess: render.IsMultiprocess(cb),
+		Ready:           f.Ready, Multiprocess: topology.Of(cb) == topology.Multiprocess,
 		Early: len(f.Wiring.Early) > 0, KeysUnavailable: f.Wiring.KeysUnavailable,
 	}
 	s.SetPerNode(f.Workload, evaluate.ServerPods(f.ServerPods, true), f.Change, f.Now)
 	if f.Status != nil {
 		if s.Multiprocess && f.Available {
-			s.Published = evaluate.Publication(f.Status, f.Want)
+			s.Published = topology.Publication(f.Status, f.Want)
 		}
 		if f.Live {
-			s.Settled = evaluate.EndpointSettled(f.Status, f.Want, s.Multiprocess, f.Now)
+			s.Settled = topology.Settled(f.Status, f.Want, s.Multiprocess, f.Now)
 		}
 	}
 	return s

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // Why the in-process server's fields are refused next to
@@ -61,7 +62,7 @@ func multiprocessErrors(cb *v1alpha1.CacheBackend) field.ErrorList {
 		if s.Replicas != nil {
 			errs = append(errs, field.Forbidden(srv.Child("replicas"), mpInProcess+": multiprocess mode runs one server per selected node"))
 		}
-		if s.Port != 0 && s.Port != render.DefaultPort {
+		if s.Port != 0 && s.Port != topology.DefaultPort {
 			errs = append(errs, field.Forbidden(srv.Child("port"), mpInProcess+": set spec.multiprocess.port"))
 		}
 		if r := s.Resources; r != nil {

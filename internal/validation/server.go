@@ -9,6 +9,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/engineversion"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // ExtraArgsRefused is why spec.remoteStorage.lmCacheServer.extraArgs is
@@ -82,7 +83,7 @@ func ServerLMCache(cb *v1alpha1.CacheBackend) engineversion.Detected {
 // inProcessServerRemoved returns why cb's in-process server cannot run, or
 // "": its LMCache release has no lmcache_server.
 func inProcessServerRemoved(cb *v1alpha1.CacheBackend) string {
-	if cb.Spec.Type != v1alpha1.BackendTypeLMCache || render.IsMultiprocess(cb) {
+	if cb.Spec.Type != v1alpha1.BackendTypeLMCache || topology.Of(cb) == topology.Multiprocess {
 		return ""
 	}
 	d := ServerLMCache(cb)

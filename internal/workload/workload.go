@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // Server is a workload of one kind, live (Object is the object read from
@@ -140,7 +141,7 @@ func ByKind(kind string) (Server, bool) {
 // spec.deploymentKind (Deployment when unset). It is the one decision on
 // the workload kind.
 func For(cb *v1alpha1.CacheBackend) Server {
-	if cb.Spec.Type == v1alpha1.BackendTypeLMCache && cb.Spec.Multiprocess != nil {
+	if topology.Of(cb) == topology.Multiprocess {
 		return &daemonSet{}
 	}
 	if s, ok := ByKind(string(cb.Spec.DeploymentKind)); ok {

@@ -41,7 +41,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/webhook/podmutation"
 	"github.com/inferencecache/operator/test/controlplane"
 	"github.com/inferencecache/operator/test/testutil"
@@ -132,7 +132,7 @@ func populate(ctx context.Context) error {
 				return err
 			}
 			if i == n-1 {
-				cb.Status.Endpoint = render.Endpoint(cb, "")
+				cb.Status.Endpoint = topology.Endpoint(cb, "")
 				if err := k8s.Status().Update(ctx, cb); err != nil {
 					return err
 				}

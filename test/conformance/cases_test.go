@@ -17,7 +17,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 )
 
 // The case builder every engine's conformance test shares: a CacheBackend
@@ -38,7 +38,7 @@ const (
 
 // newBackend is a CacheBackend of the given runtime and type that selects
 // the case pods, with the status.endpoint the operator publishes for it
-// (render.Endpoint: the address the webhook requires) when it runs a server.
+// (topology.Endpoint: the address the webhook requires) when it runs a server.
 func newBackend(rt v1alpha1.Runtime, typ v1alpha1.BackendType, mut ...func(*v1alpha1.CacheBackend)) v1alpha1.CacheBackend {
 	cb := v1alpha1.CacheBackend{
 		ObjectMeta: metav1.ObjectMeta{Namespace: caseNamespace, Name: "cache", UID: types.UID("uid-cache"), Generation: 1},
@@ -51,7 +51,7 @@ func newBackend(rt v1alpha1.Runtime, typ v1alpha1.BackendType, mut ...func(*v1al
 		m(&cb)
 	}
 	if cb.Spec.Type == v1alpha1.BackendTypeLMCache {
-		cb.Status.Endpoint = render.Endpoint(&cb, "")
+		cb.Status.Endpoint = topology.Endpoint(&cb, "")
 	}
 	return cb
 }

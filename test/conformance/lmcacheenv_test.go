@@ -15,7 +15,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
 
@@ -76,7 +76,7 @@ func lmcacheCases() []lmcacheCase {
 	var cases []lmcacheCase
 	add := func(name string, opts inject.Options, mut ...func(*v1alpha1.CacheBackend)) {
 		cb := lmcacheVLLM(mut...)
-		cb.Status.Endpoint = render.Endpoint(&cb, opts.ClusterDomain) // what the operator publishes in that domain
+		cb.Status.Endpoint = topology.Endpoint(&cb, opts.ClusterDomain) // what the operator publishes in that domain
 		cases = append(cases, lmcacheCase{name: name, backend: cb, opts: opts, want: intentOf(cb, opts.ClusterDomain)})
 	}
 	add("no spec.lmCache", inject.Options{})

@@ -32,6 +32,7 @@ import (
 	"github.com/inferencecache/operator/internal/engineversion"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
@@ -83,7 +84,7 @@ func serverShapes() []serverShape {
 					case "hpa":
 						cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 4}
 					}
-					shapes = append(shapes, serverShape{fmt.Sprintf("%s/%s/port-%d/%s", kind, storage, render.Port(cb), scale), cb})
+					shapes = append(shapes, serverShape{fmt.Sprintf("%s/%s/port-%d/%s", kind, storage, topology.Port(cb), scale), cb})
 				}
 			}
 		}
@@ -319,21 +320,21 @@ func TestManagedServerStartsAndAnswersHealth(t *testing.T) {
 		cb := g.shapes[0].cb
 		t.Run(strings.Join(g.line, " "), func(t *testing.T) {
 			port := freeport.MustTake(t)
-			bin, args := localArgs(t, g.line, render.Port(cb), port)
+			bin, args := localArgs(t, g.line, topology.Port(cb), port)
 			srv := startServer(t, port, bin, args...)
 			took := waitServing(t, cb, srv)
 			t.Logf("lmcache_server %s answered HEALTH after %s (shapes: %s)", strings.Join(args, " "), took.Round(100*time.Millisecond), shapeNames(g.shapes))
 			for _, s := range g.shapes {
 				require.NoError(t, goProbe(s.cb, port, 3*time.Second), "%s: the controller's probe", s.name)
 			}
-			out, err := execProbe(t, g.probe, render.Port(cb), port)
+			out, err := execProbe(t, g.probe, topology.Port(cb), port)
 			require.NoError(t, err, "the container's exec probe: %s", out)
 
 			silent := silentListener(t)
 			err = goProbe(cb, silent, time.Second)
 			require.Error(t, err, "the controller's probe passes a port that says nothing")
 			assert.Contains(t, err.Error(), "i/o timeout")
-			out, err = execProbe(t, g.probe, render.Port(cb), silent)
+			out, err = execProbe(t, g.probe, topology.Port(cb), silent)
 			require.Error(t, err, "the container's exec probe passes a port that says nothing")
 			assert.Contains(t, out, "lmcache_server HEALTH: TimeoutError")
 			require.False(t, srv.exited(), "the server keeps running:\n%s", srv.out.String())
@@ -377,7 +378,7 @@ func TestLMCacheServerRefusesWhatTheWebhookRefuses(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := freeport.MustTake(t)
-			bin, args := localArgs(t, tc.old(line), render.Port(cb), port)
+			bin, args := localArgs(t, tc.old(line), topology.Port(cb), port)
 			srv := startServer(t, port, bin, args...)
 			select {
 			case <-srv.done:
@@ -406,7 +407,7 @@ func TestLMCacheServerKeepsKVInMemoryOnly(t *testing.T) {
 	assert.Contains(t, validation.Warnings(nil, cb), validation.StorageInMemoryOnly, "the webhook says so")
 	line := commandLine(serverContainer(t, cb))
 	port := freeport.MustTake(t)
-	bin, args := localArgs(t, line, render.Port(cb), port)
+	bin, args := localArgs(t, line, topology.Port(cb), port)
 	// The server runs in a folder of its own: it writes nothing there either.
 	dir := t.TempDir()
 	start := func() *server {

@@ -15,7 +15,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/engineversion"
 	"github.com/inferencecache/operator/internal/inject"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
@@ -184,7 +184,7 @@ func testMPWiring(t *testing.T, cell pyenv.Cell, declared bool) {
 		procs[i] = startContainer(t, c, vllmEntrypoint, vllmStubs...)
 		req.Cases = append(req.Cases, argvCase{Name: tc.name, Argv: procs[i].Argv})
 	}
-	host := render.Host(ptr.To(mp("")), "")
+	host := topology.Host(ptr.To(mp("")), "")
 	// The wiring of dc9f750, before it followed the release: the module
 	// path and nothing else.
 	req.Cases = append(req.Cases, argvCase{Name: "dc9f750", Argv: []string{"vllm", "serve", model,

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 )
@@ -45,7 +46,7 @@ func TestManagedServerRunsAsItsPodsUser(t *testing.T) {
 	wrap, env, uid, gid := asPodUser(t, spec)
 	line := commandLine(&spec.Containers[0])
 	port := freeport.MustTake(t)
-	bin, args := localArgs(t, line, render.Port(cb), port)
+	bin, args := localArgs(t, line, topology.Port(cb), port)
 	asRoot := os.Geteuid() == 0
 
 	// The console script is run by the environment's interpreter, as its
@@ -74,7 +75,7 @@ func TestManagedServerRunsAsItsPodsUser(t *testing.T) {
 
 	// The container's exec probe, as the same user.
 	probe := spec.Containers[0].ReadinessProbe
-	out, err := runProbeAs(t, wrap, env, probe, render.Port(cb), port)
+	out, err := runProbeAs(t, wrap, env, probe, topology.Port(cb), port)
 	require.NoError(t, err, "the exec probe as the pod's user: %s", out)
 	require.False(t, s.exited(), "the server keeps running:\n%s", s.out.String())
 }

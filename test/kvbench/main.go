@@ -45,7 +45,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
 	"github.com/inferencecache/operator/test/testutil/freeport"
 )
@@ -152,7 +152,7 @@ func wiring() (wired, error) {
 			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "qwen"}},
 			Observation:    &v1alpha1.Observation{ModelID: model}},
 	}
-	cb.Status.Endpoint = render.Endpoint(&cb, "")
+	cb.Status.Endpoint = topology.Endpoint(&cb, "")
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: podNS, Name: podName, UID: podUID, Labels: map[string]string{"app": "qwen"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai:v0.33.0",

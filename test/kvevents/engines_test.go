@@ -27,8 +27,8 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
-	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/sglangpb"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
 	"github.com/inferencecache/operator/test/testutil/freeport"
 	"github.com/inferencecache/operator/test/testutil/netns"
@@ -603,7 +603,7 @@ func engineBackend(rt v1alpha1.Runtime, mut func(*v1alpha1.CacheBackend)) v1alph
 		cb.Spec.Type = v1alpha1.BackendTypeSGLangHiCache
 		cb.Spec.HiCache = &v1alpha1.HiCache{Ratio: ptr.To("2")}
 	} else {
-		cb.Status.Endpoint = render.Endpoint(&cb, "")
+		cb.Status.Endpoint = topology.Endpoint(&cb, "")
 	}
 	if mut != nil {
 		mut(&cb)

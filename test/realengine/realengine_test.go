@@ -38,7 +38,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
-	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/kvevents/fixture"
 	"github.com/inferencecache/operator/test/testutil/netns"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
@@ -114,7 +114,7 @@ func TestVLLMCPUServesAndTheIndexHoldsItsBlocks(t *testing.T) {
 			Observation:    &v1alpha1.Observation{ModelID: servedModel},
 		},
 	}
-	cb.Status.Endpoint = render.Endpoint(&cb, "")
+	cb.Status.Endpoint = topology.Endpoint(&cb, "")
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: podName, Labels: map[string]string{"app": "tiny"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{

@@ -21,6 +21,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/test/testutil/realnode"
 )
@@ -144,7 +145,7 @@ func TestMultiprocessModeOnARealNode(t *testing.T) {
 	// numba cache.
 	assert.Contains(t, c.VolumeMounts, corev1.VolumeMount{Name: v1alpha1.VolumeNumbaCache, MountPath: inject.NumbaCacheDir})
 	requireEngineSaid(t, ns, pod.Name, "vLLM parsed kv_transfer_config \""+inject.LMCacheMPConnector+"\"")
-	requireEngineSaid(t, ns, pod.Name, "LMCache MP server at tcp://"+render.Host(cb, "")+":"+strconv.Itoa(int(render.Port(cb)))+" answered get_chunk_size")
+	requireEngineSaid(t, ns, pod.Name, "LMCache MP server at tcp://"+topology.Host(cb, "")+":"+strconv.Itoa(int(topology.Port(cb)))+" answered get_chunk_size")
 	requireEngineSaid(t, ns, pod.Name, fmt.Sprintf("/dev/shm is a private tmpfs of %d bytes", shm.Value()))
 	// 2 prompts of 64 tokens (engine.py's PROMPT_TOKENS), in blocks of the
 	// wired --block-size or vLLM 0.33's default, 16.

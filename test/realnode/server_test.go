@@ -18,6 +18,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/internal/topology"
 	"github.com/inferencecache/operator/test/testutil"
 	"github.com/inferencecache/operator/test/testutil/pyenv"
 	"github.com/inferencecache/operator/test/testutil/realnode"
@@ -64,7 +65,7 @@ func TestManagedServerOnARealNode(t *testing.T) {
 		}
 		return nil
 	})
-	assert.Equal(t, render.Endpoint(cb, ""), cb.Status.Endpoint)
+	assert.Equal(t, topology.Endpoint(cb, ""), cb.Status.Endpoint)
 
 	engine := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "qwen-engine"},
