@@ -35,7 +35,7 @@ SHELLCHECK ?= /usr/bin/shellcheck
 # test/kvevents, test/realengine: vLLM, LMCache, SGLang from test/tools/python),
 # and internal/ociimage, whose cross-build of the manager for two platforms
 # is minutes, not seconds (make test runs it).
-UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /internal/certs -e /internal/kvindex/integration -e /internal/ociimage -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance -e /test/kvevents -e /test/realengine -e /test/realnode)
+UNIT_PACKAGES = $(shell go list ./... | grep -v -e /internal/controller -e /test/integration -e /internal/certs -e /internal/kvindex/integration -e /internal/ociimage -e /test/e2e -e /test/install -e /test/security -e /test/kvstatus -e /test/scale -e /test/admission -e /test/conformance -e /test/kvevents -e /test/realengine -e /test/realnode)
 
 # The suites whose peers are the engines' own code (test/tools/python), and
 # every other package.

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -31,7 +32,7 @@ import (
 // they are gone the backend proceeds.
 func TestNeverAdoptsForeignObjects(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache", Labels: map[string]string{"app": "database"}},
 		Spec: corev1.ServiceSpec{
@@ -40,7 +41,7 @@ func TestNeverAdoptsForeignObjects(t *testing.T) {
 			Ports:    []corev1.ServicePort{{Name: "pg", Port: 5432, TargetPort: intstr.FromInt32(5432), Protocol: corev1.ProtocolTCP}},
 		},
 	}
-	require.NoError(t, k8s.Create(ctx, svc))
+	require.NoError(t, suite.K8s.Create(ctx, svc))
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache-data", Labels: map[string]string{"app": "database"}},
 		Spec: corev1.PersistentVolumeClaimSpec{
@@ -48,49 +49,49 @@ func TestNeverAdoptsForeignObjects(t *testing.T) {
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("5Gi")}},
 		},
 	}
-	require.NoError(t, k8s.Create(ctx, pvc))
+	require.NoError(t, suite.K8s.Create(ctx, pvc))
 
-	cb := newBackend(ns, "cache")
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi"),
 		Retention: &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}}}
-	key := testutil.StartBackend(t, k8s, cb)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
 	msg := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message
 	assert.Contains(t, msg, "Service cache exists and is not owned by this CacheBackend")
 	assert.Contains(t, msg, "PersistentVolumeClaim cache-data exists and is not owned by this CacheBackend")
 	assert.Empty(t, got.Status.Endpoint)
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.ReasonNameConflict, 1)
-	reconciled(t, key)
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.ReasonNameConflict, 1)
+	suite.Reconciled(t, key)
 
 	liveSvc := &corev1.Service{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(svc), liveSvc))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(svc), liveSvc))
 	assert.Equal(t, svc.ResourceVersion, liveSvc.ResourceVersion, "the Service was not written")
 	assert.Equal(t, corev1.ServiceTypeNodePort, liveSvc.Spec.Type)
 	assert.Equal(t, map[string]string{"app": "database"}, liveSvc.Spec.Selector)
 	assert.Equal(t, map[string]string{"app": "database"}, liveSvc.Labels)
 	assert.Empty(t, liveSvc.OwnerReferences)
 	livePVC := &corev1.PersistentVolumeClaim{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(pvc), livePVC))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(pvc), livePVC))
 	assert.Equal(t, pvc.ResourceVersion, livePVC.ResourceVersion, "the claim was not written")
 	assert.Equal(t, map[string]string{"app": "database"}, livePVC.Labels)
 	assert.Empty(t, livePVC.OwnerReferences)
 	assert.Empty(t, livePVC.Annotations)
-	err := k8s.Get(ctx, key, &appsv1.Deployment{})
+	err := suite.K8s.Get(ctx, key, &appsv1.Deployment{})
 	assert.True(t, client.IgnoreNotFound(err) == nil && err != nil, "nothing applied while the names conflict: %v", err)
 
 	// Their owner deletes both: the backend proceeds once they are gone.
-	require.NoError(t, k8s.Delete(ctx, liveSvc))
-	require.NoError(t, k8s.Delete(ctx, livePVC))
+	require.NoError(t, suite.K8s.Delete(ctx, liveSvc))
+	require.NoError(t, suite.K8s.Delete(ctx, livePVC))
 	// No kube-controller-manager here: lift the pvc-protection finalizer
 	// as its controller would for an unused claim.
-	require.NoError(t, k8s.Patch(ctx, livePVC, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))))
+	require.NoError(t, suite.K8s.Patch(ctx, livePVC, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))))
 	testutil.Eventually(t, 15*time.Second, func() error {
-		return testutil.Gone(ctx, k8s, client.ObjectKeyFromObject(pvc), &corev1.PersistentVolumeClaim{})
+		return testutil.Gone(ctx, suite.K8s, client.ObjectKeyFromObject(pvc), &corev1.PersistentVolumeClaim{})
 	})
 	// A spec change wakes the reconcile (the periodic re-check would, later).
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("2Gi") })
-	waitDeployment(t, key, nil)
-	waitFor(t, key, &corev1.Service{}, func(s *corev1.Service) error {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("2Gi") })
+	suite.WaitDeployment(t, key, nil)
+	suite.WaitFor(t, key, &corev1.Service{}, func(s *corev1.Service) error {
 		if !metav1.IsControlledBy(s, got) {
 			return fmt.Errorf("the new Service is not the backend's")
 		}
@@ -103,20 +104,20 @@ func TestNeverAdoptsForeignObjects(t *testing.T) {
 // new backend's: no conflict.
 func TestRetainedClaimIsTakenBack(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	require.NoError(t, k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+	ns := suite.NewNamespace(t)
+	require.NoError(t, suite.K8s.Create(ctx, &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache-data", Labels: map[string]string{"inferencecache.io/cachebackend": "cache"}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		},
 	}))
-	cb := newBackend(ns, "cache")
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 }
 
 // TestMultiprocessDaemonSetUnderThePlanRules: the DaemonSet of
@@ -128,7 +129,7 @@ func TestRetainedClaimIsTakenBack(t *testing.T) {
 // in-process Deployment.
 func TestMultiprocessDaemonSetUnderThePlanRules(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	labels := map[string]string{"app": "node-agent"}
 	foreign := &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache", Labels: labels},
@@ -138,35 +139,35 @@ func TestMultiprocessDaemonSetUnderThePlanRules(t *testing.T) {
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "agent", Image: "busybox"}}}},
 		},
 	}
-	require.NoError(t, k8s.Create(ctx, foreign))
+	require.NoError(t, suite.K8s.Create(ctx, foreign))
 
-	key := testutil.StartBackend(t, k8s, mpBackend(ns, "cache"))
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+	key := testutil.StartBackend(t, suite.K8s, suite.MPBackend(ns, "cache"))
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
 	msg := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message
 	assert.Contains(t, msg, "DaemonSet cache exists and is not owned by this CacheBackend")
 	assert.Empty(t, got.Status.Endpoint)
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.ReasonNameConflict, 1)
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess.L1.Size = resource.MustParse("5Gi") })
-	waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.ReasonNameConflict, 1)
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess.L1.Size = resource.MustParse("5Gi") })
+	suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.ObservedGeneration != cb.Generation {
 			return fmt.Errorf("generation %d not evaluated yet", cb.Generation)
 		}
 		return testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict)(cb)
 	})
 	live := &appsv1.DaemonSet{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(foreign), live))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(foreign), live))
 	assert.Equal(t, foreign.ResourceVersion, live.ResourceVersion, "the foreign DaemonSet was not written")
 	assert.Equal(t, labels, live.Labels)
 	assert.Empty(t, live.OwnerReferences)
-	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &corev1.Service{})), "nothing applied while the name conflicts")
+	assert.True(t, apierrors.IsNotFound(suite.K8s.Get(ctx, key, &corev1.Service{})), "nothing applied while the name conflicts")
 
 	// Its owner deletes it: the backend applies its own DaemonSet.
-	require.NoError(t, k8s.Delete(ctx, live))
+	require.NoError(t, suite.K8s.Delete(ctx, live))
 	testutil.Eventually(t, 15*time.Second, func() error {
-		return testutil.Gone(ctx, k8s, client.ObjectKeyFromObject(foreign), &appsv1.DaemonSet{})
+		return testutil.Gone(ctx, suite.K8s, client.ObjectKeyFromObject(foreign), &appsv1.DaemonSet{})
 	})
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess.L1.Size = resource.MustParse("6Gi") })
-	waitFor(t, key, &appsv1.DaemonSet{}, func(d *appsv1.DaemonSet) error {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess.L1.Size = resource.MustParse("6Gi") })
+	suite.WaitFor(t, key, &appsv1.DaemonSet{}, func(d *appsv1.DaemonSet) error {
 		if !metav1.IsControlledBy(d, got) {
 			return fmt.Errorf("the DaemonSet is not the backend's")
 		}
@@ -178,9 +179,9 @@ func TestMultiprocessDaemonSetUnderThePlanRules(t *testing.T) {
 
 	// Back to the in-process server: the DaemonSet is pruned, the
 	// Deployment applied.
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess = nil })
-	waitDeployment(t, key, nil)
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Multiprocess = nil })
+	suite.WaitDeployment(t, key, nil)
 	testutil.Eventually(t, 15*time.Second, func() error {
-		return testutil.Gone(ctx, k8s, key, &appsv1.DaemonSet{})
+		return testutil.Gone(ctx, suite.K8s, key, &appsv1.DaemonSet{})
 	})
 }

@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,86 +31,21 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
-
-func newBackend(ns, name string) *v1alpha1.CacheBackend {
-	return &v1alpha1.CacheBackend{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: v1alpha1.CacheBackendSpec{
-			Runtime:        v1alpha1.RuntimeVLLM,
-			Type:           v1alpha1.BackendTypeLMCache,
-			EngineSelector: v1alpha1.EngineSelector{MatchLabels: map[string]string{"app": "engine-" + name}},
-		},
-	}
-}
-
-func getBackend(t *testing.T, key client.ObjectKey) *v1alpha1.CacheBackend {
-	t.Helper()
-	cb := &v1alpha1.CacheBackend{}
-	require.NoError(t, k8s.Get(context.Background(), key, cb))
-	return cb
-}
-
-// updateBackend changes a CacheBackend's spec, retrying on conflicts with
-// the controller's status writes.
-func updateBackend(t *testing.T, key client.ObjectKey, mutate func(*v1alpha1.CacheBackend)) *v1alpha1.CacheBackend {
-	t.Helper()
-	cb := &v1alpha1.CacheBackend{}
-	require.NoError(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := k8s.Get(context.Background(), key, cb); err != nil {
-			return err
-		}
-		mutate(cb)
-		return k8s.Update(context.Background(), cb)
-	}))
-	return cb
-}
-
-// waitFor reads key into obj until cond (nil: existence) holds.
-func waitFor[T client.Object](t *testing.T, key client.ObjectKey, obj T, cond func(T) error) T {
-	t.Helper()
-	testutil.Eventually(t, 15*time.Second, func() error {
-		if err := k8s.Get(context.Background(), key, obj); err != nil {
-			return err
-		}
-		if cond == nil {
-			return nil
-		}
-		return cond(obj)
-	})
-	return obj
-}
-
-func waitDeployment(t *testing.T, key client.ObjectKey, cond func(*appsv1.Deployment) error) *appsv1.Deployment {
-	t.Helper()
-	return waitFor(t, key, &appsv1.Deployment{}, cond)
-}
-
-func waitBackend(t *testing.T, key client.ObjectKey, cond func(*v1alpha1.CacheBackend) error) *v1alpha1.CacheBackend {
-	t.Helper()
-	return waitFor(t, key, &v1alpha1.CacheBackend{}, cond)
-}
-
-func managers(obj client.Object) []string {
-	var out []string
-	for _, e := range obj.GetManagedFields() {
-		out = append(out, fmt.Sprintf("%s/%s", e.Manager, e.Operation))
-	}
-	return out
-}
 
 // TestChildrenAreOwnedByTheOperatorsFieldManager: the workload and Service
 // are applied server-side by the fixed field manager, are controlled by the
 // CacheBackend, and the Service port and container port carry a protocol.
 func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
 
-	dep := waitDeployment(t, key, nil)
-	assert.Contains(t, managers(dep), v1alpha1.FieldManagerChildren+"/Apply")
+	dep := suite.WaitDeployment(t, key, nil)
+	assert.Contains(t, suite.Managers(dep), v1alpha1.FieldManagerChildren+"/Apply")
 	assert.True(t, metav1.IsControlledBy(dep, cb), "Deployment controlled by the CacheBackend")
 	c := dep.Spec.Template.Spec.Containers[0]
 	assert.Equal(t, []string{"lmcache_server"}, c.Command)
@@ -121,14 +55,14 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 	assert.Equal(t, render.ProbeCommand(cb), c.ReadinessProbe.Exec.Command)
 
 	svc := &corev1.Service{}
-	require.NoError(t, k8s.Get(ctx, key, svc))
-	assert.Contains(t, managers(svc), v1alpha1.FieldManagerChildren+"/Apply")
+	require.NoError(t, suite.K8s.Get(ctx, key, svc))
+	assert.Contains(t, suite.Managers(svc), v1alpha1.FieldManagerChildren+"/Apply")
 	assert.True(t, metav1.IsControlledBy(svc, cb))
 	assert.Equal(t, corev1.ProtocolTCP, svc.Spec.Ports[0].Protocol)
 
 	// The status has its own field manager.
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
-	assert.Contains(t, managers(got), v1alpha1.FieldManagerStatus+"/Apply")
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	assert.Contains(t, suite.Managers(got), v1alpha1.FieldManagerStatus+"/Apply")
 	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionProgressing, v1alpha1.ConditionDegraded} {
 		assert.NotNil(t, meta.FindStatusCondition(got.Status.Conditions, typ), "condition %s published from the first reconcile", typ)
 	}
@@ -139,20 +73,20 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 // workload becomes available, firstAvailableAt is recorded once, and the
 // endpoint is cleared when no replica is available.
 func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
 
-	markDeploymentAvailable(t, key)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	suite.MarkDeploymentAvailable(t, key)
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc.cluster.local:65432", ns), got.Status.Endpoint)
 	require.NotNil(t, got.Status.FirstAvailableAt)
 	first := *got.Status.FirstAvailableAt
 	assert.Equal(t, int32(1), got.Status.ReadyReplicas)
 
-	markDeploymentRolling(t, key)
-	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	suite.MarkDeploymentRolling(t, key)
+	got = suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	assert.Empty(t, got.Status.Endpoint, "endpoint cleared while no replica is available")
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 
@@ -165,8 +99,8 @@ func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
 		}
 		return nil
 	})
-	markDeploymentAvailable(t, key)
-	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	suite.MarkDeploymentAvailable(t, key)
+	got = suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, first.Unix(), got.Status.FirstAvailableAt.Unix(), "firstAvailableAt keeps the first time")
 	ready := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady)
 	assert.Equal(t, got.Generation, ready.ObservedGeneration)
@@ -177,14 +111,14 @@ func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
 // no child's resourceVersion moves.
 func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
 	children := []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &autoscalingv2.HorizontalPodAutoscaler{}, &corev1.PersistentVolumeClaim{}}
 	keys := map[client.Object]client.ObjectKey{}
@@ -195,7 +129,7 @@ func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 	versions := func() []string {
 		var out []string
 		for _, o := range children {
-			require.NoError(t, k8s.Get(ctx, keys[o], o))
+			require.NoError(t, suite.K8s.Get(ctx, keys[o], o))
 			out = append(out, fmt.Sprintf("%T=%s", o, o.GetResourceVersion()))
 		}
 		return out
@@ -207,19 +141,19 @@ func TestNoOpReconcileSendsNoWrite(t *testing.T) {
 		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
 		require.NoError(t, err)
 	}
-	assert.Empty(t, counter.snapshot(), "no mutating request in three reconciles without a spec change")
+	assert.Empty(t, counter.Snapshot(), "no mutating request in three reconciles without a spec change")
 	assert.Equal(t, before, versions(), "no child's resourceVersion changed")
 }
 
 // countingReconciler is a reconciler of its own (a memo of its own too)
 // whose every mutating request to the API server counter counts.
-func countingReconciler(t *testing.T) (*controller.CacheBackendReconciler, *writeCounter) {
+func countingReconciler(t *testing.T) (*controller.CacheBackendReconciler, *suite.WriteCounter) {
 	t.Helper()
-	counter := &writeCounter{counts: map[string]int{}}
-	c, err := client.New(counter.wrap(cfg), client.Options{Scheme: scheme})
+	counter := suite.NewWriteCounter()
+	c, err := client.New(counter.Wrap(suite.Cfg), client.Options{Scheme: suite.Scheme})
 	require.NoError(t, err)
 	return &controller.CacheBackendReconciler{
-		Client: c, Applier: apply.New(c), APIReader: c, Prober: prober,
+		Client: c, Applier: apply.New(c), APIReader: c, Prober: suite.Prober,
 		Recorder: events.NewFakeRecorder(100), Now: metav1.Now,
 	}, counter
 }
@@ -233,20 +167,20 @@ func countingReconciler(t *testing.T) (*controller.CacheBackendReconciler, *writ
 // reconcile of a backend with an endpoint.
 func TestStatusItWroteIsNotWrittenAgain(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := servingBackend(t, ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.ServingBackend(t, ns, "cache")
 	key := client.ObjectKeyFromObject(cb)
 	want := cb.Status.Endpoint
 
 	r, counter := countingReconciler(t)
-	statusWrites := func() int { return counter.snapshot()["PATCH cachebackends/cache/status"] }
+	statusWrites := func() int { return counter.Snapshot()["PATCH cachebackends/cache/status"] }
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"status":{"endpoint":"lm://elsewhere.example:65432"}}`))
 	// This reconciler restores the endpoint (so does the manager's, which
 	// may come first: then the status is changed again); whichever writes
 	// last, one more write of this reconciler's settles it.
 	testutil.Eventually(t, 15*time.Second, func() error {
 		if statusWrites() == 0 {
-			if err := k8s.Status().Patch(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache"}}, patch); err != nil {
+			if err := suite.K8s.Status().Patch(ctx, &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache"}}, patch); err != nil {
 				return err
 			}
 			if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
@@ -260,7 +194,7 @@ func TestStatusItWroteIsNotWrittenAgain(t *testing.T) {
 		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
 			return err
 		}
-		if got := getBackend(t, key); got.Status.Endpoint != want {
+		if got := suite.GetBackend(t, key); got.Status.Endpoint != want {
 			return fmt.Errorf("status.endpoint %q, want %q", got.Status.Endpoint, want)
 		}
 		if statusWrites() != before {
@@ -273,17 +207,17 @@ func TestStatusItWroteIsNotWrittenAgain(t *testing.T) {
 		_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
 		require.NoError(t, err)
 	}
-	assert.Equal(t, settled, statusWrites(), "no status write in three reconciles of a status the API server shows (%v)", counter.snapshot())
+	assert.Equal(t, settled, statusWrites(), "no status write in three reconciles of a status the API server shows (%v)", counter.Snapshot())
 }
 
 // TestForeignLabelSurvivesReconciles: a label another field manager puts on
 // the Deployment is not removed by the operator's applies.
 func TestForeignLabelSurvivesReconciles(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
 
 	foreign := &unstructured.Unstructured{}
 	foreign.SetAPIVersion("apps/v1")
@@ -291,38 +225,38 @@ func TestForeignLabelSurvivesReconciles(t *testing.T) {
 	foreign.SetNamespace(ns)
 	foreign.SetName("cache")
 	foreign.SetLabels(map[string]string{"team": "platform"})
-	require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(foreign), client.FieldOwner("platform-team")))
+	require.NoError(t, suite.K8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(foreign), client.FieldOwner("platform-team")))
 
 	// A spec change makes the operator apply the Deployment for real.
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v2"}}
 	})
-	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+	dep := suite.WaitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if img := d.Spec.Template.Spec.Containers[0].Image; img != "example.com/lmcache:v2" {
 			return fmt.Errorf("image is %s", img)
 		}
 		return nil
 	})
 	assert.Equal(t, "platform", dep.Labels["team"], "label of another field manager survives")
-	assert.Contains(t, managers(dep), "platform-team/Apply")
+	assert.Contains(t, suite.Managers(dep), "platform-team/Apply")
 }
 
 // TestSpecChangeUpdatesChildren: port, replicas and resources flow from the
 // spec into the Deployment (arguments and probes) and Service.
 func TestSpecChangeUpdatesChildren(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{
 			Port: 7000, Replicas: ptr.To[int32](3),
 			Resources: &corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")}},
 		}}
 	})
-	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
+	dep := suite.WaitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if *d.Spec.Replicas != 3 {
 			return fmt.Errorf("replicas %d", *d.Spec.Replicas)
 		}
@@ -335,7 +269,7 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 	assert.Equal(t, "2Gi", ptr.To(c.Resources.Requests[corev1.ResourceMemory]).String())
 	testutil.Eventually(t, 10*time.Second, func() error {
 		svc := &corev1.Service{}
-		if err := k8s.Get(ctx, key, svc); err != nil {
+		if err := suite.K8s.Get(ctx, key, svc); err != nil {
 			return err
 		}
 		if svc.Spec.Ports[0].Port != 7000 {
@@ -351,13 +285,13 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 // value the Deployment takes is recorded through a watch.
 func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
 
-	wc, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	wc, err := client.NewWithWatch(suite.Cfg, client.Options{Scheme: suite.Scheme})
 	require.NoError(t, err)
 	w, err := wc.Watch(ctx, &appsv1.DeploymentList{}, client.InNamespace(ns))
 	require.NoError(t, err)
@@ -373,28 +307,28 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 		}
 	}()
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 5, TargetCPUUtilizationPercentage: ptr.To[int32](70)}
 	})
 	hpa := &autoscalingv2.HorizontalPodAutoscaler{}
-	testutil.Eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, key, hpa) })
+	testutil.Eventually(t, 15*time.Second, func() error { return suite.K8s.Get(ctx, key, hpa) })
 	assert.Equal(t, int32(5), hpa.Spec.MaxReplicas)
 	assert.Equal(t, "Deployment", hpa.Spec.ScaleTargetRef.Kind)
-	dep := waitDeployment(t, key, func(d *appsv1.Deployment) error {
-		if slices.Contains(managers(d), v1alpha1.FieldManagerReplicasHandoff+"/Apply") {
+	dep := suite.WaitDeployment(t, key, func(d *appsv1.Deployment) error {
+		if slices.Contains(suite.Managers(d), v1alpha1.FieldManagerReplicasHandoff+"/Apply") {
 			return nil
 		}
-		return fmt.Errorf("replicas not handed off yet: %v", managers(d))
+		return fmt.Errorf("replicas not handed off yet: %v", suite.Managers(d))
 	})
 	assert.Equal(t, int32(2), *dep.Spec.Replicas, "replica count kept when the HPA takes over")
 
 	// The HPA scales the workload (as the HPA controller would, through the
 	// scale subresource); the operator must not take the count back.
 	require.NoError(t, scaleDeployment(ctx, key, 4))
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.RemoteStorage.LMCacheServer.Image = "example.com/lmcache:v3"
 	})
-	dep = waitDeployment(t, key, func(d *appsv1.Deployment) error {
+	dep = suite.WaitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if d.Spec.Template.Spec.Containers[0].Image != "example.com/lmcache:v3" {
 			return fmt.Errorf("not applied yet")
 		}
@@ -402,17 +336,17 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 	})
 	assert.Equal(t, int32(4), *dep.Spec.Replicas, "the HPA's count survives an apply")
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Autoscaling = nil
 	})
 	testutil.Eventually(t, 15*time.Second, func() error {
-		err := k8s.Get(ctx, key, &autoscalingv2.HorizontalPodAutoscaler{})
+		err := suite.K8s.Get(ctx, key, &autoscalingv2.HorizontalPodAutoscaler{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("HPA still there: %w", err)
 	})
-	waitDeployment(t, key, func(d *appsv1.Deployment) error {
+	suite.WaitDeployment(t, key, func(d *appsv1.Deployment) error {
 		if *d.Spec.Replicas != 2 {
 			return fmt.Errorf("replicas %d, want the spec's 2", *d.Spec.Replicas)
 		}
@@ -429,25 +363,25 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 // The operator itself never deletes the claim, even when storage is removed.
 func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
-	key := testutil.StartBackend(t, k8s, cb)
+	key := testutil.StartBackend(t, suite.K8s, cb)
 	pvcKey := client.ObjectKey{Namespace: ns, Name: "cache-data"}
 
 	pvc := &corev1.PersistentVolumeClaim{}
-	testutil.Eventually(t, 15*time.Second, func() error { return k8s.Get(ctx, pvcKey, pvc) })
+	testutil.Eventually(t, 15*time.Second, func() error { return suite.K8s.Get(ctx, pvcKey, pvc) })
 	assert.Empty(t, pvc.OwnerReferences, "retained by default: no owner")
 	assert.Equal(t, "Retain", pvc.Annotations["inferencecache.io/retention-when-deleted"])
-	dep := waitDeployment(t, key, nil)
+	dep := suite.WaitDeployment(t, key, nil)
 	assert.Equal(t, appsv1.RecreateDeploymentStrategyType, dep.Spec.Strategy.Type, "ReadWriteOnce claim: one pod at a time")
 	assert.Equal(t, "cache-data", dep.Spec.Template.Spec.Volumes[0].PersistentVolumeClaim.ClaimName)
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Storage.PVC.Retention = &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}
 	})
 	testutil.Eventually(t, 15*time.Second, func() error {
-		if err := k8s.Get(ctx, pvcKey, pvc); err != nil {
+		if err := suite.K8s.Get(ctx, pvcKey, pvc); err != nil {
 			return err
 		}
 		if !metav1.IsControlledBy(pvc, cb) {
@@ -456,10 +390,10 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 		return nil
 	})
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Storage = nil
 	})
-	waitDeployment(t, key, func(d *appsv1.Deployment) error {
+	suite.WaitDeployment(t, key, func(d *appsv1.Deployment) error {
 		for _, v := range d.Spec.Template.Spec.Volumes {
 			if v.PersistentVolumeClaim != nil {
 				return fmt.Errorf("claim still mounted")
@@ -470,7 +404,7 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 		}
 		return nil
 	})
-	require.NoError(t, k8s.Get(ctx, pvcKey, pvc), "the operator never deletes a claim")
+	require.NoError(t, suite.K8s.Get(ctx, pvcKey, pvc), "the operator never deletes a claim")
 	assert.Nil(t, pvc.DeletionTimestamp)
 }
 
@@ -479,11 +413,11 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 // EngineSelectorUnmatched event appear when nothing matches.
 func TestEngineSelectorMatching(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
 
-	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	got := suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.EngineSelectorMessage == "" {
 			return fmt.Errorf("no selector message yet")
 		}
@@ -491,10 +425,10 @@ func TestEngineSelectorMatching(t *testing.T) {
 	})
 	assert.Contains(t, got.Status.EngineSelectorMessage, "app=engine-cache")
 	assert.Equal(t, int32(0), got.Status.MatchedEnginePods)
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 1)
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 1)
 	// Reconciles that still match nothing report nothing new.
-	reconciled(t, key)
-	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the first observation is reported once")
+	suite.Reconciled(t, key)
+	assert.Equal(t, 1, testutil.CountEvents(t, suite.K8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the first observation is reported once")
 
 	pod := func(name string, labels map[string]string) *corev1.Pod {
 		return &corev1.Pod{
@@ -503,9 +437,9 @@ func TestEngineSelectorMatching(t *testing.T) {
 		}
 	}
 	match := map[string]string{"app": "engine-cache", "tier": "gpu"}
-	require.NoError(t, k8s.Create(ctx, pod("a", match)))
-	require.NoError(t, k8s.Create(ctx, pod("b", match)))
-	require.NoError(t, k8s.Create(ctx, pod("other", map[string]string{"app": "other"})))
+	require.NoError(t, suite.K8s.Create(ctx, pod("a", match)))
+	require.NoError(t, suite.K8s.Create(ctx, pod("b", match)))
+	require.NoError(t, suite.K8s.Create(ctx, pod("other", map[string]string{"app": "other"})))
 	matched := func(n int32) func(*v1alpha1.CacheBackend) error {
 		return func(cb *v1alpha1.CacheBackend) error {
 			if cb.Status.MatchedEnginePods != n {
@@ -514,21 +448,21 @@ func TestEngineSelectorMatching(t *testing.T) {
 			return nil
 		}
 	}
-	got = waitBackend(t, key, matched(2))
+	got = suite.WaitBackend(t, key, matched(2))
 	assert.Empty(t, got.Status.EngineSelectorMessage)
 
 	b := &corev1.Pod{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, b))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "b"}, b))
 	b.Labels = map[string]string{"app": "renamed"}
-	require.NoError(t, k8s.Update(ctx, b))
-	waitBackend(t, key, matched(1))
+	require.NoError(t, suite.K8s.Update(ctx, b))
+	suite.WaitBackend(t, key, matched(1))
 
-	require.NoError(t, k8s.Delete(ctx, pod("a", nil), client.GracePeriodSeconds(0)))
-	got = waitBackend(t, key, matched(0))
+	require.NoError(t, suite.K8s.Delete(ctx, pod("a", nil), client.GracePeriodSeconds(0)))
+	got = suite.WaitBackend(t, key, matched(0))
 	assert.NotEmpty(t, got.Status.EngineSelectorMessage)
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 2)
-	reconciled(t, key)
-	assert.Equal(t, 2, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the drop to zero is reported once")
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched, 2)
+	suite.Reconciled(t, key)
+	assert.Equal(t, 2, testutil.CountEvents(t, suite.K8s, ns, "cache", v1alpha1.EventEngineSelectorUnmatched), "the drop to zero is reported once")
 }
 
 // TestEnginesClaimedByAnotherBackend: two backends whose selectors match
@@ -538,22 +472,22 @@ func TestEngineSelectorMatching(t *testing.T) {
 // instead of counting it as its own unwired engine.
 func TestEnginesClaimedByAnotherBackend(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	first, second := newBackend(ns, "a-cache"), newBackend(ns, "b-cache")
+	ns := suite.NewNamespace(t)
+	first, second := suite.NewBackend(ns, "a-cache"), suite.NewBackend(ns, "b-cache")
 	second.Spec.EngineSelector = first.Spec.EngineSelector
-	firstKey := testutil.StartBackend(t, k8s, first)
-	secondKey := testutil.StartBackend(t, k8s, second)
-	require.NoError(t, k8s.Create(ctx, &corev1.Pod{
+	firstKey := testutil.StartBackend(t, suite.K8s, first)
+	secondKey := testutil.StartBackend(t, suite.K8s, second)
+	require.NoError(t, suite.K8s.Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine", Labels: first.Spec.EngineSelector.MatchLabels},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}))
-	waitBackend(t, firstKey, func(cb *v1alpha1.CacheBackend) error {
+	suite.WaitBackend(t, firstKey, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.MatchedEnginePods != 1 {
 			return fmt.Errorf("matched %d, want 1", cb.Status.MatchedEnginePods)
 		}
 		return nil
 	})
-	got := waitBackend(t, secondKey, func(cb *v1alpha1.CacheBackend) error {
+	got := suite.WaitBackend(t, secondKey, func(cb *v1alpha1.CacheBackend) error {
 		if !strings.Contains(cb.Status.EngineSelectorMessage, "claimed by another CacheBackend") {
 			return fmt.Errorf("selector message %q", cb.Status.EngineSelectorMessage)
 		}
@@ -564,61 +498,29 @@ func TestEnginesClaimedByAnotherBackend(t *testing.T) {
 	assert.Contains(t, got.Status.EngineSelectorMessage, "matches 1 pod(s) in namespace "+ns+", each claimed by another CacheBackend (1 by CacheBackend a-cache)")
 }
 
-// reconciled changes the backend's spec (one more millicore of server CPU
-// request: a change of the pod template, as an argument was before
-// extraArgs were refused) and waits until a reconcile evaluated the new
-// generation.
-func reconciled(t *testing.T, key client.ObjectKey) {
-	t.Helper()
-	cb := updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
-		if cb.Spec.RemoteStorage == nil {
-			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{}
-		}
-		s := cb.Spec.RemoteStorage.LMCacheServer
-		if s == nil {
-			s = &v1alpha1.LMCacheServer{}
-			cb.Spec.RemoteStorage.LMCacheServer = s
-		}
-		if s.Resources == nil {
-			s.Resources = &corev1.ResourceRequirements{}
-		}
-		if s.Resources.Requests == nil {
-			s.Resources.Requests = corev1.ResourceList{}
-		}
-		cpu := s.Resources.Requests[corev1.ResourceCPU]
-		s.Resources.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(cpu.MilliValue()+1, resource.DecimalSI)
-	})
-	waitBackend(t, key, func(got *v1alpha1.CacheBackend) error {
-		if got.Status.ObservedGeneration < cb.Generation {
-			return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
-		}
-		return nil
-	})
-}
-
 // TestKstatus: kstatus (what Flux and kubectl wait read) computes
 // InProgress while the cache server rolls out and Current once it is Ready.
 func TestKstatus(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
 
 	kstatus := func() status.Status {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("CacheBackend"))
-		require.NoError(t, k8s.Get(ctx, key, u))
+		require.NoError(t, suite.K8s.Get(ctx, key, u))
 		res, err := status.Compute(u)
 		require.NoError(t, err)
 		return res.Status
 	}
-	markDeploymentRolling(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	suite.MarkDeploymentRolling(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	assert.Equal(t, status.InProgressStatus, kstatus())
 
-	markDeploymentAvailable(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	suite.MarkDeploymentAvailable(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, status.CurrentStatus, kstatus())
 }
 
@@ -626,12 +528,12 @@ func TestKstatus(t *testing.T) {
 // as the HPA controller does.
 func scaleDeployment(ctx context.Context, key client.ObjectKey, n int32) error {
 	dep := &appsv1.Deployment{}
-	if err := k8s.Get(ctx, key, dep); err != nil {
+	if err := suite.K8s.Get(ctx, key, dep); err != nil {
 		return err
 	}
 	scale := &autoscalingv1.Scale{
 		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, ResourceVersion: dep.ResourceVersion},
 		Spec:       autoscalingv1.ScaleSpec{Replicas: n},
 	}
-	return k8s.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(scale), client.FieldOwner("horizontal-pod-autoscaler"))
+	return suite.K8s.SubResource("scale").Update(ctx, dep, client.WithSubResourceBody(scale), client.FieldOwner("horizontal-pod-autoscaler"))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/rollout"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -22,22 +23,22 @@ import (
 // it evicts the pod.
 func TestEvictionIsConditionalOnTheUID(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine-0"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}
-	require.NoError(t, k8s.Create(ctx, pod))
-	a := apply.New(k8s)
+	require.NoError(t, suite.K8s.Create(ctx, pod))
+	a := apply.New(suite.K8s)
 
 	done, forbidden, err := a.Evict(ctx, ns, []rollout.Eviction{{Pod: "engine-0", UID: "uid-of-its-predecessor", Node: "gpu-a"}})
 	require.NoError(t, err)
 	assert.Empty(t, done)
 	assert.Empty(t, forbidden)
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}), "the pod under that name is left alone")
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}), "the pod under that name is left alone")
 
 	done, _, err = a.Evict(ctx, ns, []rollout.Eviction{{Pod: "engine-0", UID: pod.UID, Node: "gpu-a"}})
 	require.NoError(t, err)
 	assert.Len(t, done, 1)
 	testutil.Eventually(t, 15*time.Second, func() error {
-		return testutil.Gone(ctx, k8s, client.ObjectKeyFromObject(pod), &corev1.Pod{})
+		return testutil.Gone(ctx, suite.K8s, client.ObjectKeyFromObject(pod), &corev1.Pod{})
 	})
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -48,12 +49,12 @@ func markPodReady(t *testing.T, p *corev1.Pod) {
 	t.Helper()
 	testutil.Eventually(t, 10*time.Second, func() error {
 		cur := &corev1.Pod{}
-		if err := k8s.Get(context.Background(), client.ObjectKeyFromObject(p), cur); err != nil {
+		if err := suite.K8s.Get(context.Background(), client.ObjectKeyFromObject(p), cur); err != nil {
 			return err
 		}
 		cur.Status.Phase = corev1.PodRunning
 		cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}}
-		return k8s.Status().Update(context.Background(), cur)
+		return suite.K8s.Status().Update(context.Background(), cur)
 	})
 }
 
@@ -62,25 +63,25 @@ func markPodReady(t *testing.T, p *corev1.Pod) {
 // rollout after a spec change until the pod is replaced.
 func TestHiCacheReadiness(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	cb := newHiCache(ns)
-	key := testutil.StartBackend(t, k8s, cb)
+	key := testutil.StartBackend(t, suite.K8s, cb)
 
-	got := waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonAwaitingEnginePods))
+	got := suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonAwaitingEnginePods))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 	assert.Empty(t, got.Status.Endpoint)
-	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no workload")
-	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &corev1.Service{})), "no Service")
+	assert.True(t, apierrors.IsNotFound(suite.K8s.Get(ctx, key, &appsv1.Deployment{})), "no workload")
+	assert.True(t, apierrors.IsNotFound(suite.K8s.Get(ctx, key, &corev1.Service{})), "no Service")
 
 	pod := sglangPod(ns, "engine-1", nil)
-	require.NoError(t, k8s.Create(ctx, pod))
+	require.NoError(t, suite.K8s.Create(ctx, pod))
 	assert.Equal(t, []string{"--model-path", "Qwen/Qwen2.5-0.5B-Instruct", "--enable-hierarchical-cache",
 		"--hicache-ratio", "2", "--hicache-write-policy", "write_through", "--page-size", "64"}, pod.Spec.Containers[0].Args)
 	assert.NotEmpty(t, pod.Annotations[v1alpha1.AnnotationReceiptSignature], "the receipt is signed")
-	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsUnavailable))
+	suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsUnavailable))
 
 	markPodReady(t, pod)
-	got = waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
+	got = suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionReady))
 	assert.Equal(t, int32(1), got.Status.MatchedEnginePods)
 	// Engine-local: no server, so none of a server's status: no endpoint,
@@ -94,16 +95,16 @@ func TestHiCacheReadiness(t *testing.T) {
 	assert.Empty(t, got.Status.ObservedServerInstance)
 	assert.Nil(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK), "no server to probe")
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.HiCache.Ratio = ptr.To("3") })
-	got = waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsRolloutInProgress))
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.HiCache.Ratio = ptr.To("3") })
+	got = suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsRolloutInProgress))
 	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionDegraded), "a rollout never pages as Degraded")
 
-	require.NoError(t, k8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))
+	require.NoError(t, suite.K8s.Delete(ctx, pod, client.GracePeriodSeconds(0)))
 	replacement := sglangPod(ns, "engine-2", nil)
-	require.NoError(t, k8s.Create(ctx, replacement))
+	require.NoError(t, suite.K8s.Create(ctx, replacement))
 	assert.Contains(t, replacement.Spec.Containers[0].Args, "3")
 	markPodReady(t, replacement)
-	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
+	suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 }
 
 // TestCopiedReceiptNeverCountsAsInjected: a pod created while the webhook is
@@ -112,15 +113,15 @@ func TestHiCacheReadiness(t *testing.T) {
 // EnginePodsNotInjected and a Warning event.
 func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	cb := newHiCache(ns)
-	key := testutil.StartBackend(t, k8s, cb)
+	key := testutil.StartBackend(t, suite.K8s, cb)
 	genuine := sglangPod(ns, "genuine", nil)
-	require.NoError(t, k8s.Create(ctx, genuine))
+	require.NoError(t, suite.K8s.Create(ctx, genuine))
 	markPodReady(t, genuine)
-	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
+	suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 
-	withWebhookUnreachable(t, func() {
+	suite.WithWebhookUnreachable(t, func() {
 		copied := map[string]string{}
 		for _, k := range []string{v1alpha1.AnnotationInjectedBy, v1alpha1.AnnotationInjectedByUID, v1alpha1.AnnotationInjectedGeneration,
 			v1alpha1.AnnotationInjectedConfigDigest, v1alpha1.AnnotationReceiptSignature} {
@@ -129,20 +130,20 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 		var forged *corev1.Pod
 		testutil.Eventually(t, 15*time.Second, func() error {
 			forged = sglangPod(ns, fmt.Sprintf("forged-%d", time.Now().UnixNano()), copied)
-			if err := k8s.Create(ctx, forged); err != nil {
+			if err := suite.K8s.Create(ctx, forged); err != nil {
 				return err
 			}
 			if len(forged.Spec.Containers[0].Args) != 2 {
-				_ = k8s.Delete(ctx, forged)
+				_ = suite.K8s.Delete(ctx, forged)
 				return fmt.Errorf("still admitted through the webhook")
 			}
 			return nil
 		})
 		markPodReady(t, forged)
-		got := waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsNotInjected))
+		got := suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsNotInjected))
 		assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, forged.Name)
-		waitPodEvent(t, ns, forged.Name, "Warning/"+v1alpha1.EventReceiptMismatch)
-		assert.Zero(t, podEvents(t, ns, forged.Name)["Normal/"+v1alpha1.EventInjected])
+		suite.WaitPodEvent(t, ns, forged.Name, "Warning/"+v1alpha1.EventReceiptMismatch)
+		assert.Zero(t, suite.PodEvents(t, ns, forged.Name)["Normal/"+v1alpha1.EventInjected])
 	})
 }
 
@@ -152,50 +153,50 @@ func TestCopiedReceiptNeverCountsAsInjected(t *testing.T) {
 // injected and must be rolled.
 func TestReceiptKeyRotation(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	cb := newHiCache(ns)
-	key := testutil.StartBackend(t, k8s, cb)
+	key := testutil.StartBackend(t, suite.K8s, cb)
 	// The webhook wires from its cache of CacheBackends: a pod created
 	// before the cache holds the new backend is admitted unwired, so
 	// create until one is signed (as for the young pod below).
 	var old *corev1.Pod
 	testutil.Eventually(t, 15*time.Second, func() error {
 		old = sglangPod(ns, fmt.Sprintf("old-%d", time.Now().UnixNano()), nil)
-		if err := k8s.Create(ctx, old); err != nil {
+		if err := suite.K8s.Create(ctx, old); err != nil {
 			return err
 		}
 		if old.Annotations[v1alpha1.AnnotationReceiptSignature] == "" {
-			_ = k8s.Delete(ctx, old, client.GracePeriodSeconds(0))
+			_ = suite.K8s.Delete(ctx, old, client.GracePeriodSeconds(0))
 			return fmt.Errorf("admitted before the webhook's cache held the backend")
 		}
 		return nil
 	})
 	markPodReady(t, old)
-	waitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
+	suite.WaitBackend(t, key, testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady))
 
-	secretKey := client.ObjectKey{Namespace: operatorNamespace, Name: receipt.DefaultSecretName}
+	secretKey := client.ObjectKey{Namespace: suite.OperatorNamespace, Name: receipt.DefaultSecretName}
 	secret := &corev1.Secret{}
-	require.NoError(t, k8s.Get(ctx, secretKey, secret))
+	require.NoError(t, suite.K8s.Get(ctx, secretKey, secret))
 	previous := secret.Data[receipt.SecretKeyCurrent]
 	fresh := make([]byte, 32)
 	_, _ = rand.Read(fresh)
 	secret.Data = map[string][]byte{receipt.SecretKeyCurrent: fresh, receipt.SecretKeyPrevious: previous}
-	require.NoError(t, k8s.Update(ctx, secret))
+	require.NoError(t, suite.K8s.Update(ctx, secret))
 	defer func() {
 		// Leave the suite with a single current key.
-		require.NoError(t, k8s.Get(ctx, secretKey, secret))
+		require.NoError(t, suite.K8s.Get(ctx, secretKey, secret))
 		delete(secret.Data, receipt.SecretKeyPrevious)
-		require.NoError(t, k8s.Update(ctx, secret))
+		require.NoError(t, suite.K8s.Update(ctx, secret))
 	}()
 
 	var young *corev1.Pod
 	testutil.Eventually(t, 15*time.Second, func() error {
 		young = sglangPod(ns, fmt.Sprintf("young-%d", time.Now().UnixNano()), nil)
-		if err := k8s.Create(ctx, young); err != nil {
+		if err := suite.K8s.Create(ctx, young); err != nil {
 			return err
 		}
 		if young.Annotations[v1alpha1.AnnotationReceiptSignature][:16] != receipt.NewKey(fresh).ID {
-			_ = k8s.Delete(ctx, young, client.GracePeriodSeconds(0))
+			_ = suite.K8s.Delete(ctx, young, client.GracePeriodSeconds(0))
 			return fmt.Errorf("not signed with the new key yet")
 		}
 		return nil
@@ -203,7 +204,7 @@ func TestReceiptKeyRotation(t *testing.T) {
 	markPodReady(t, young)
 	// Both receipts verify during the grace period: both pods count as
 	// injected and Ready.
-	waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if err := testutil.ReadyIs("", v1alpha1.ReasonEnginePodsReady)(cb); err != nil {
 			return err
 		}
@@ -213,13 +214,13 @@ func TestReceiptKeyRotation(t *testing.T) {
 		return nil
 	})
 
-	require.NoError(t, k8s.Get(ctx, secretKey, secret))
+	require.NoError(t, suite.K8s.Get(ctx, secretKey, secret))
 	delete(secret.Data, receipt.SecretKeyPrevious)
-	require.NoError(t, k8s.Update(ctx, secret))
+	require.NoError(t, suite.K8s.Update(ctx, secret))
 	// A Ready backend is not polled; a new engine pod wakes it (and, not
 	// Ready itself, keeps it polled until the key refresh is seen).
-	require.NoError(t, k8s.Create(ctx, sglangPod(ns, "trigger", nil)))
-	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	require.NoError(t, suite.K8s.Create(ctx, sglangPod(ns, "trigger", nil)))
+	got := suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
 		if c == nil || c.Reason != v1alpha1.ReasonEnginePodsNotInjected {
 			return fmt.Errorf("Ready is %+v", c)

@@ -24,6 +24,7 @@ import (
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/plan"
 	"github.com/inferencecache/operator/internal/render"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -44,23 +45,23 @@ func chain(t *testing.T, dep *appsv1.Deployment, name string, labels map[string]
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "img"}}}}},
 	}
-	require.NoError(t, k8s.Create(ctx, rs))
+	require.NoError(t, suite.K8s.Create(ctx, rs))
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: dep.Namespace, Name: name + "-0", Labels: labels, OwnerReferences: ownedBy(rs, "ReplicaSet")},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}
-	require.NoError(t, k8s.Create(ctx, pod))
+	require.NoError(t, suite.K8s.Create(ctx, pod))
 	return pod
 }
 
 // setPodStatus marks pod Ready with restarts container restarts.
 func setPodStatus(t *testing.T, pod *corev1.Pod, restarts int32) {
 	t.Helper()
-	require.NoError(t, k8s.Get(context.Background(), client.ObjectKeyFromObject(pod), pod))
+	require.NoError(t, suite.K8s.Get(context.Background(), client.ObjectKeyFromObject(pod), pod))
 	pod.Status.Phase = corev1.PodRunning
 	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: pod.Spec.Containers[0].Name, Ready: true, RestartCount: restarts, Image: "img", ImageID: "img"}}
-	require.NoError(t, k8s.Status().Update(context.Background(), pod))
+	require.NoError(t, suite.K8s.Status().Update(context.Background(), pod))
 }
 
 // TestServerRestartRollsEnginesWithoutPolling: a cache-server container
@@ -69,15 +70,15 @@ func setPodStatus(t *testing.T, pod *corev1.Pod, restarts int32) {
 // a reconcile of the backend at rest asks for no later reconcile at all.
 func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
-	server := waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	require.NoError(t, k8s.Get(ctx, key, cb))
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	server := suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	require.NoError(t, suite.K8s.Get(ctx, key, cb))
 	serverPod := chain(t, server, "cache-5c9f", render.SelectorLabels(cb))
 	setPodStatus(t, serverPod, 0)
-	waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if err := testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady)(cb); err != nil {
 			return err
 		}
@@ -88,7 +89,7 @@ func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 	})
 	// The instance before the restart: the wait below compares with it
 	// (cb was read before the server pod existed, with no instance).
-	require.NoError(t, k8s.Get(ctx, key, cb))
+	require.NoError(t, suite.K8s.Get(ctx, key, cb))
 
 	// An engine Deployment whose pod the webhook wires.
 	engineLabels := map[string]string{"app": "engine-cache"}
@@ -98,12 +99,12 @@ func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: engineLabels},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}}}},
 	}
-	require.NoError(t, k8s.Create(ctx, engine))
+	require.NoError(t, suite.K8s.Create(ctx, engine))
 	enginePod := chain(t, engine, "engine-7d4b", engineLabels)
 	require.Equal(t, key.Namespace+"/"+key.Name, enginePod.Annotations[v1alpha1.AnnotationInjectedBy], "the engine pod is wired")
 
 	// At rest, a reconcile sends nothing and asks for no later one.
-	direct := &controller.CacheBackendReconciler{Client: k8s, Applier: apply.New(k8s), Recorder: events.NewFakeRecorder(100), APIReader: k8s, Now: metav1.Now}
+	direct := &controller.CacheBackendReconciler{Client: suite.K8s, Applier: apply.New(suite.K8s), Recorder: events.NewFakeRecorder(100), APIReader: suite.K8s, Now: metav1.Now}
 	atRest := func() {
 		t.Helper()
 		testutil.Eventually(t, 15*time.Second, func() error {
@@ -122,23 +123,23 @@ func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 	// The server's container restarts: only the watch can notice (no poll).
 	setPodStatus(t, serverPod, 1)
 	engineKey := client.ObjectKeyFromObject(engine)
-	waitDeployment(t, engineKey, func(d *appsv1.Deployment) error {
+	suite.WaitDeployment(t, engineKey, func(d *appsv1.Deployment) error {
 		if d.Spec.Template.Annotations[v1alpha1.AnnotationServerInstance] == "" {
 			return fmt.Errorf("engine Deployment not rolled")
 		}
 		return nil
 	})
-	waitBackend(t, key, func(got *v1alpha1.CacheBackend) error {
+	suite.WaitBackend(t, key, func(got *v1alpha1.CacheBackend) error {
 		if got.Status.ObservedServerInstance == cb.Status.ObservedServerInstance {
 			return fmt.Errorf("the restart is not recorded yet")
 		}
 		return nil
 	})
 	atRest()
-	require.NoError(t, k8s.Get(ctx, engineKey, engine))
+	require.NoError(t, suite.K8s.Get(ctx, engineKey, engine))
 	assert.Equal(t, int64(2), engine.Generation, "rolled exactly once")
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventEnginesRestarted, 1)
-	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventEnginesRestarted))
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.EventEnginesRestarted, 1)
+	assert.Equal(t, 1, testutil.CountEvents(t, suite.K8s, ns, "cache", v1alpha1.EventEnginesRestarted))
 }
 
 // TestAppliedIntentIsNotSentAgain: the applier remembers the intent it
@@ -146,22 +147,22 @@ func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 // sends no request that writes or dry-runs, until someone changes a child.
 func TestAppliedIntentIsNotSentAgain(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	key := testutil.StartBackend(t, k8s, newBackend(ns, "cache"))
-	waitDeployment(t, key, nil)
-	cb := getBackend(t, key)
+	ns := suite.NewNamespace(t)
+	key := testutil.StartBackend(t, suite.K8s, suite.NewBackend(ns, "cache"))
+	suite.WaitDeployment(t, key, nil)
+	cb := suite.GetBackend(t, key)
 
 	var patches atomic.Int64
-	counted := rest.CopyConfig(cfg)
+	counted := rest.CopyConfig(suite.Cfg)
 	counted.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return suite.RoundTripFunc(func(r *http.Request) (*http.Response, error) {
 			if r.Method != http.MethodGet {
 				patches.Add(1)
 			}
 			return rt.RoundTrip(r)
 		})
 	}
-	c, err := client.New(counted, client.Options{Scheme: scheme})
+	c, err := client.New(counted, client.Options{Scheme: suite.Scheme})
 	require.NoError(t, err)
 	a := apply.New(c)
 	in, err := plan.Gather(ctx, c, c, cb)
@@ -182,9 +183,9 @@ func TestAppliedIntentIsNotSentAgain(t *testing.T) {
 	// Someone else changes the Deployment: its resourceVersion moves, and
 	// the next apply looks again.
 	d := &appsv1.Deployment{}
-	require.NoError(t, k8s.Get(ctx, key, d))
+	require.NoError(t, suite.K8s.Get(ctx, key, d))
 	d.Labels["team"] = "ml"
-	require.NoError(t, k8s.Update(ctx, d))
+	require.NoError(t, suite.K8s.Update(ctx, d))
 	patches.Store(0)
 	_, err = a.Execute(ctx, p)
 	require.NoError(t, err)

@@ -26,6 +26,7 @@ import (
 	"github.com/inferencecache/operator/internal/apply"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/rollout"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -40,7 +41,7 @@ import (
 // engine-eviction grant is bound; deleting the pod stays forbidden.
 func TestOperatorWritePolicy(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	raw, err := os.ReadFile(filepath.Join("..", "..", "kustomize", "base", "policy", "operator-writes.yaml"))
 	require.NoError(t, err)
 	docs := strings.Split(string(raw), "\n---\n")
@@ -49,10 +50,10 @@ func TestOperatorWritePolicy(t *testing.T) {
 	require.NoError(t, yaml.UnmarshalStrict([]byte(docs[0]), policy))
 	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
 	require.NoError(t, yaml.UnmarshalStrict([]byte(docs[1]), binding))
-	require.NoError(t, k8s.Create(ctx, policy))
-	t.Cleanup(func() { _ = k8s.Delete(ctx, policy) })
-	require.NoError(t, k8s.Create(ctx, binding))
-	t.Cleanup(func() { _ = k8s.Delete(ctx, binding) })
+	require.NoError(t, suite.K8s.Create(ctx, policy))
+	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, policy) })
+	require.NoError(t, suite.K8s.Create(ctx, binding))
+	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, binding) })
 
 	// The operator's ClusterRole, bound to a ServiceAccount of that name.
 	role := &rbacv1.ClusterRole{}
@@ -67,30 +68,30 @@ func TestOperatorWritePolicy(t *testing.T) {
 	}
 	require.NotEmpty(t, role.Rules)
 	role.Name = "policy-test-" + ns
-	require.NoError(t, k8s.Create(ctx, role))
-	t.Cleanup(func() { _ = k8s.Delete(ctx, role) })
+	require.NoError(t, suite.K8s.Create(ctx, role))
+	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, role) })
 	crb := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "inferencecache-operator"}},
 	}
-	require.NoError(t, k8s.Create(ctx, crb))
-	t.Cleanup(func() { _ = k8s.Delete(ctx, crb) })
-	ocfg := rest.CopyConfig(cfg)
+	require.NoError(t, suite.K8s.Create(ctx, crb))
+	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, crb) })
+	ocfg := rest.CopyConfig(suite.Cfg)
 	ocfg.Impersonate = rest.ImpersonationConfig{
 		UserName: "system:serviceaccount:" + ns + ":inferencecache-operator",
 		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
 	}
-	operator, err := client.New(ocfg, client.Options{Scheme: scheme})
+	operator, err := client.New(ocfg, client.Options{Scheme: suite.Scheme})
 	require.NoError(t, err)
 
-	cb := servingBackend(t, ns, "cache")
+	cb := suite.ServingBackend(t, ns, "cache")
 	foreignSvc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "database"},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "database"},
 			Ports: []corev1.ServicePort{{Port: 5432, TargetPort: intstr.FromInt32(5432), Protocol: corev1.ProtocolTCP}}},
 	}
-	require.NoError(t, k8s.Create(ctx, foreignSvc))
+	require.NoError(t, suite.K8s.Create(ctx, foreignSvc))
 	engineDep := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vllm"},
 		Spec: appsv1.DeploymentSpec{
@@ -101,7 +102,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 			},
 		},
 	}
-	require.NoError(t, k8s.Create(ctx, engineDep))
+	require.NoError(t, suite.K8s.Create(ctx, engineDep))
 
 	merge := func(s string) client.Patch { return client.RawPatch(types.MergePatchType, []byte(s)) }
 	denied := func(err error) error {
@@ -121,7 +122,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 	})
 	require.NoError(t, denied(operator.Patch(ctx, foreignSvc.DeepCopy(), merge(`{"spec":{"selector":{"app":"cache"}}}`))), "a foreign Service's selector")
 	live := &corev1.Service{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(foreignSvc), live))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(foreignSvc), live))
 	assert.Equal(t, map[string]string{"app": "database"}, live.Spec.Selector)
 
 	owned := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cb.Name}}
@@ -144,7 +145,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 			},
 		},
 	}
-	require.NoError(t, k8s.Create(ctx, engineDS))
+	require.NoError(t, suite.K8s.Create(ctx, engineDS))
 	assert.NoError(t, operator.Patch(ctx, engineDS.DeepCopy(),
 		merge(`{"spec":{"template":{"metadata":{"annotations":{"inferencecache.io/server-instance":"abc"}}}}}`)), "the rollout annotation on a DaemonSet")
 	assert.NoError(t, denied(operator.Patch(ctx, engineDS.DeepCopy(),
@@ -153,7 +154,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 
 	engine := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine-0"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai:v1"}}}}
-	require.NoError(t, k8s.Create(ctx, engine))
+	require.NoError(t, suite.K8s.Create(ctx, engine))
 	// role.yaml alone does not grant evictions: the cascade's evictions
 	// come back as forbidden, no error (not retried), and the pod stays.
 	evict := []rollout.Eviction{{Pod: engine.Name, UID: engine.UID, Node: "gpu-a"}}
@@ -161,7 +162,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, done)
 	assert.Equal(t, evict, forbidden, "without the engine-eviction grant")
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(engine), &corev1.Pod{}))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(engine), &corev1.Pod{}))
 	// With the engine-eviction grant as the bundle ships it: evicted.
 	grant := &rbacv1.ClusterRole{}
 	raw, err = os.ReadFile(filepath.Join("..", "..", "kustomize", "base", "rbac", "engine_eviction.yaml"))
@@ -169,13 +170,13 @@ func TestOperatorWritePolicy(t *testing.T) {
 	require.NoError(t, yaml.Unmarshal([]byte(strings.Split(string(raw), "\n---\n")[0]), grant))
 	require.Equal(t, controller.EngineEvictionClusterRole, grant.Name)
 	grant.Name = "policy-test-eviction-" + ns
-	require.NoError(t, k8s.Create(ctx, grant))
-	t.Cleanup(func() { _ = k8s.Delete(ctx, grant) })
+	require.NoError(t, suite.K8s.Create(ctx, grant))
+	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, grant) })
 	grantBinding := crb.DeepCopy()
 	grantBinding.ObjectMeta = metav1.ObjectMeta{Name: grant.Name}
 	grantBinding.RoleRef.Name = grant.Name
-	require.NoError(t, k8s.Create(ctx, grantBinding))
-	t.Cleanup(func() { _ = k8s.Delete(ctx, grantBinding) })
+	require.NoError(t, suite.K8s.Create(ctx, grantBinding))
+	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, grantBinding) })
 	assert.True(t, apierrors.IsForbidden(operator.Delete(ctx, engine.DeepCopy())), "deleting an engine pod stays forbidden")
 	testutil.Eventually(t, 10*time.Second, func() error {
 		done, forbidden, err := apply.New(operator).Evict(ctx, ns, evict)
@@ -186,7 +187,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 	})
 
 	dep := &appsv1.Deployment{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(engineDep), dep))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(engineDep), dep))
 	assert.Equal(t, "vllm/vllm-openai:v1", dep.Spec.Template.Spec.Containers[0].Image)
 	assert.Equal(t, "abc", dep.Spec.Template.Annotations["inferencecache.io/server-instance"])
 }

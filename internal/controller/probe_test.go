@@ -2,7 +2,6 @@ package controller_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -19,33 +18,9 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/lmcacheproto"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
-
-// serveHealth answers every HEALTH request on l with a reply of code, as
-// lmcache_server does (code 200); any other header closes the connection.
-func serveHealth(l net.Listener, code int32) {
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			h := make([]byte, lmcacheproto.HeaderSize)
-			for {
-				if _, err := io.ReadFull(c, h); err != nil || binary.LittleEndian.Uint32(h) != uint32(lmcacheproto.CommandHealth) {
-					return
-				}
-				reply := make([]byte, lmcacheproto.ReplySize)
-				binary.LittleEndian.PutUint32(reply, uint32(code))
-				if _, err := c.Write(reply); err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
 
 // TestProberSpeaksLMCacheHealth: the probe passes only for a server that
 // answers LMCache's HEALTH request with code 200 within the timeout; a
@@ -84,10 +59,10 @@ func TestProberSpeaksLMCacheHealth(t *testing.T) {
 		serve func(net.Listener)
 		want  string
 	}{
-		{"answers 200", func(l net.Listener) { serveHealth(l, lmcacheproto.CodeSuccess) }, ""},
+		{"answers 200", func(l net.Listener) { suite.ServeHealth(l, lmcacheproto.CodeSuccess) }, ""},
 		{"accepts and says nothing", silent, "i/o timeout"},
 		{"closes at once", closing, "reading the reply to HEALTH"},
-		{"answers 400", func(l net.Listener) { serveHealth(l, lmcacheproto.CodeFail) }, "code 400"},
+		{"answers 400", func(l net.Listener) { suite.ServeHealth(l, lmcacheproto.CodeFail) }, "code 400"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := listen(t, tc.serve)
@@ -115,23 +90,23 @@ func TestProberSpeaksLMCacheHealth(t *testing.T) {
 // TestFunctionalProbe: a closed port keeps Ready=False with a reason and
 // FunctionalProbeOK=False; once the server answers, both become True.
 func TestFunctionalProbe(t *testing.T) {
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	addr := fmt.Sprintf("cache.%s.svc.cluster.local:65432", ns)
-	closedTargets.Store(addr, true)
-	defer closedTargets.Delete(addr)
+	suite.ClosedTargets.Store(addr, true)
+	defer suite.ClosedTargets.Delete(addr)
 
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonFunctionalProbeFailed))
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonFunctionalProbeFailed))
 	probe := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK)
 	require.NotNil(t, probe)
 	assert.Equal(t, metav1.ConditionFalse, probe.Status)
 	assert.Contains(t, probe.Message, "connection refused")
 
-	closedTargets.Delete(addr)
-	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	suite.ClosedTargets.Delete(addr)
+	got = suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK))
 }
 
@@ -141,28 +116,28 @@ func TestFunctionalProbe(t *testing.T) {
 // storage, and deletion.
 func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	ready := func(cb *v1alpha1.CacheBackend, sts bool) client.ObjectKey {
 		key := client.ObjectKeyFromObject(cb)
 		if sts {
-			waitStatefulSet(t, key, nil)
+			suite.WaitStatefulSet(t, key, nil)
 			setStatefulSetStatus(t, key, 1, 1)
 		} else {
-			waitDeployment(t, key, nil)
-			markDeploymentAvailable(t, key)
+			suite.WaitDeployment(t, key, nil)
+			suite.MarkDeploymentAvailable(t, key)
 		}
-		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
-		require.True(t, prober.HasSlot(key), "probed before Ready")
+		suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+		require.True(t, suite.Prober.HasSlot(key), "probed before Ready")
 		return key
 	}
 	cleared := func(key client.ObjectKey) {
 		t.Helper()
 		testutil.Eventually(t, 10*time.Second, func() error {
-			if prober.HasSlot(key) {
+			if suite.Prober.HasSlot(key) {
 				return fmt.Errorf("probe slot of %s still held", key)
 			}
 			cb := &v1alpha1.CacheBackend{}
-			if err := k8s.Get(ctx, key, cb); err == nil && meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK) != nil {
+			if err := suite.K8s.Get(ctx, key, cb); err == nil && meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionFunctionalProbeOK) != nil {
 				return fmt.Errorf("FunctionalProbeOK still published")
 			}
 			return nil
@@ -170,37 +145,37 @@ func TestProbeSlotClearedOnEveryExit(t *testing.T) {
 	}
 
 	t.Run("workload unavailable", func(t *testing.T) {
-		cb := newBackend(ns, "unavailable")
-		require.NoError(t, k8s.Create(ctx, cb))
+		cb := suite.NewBackend(ns, "unavailable")
+		require.NoError(t, suite.K8s.Create(ctx, cb))
 		key := ready(cb, false)
-		markDeploymentRolling(t, key)
+		suite.MarkDeploymentRolling(t, key)
 		cleared(key)
 	})
 	t.Run("name conflict", func(t *testing.T) {
-		cb := newBackend(ns, "applyfail")
-		require.NoError(t, k8s.Create(ctx, cb))
+		cb := suite.NewBackend(ns, "applyfail")
+		require.NoError(t, suite.K8s.Create(ctx, cb))
 		key := ready(cb, false)
 		// A foreign StatefulSet holds the name the switched kind needs.
-		require.NoError(t, k8s.Create(ctx, foreignStatefulSet(ns, "applyfail")))
-		updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+		require.NoError(t, suite.K8s.Create(ctx, foreignStatefulSet(ns, "applyfail")))
+		suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
+		suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
 		cleared(key)
 	})
 	t.Run("immutable StatefulSet storage", func(t *testing.T) {
-		cb := stsBackend(ns, "drift", 1, true)
-		require.NoError(t, k8s.Create(ctx, cb))
+		cb := suite.STSBackend(ns, "drift", 1, true)
+		require.NoError(t, suite.K8s.Create(ctx, cb))
 		key := ready(cb, true)
-		updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("30Gi") })
-		waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
+		suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("30Gi") })
+		suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
 		cleared(key)
 	})
 	t.Run("deleted", func(t *testing.T) {
-		cb := newBackend(ns, "deleted")
-		require.NoError(t, k8s.Create(ctx, cb))
+		cb := suite.NewBackend(ns, "deleted")
+		require.NoError(t, suite.K8s.Create(ctx, cb))
 		key := ready(cb, false)
-		require.NoError(t, k8s.Delete(ctx, cb))
+		require.NoError(t, suite.K8s.Delete(ctx, cb))
 		testutil.Eventually(t, 10*time.Second, func() error {
-			if prober.HasSlot(key) {
+			if suite.Prober.HasSlot(key) {
 				return fmt.Errorf("probe slot still held")
 			}
 			return nil

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/integration/suite"
 )
 
 // TestCacheBackendNamesOnlySecretsItsAuthorMayRead: issue 35, through
@@ -26,12 +27,12 @@ import (
 // that sends the credentials to another host is refused.
 func TestCacheBackendNamesOnlySecretsItsAuthorMayRead(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	require.NoError(t, k8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "redis-auth"},
+	ns := suite.NewNamespace(t)
+	require.NoError(t, suite.K8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "redis-auth"},
 		StringData: map[string]string{"password": "s3cret", "other": "x"}}))
 	role := func(name string, rule rbacv1.PolicyRule, subjects ...rbacv1.Subject) {
-		require.NoError(t, k8s.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Rules: []rbacv1.PolicyRule{rule}}))
-		require.NoError(t, k8s.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		require.NoError(t, suite.K8s.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Rules: []rbacv1.PolicyRule{rule}}))
+		require.NoError(t, suite.K8s.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subjects}))
 	}
 	role("cachebackend-edit", rbacv1.PolicyRule{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"cachebackends"},
@@ -41,9 +42,9 @@ func TestCacheBackendNamesOnlySecretsItsAuthorMayRead(t *testing.T) {
 	role("redis-auth-read", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, ResourceNames: []string{"redis-auth"}, Verbs: []string{"get"}},
 		rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "redis-readers"})
 	as := func(user string, groups ...string) client.Client {
-		c := rest.CopyConfig(cfg)
+		c := rest.CopyConfig(suite.Cfg)
 		c.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: append(groups, "system:authenticated")}
-		cl, err := client.New(c, client.Options{Scheme: scheme})
+		cl, err := client.New(c, client.Options{Scheme: suite.Scheme})
 		require.NoError(t, err)
 		return cl
 	}
@@ -51,8 +52,8 @@ func TestCacheBackendNamesOnlySecretsItsAuthorMayRead(t *testing.T) {
 	require.Error(t, mallory.Get(ctx, client.ObjectKey{Namespace: ns, Name: "redis-auth"}, &corev1.Secret{}), "mallory may not read the Secret")
 
 	withRESP := func(name string) *v1alpha1.CacheBackend {
-		cb := newBackend(ns, name)
-		mp(cb).L2 = &v1alpha1.MultiprocessL2{RESP: &v1alpha1.MultiprocessRESP{Host: "redis.cache.svc", Capacity: resource.MustParse("1Gi"),
+		cb := suite.NewBackend(ns, name)
+		suite.MP(cb).L2 = &v1alpha1.MultiprocessL2{RESP: &v1alpha1.MultiprocessRESP{Host: "redis.cache.svc", Capacity: resource.MustParse("1Gi"),
 			CredentialsSecretRef: &v1alpha1.RESPCredentials{Name: "redis-auth"}}}
 		return cb
 	}
@@ -67,18 +68,18 @@ func TestCacheBackendNamesOnlySecretsItsAuthorMayRead(t *testing.T) {
 	require.NoError(t, alice.Create(ctx, withRESP("alices")), "alice may read the Secret")
 	t.Run("mallory names the Secret", func(t *testing.T) {
 		refused(t, mallory.Create(ctx, withRESP("mallorys")), credentials)
-		env := newBackend(ns, "env")
+		env := suite.NewBackend(ns, "env")
 		env.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{Env: []corev1.EnvVar{
 			{Name: "A", Value: "a"},
 			{Name: "STOLEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
 				LocalObjectReference: corev1.LocalObjectReference{Name: "redis-auth"}, Key: "password"}}}}}}
 		refused(t, mallory.Create(ctx, env, client.DryRunAll), "spec.integration.engineOverrides.optIn.env[1].valueFrom.secretKeyRef.name")
 		require.NoError(t, alice.Create(ctx, env, client.DryRunAll))
-		pull := newBackend(ns, "pull")
+		pull := suite.NewBackend(ns, "pull")
 		pull.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
 			ImagePullSecrets: []v1alpha1.ServerPullSecret{{Name: "redis-auth"}}}}}
 		refused(t, mallory.Create(ctx, pull, client.DryRunAll), "spec.remoteStorage.lmCacheServer.pod.imagePullSecrets[0].name")
-		require.NoError(t, mallory.Create(ctx, newBackend(ns, "plain"), client.DryRunAll), "a backend naming no Secret")
+		require.NoError(t, mallory.Create(ctx, suite.NewBackend(ns, "plain"), client.DryRunAll), "a backend naming no Secret")
 	})
 
 	update := func(c client.Client, mutate func(*v1alpha1.CacheBackend)) error {

@@ -21,30 +21,16 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
-
-func stsBackend(ns, name string, replicas int32, storage bool) *v1alpha1.CacheBackend {
-	cb := newBackend(ns, name)
-	cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
-	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To(replicas)}}
-	if storage {
-		cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("10Gi")}}
-	}
-	return cb
-}
-
-func waitStatefulSet(t *testing.T, key client.ObjectKey, cond func(*appsv1.StatefulSet) error) *appsv1.StatefulSet {
-	t.Helper()
-	return waitFor(t, key, &appsv1.StatefulSet{}, cond)
-}
 
 // setStatefulSetStatus writes what the StatefulSet controller would.
 func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int32) {
 	t.Helper()
 	testutil.Eventually(t, 10*time.Second, func() error {
 		s := &appsv1.StatefulSet{}
-		if err := k8s.Get(context.Background(), key, s); err != nil {
+		if err := suite.K8s.Get(context.Background(), key, s); err != nil {
 			return err
 		}
 		n := *s.Spec.Replicas
@@ -55,7 +41,7 @@ func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int
 		if updated < n {
 			s.Status.UpdateRevision = "r2"
 		}
-		return k8s.Status().Update(context.Background(), s)
+		return suite.K8s.Status().Update(context.Background(), s)
 	})
 }
 
@@ -63,23 +49,23 @@ func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int
 // is Ready from its ready and updated replicas.
 func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := stsBackend(ns, "cache", 2, false)
-	key := testutil.StartBackend(t, k8s, cb)
-	sts := waitStatefulSet(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.STSBackend(ns, "cache", 2, false)
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	sts := suite.WaitStatefulSet(t, key, nil)
 	assert.True(t, metav1.IsControlledBy(sts, cb))
 	assert.Equal(t, "cache", sts.Spec.ServiceName)
 	require.NotNil(t, sts.Spec.PersistentVolumeClaimRetentionPolicy)
 	assert.Equal(t, appsv1.RetainPersistentVolumeClaimRetentionPolicyType, sts.Spec.PersistentVolumeClaimRetentionPolicy.WhenDeleted)
-	assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &appsv1.Deployment{})), "no Deployment for the StatefulSet kind")
+	assert.True(t, apierrors.IsNotFound(suite.K8s.Get(ctx, key, &appsv1.Deployment{})), "no Deployment for the StatefulSet kind")
 
 	setStatefulSetStatus(t, key, 0, 1)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	setStatefulSetStatus(t, key, 1, 2)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonReplicasUnavailable))
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonReplicasUnavailable))
 	assert.NotEmpty(t, got.Status.Endpoint, "one ready replica serves")
 	setStatefulSetStatus(t, key, 2, 2)
-	got = waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	got = suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Equal(t, fmt.Sprintf("lm://cache.%s.svc.cluster.local:65432", ns), got.Status.Endpoint)
 	assert.Equal(t, int32(2), got.Status.ReadyReplicas)
 }
@@ -88,10 +74,10 @@ func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 // volumeClaimTemplate; the API server's defaults in it (volumeMode) never
 // count as a storage change over several reconciles.
 func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
-	ns := newNamespace(t)
-	cb := stsBackend(ns, "cache", 1, true)
-	key := testutil.StartBackend(t, k8s, cb)
-	sts := waitStatefulSet(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.STSBackend(ns, "cache", 1, true)
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	sts := suite.WaitStatefulSet(t, key, nil)
 	require.Len(t, sts.Spec.VolumeClaimTemplates, 1)
 	vct := sts.Spec.VolumeClaimTemplates[0]
 	assert.Equal(t, "cache-data", vct.Name)
@@ -100,11 +86,11 @@ func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
 
 	for i := range 3 {
 		setStatefulSetStatus(t, key, 1, 1)
-		got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+		got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 		assert.NotEmpty(t, got.Status.Endpoint, "reconcile %d", i)
 		// Touch the StatefulSet's status again to force another reconcile.
 		setStatefulSetStatus(t, key, 0, 1)
-		waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 			if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady); c.Reason == v1alpha1.ReasonImmutableStatefulSetStorage {
 				return nil // fails below
 			} else if c.Status == metav1.ConditionTrue {
@@ -112,7 +98,7 @@ func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
 			}
 			return nil
 		})
-		got = getBackend(t, key)
+		got = suite.GetBackend(t, key)
 		assert.NotEqual(t, v1alpha1.ReasonImmutableStatefulSetStorage, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Reason)
 	}
 }
@@ -123,28 +109,28 @@ func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
 // still reconciled.
 func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := stsBackend(ns, "cache", 1, true)
+	ns := suite.NewNamespace(t)
+	cb := suite.STSBackend(ns, "cache", 1, true)
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitStatefulSet(t, key, nil)
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitStatefulSet(t, key, nil)
 	setStatefulSetStatus(t, key, 1, 1)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Storage.PVC.Size = resource.MustParse("20Gi")
 		cb.Spec.Autoscaling.MaxReplicas = 5
 	})
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
 	assert.Empty(t, got.Status.Endpoint)
 	assert.False(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionProgressing))
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "size 20Gi")
 
-	sts := waitStatefulSet(t, key, nil)
+	sts := suite.WaitStatefulSet(t, key, nil)
 	assert.Equal(t, "10Gi", ptr.To(sts.Spec.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage]).String(), "the live StatefulSet is untouched")
 	testutil.Eventually(t, 10*time.Second, func() error {
 		hpa := &autoscalingv2.HorizontalPodAutoscaler{}
-		if err := k8s.Get(ctx, key, hpa); err != nil {
+		if err := suite.K8s.Get(ctx, key, hpa); err != nil {
 			return err
 		}
 		if hpa.Spec.MaxReplicas != 5 {
@@ -154,24 +140,24 @@ func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
 	})
 
 	// Restoring the spec's storage returns to normal.
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("10Gi") })
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("10Gi") })
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 }
 
 // TestRetentionPolicyIsRepaired: a retention policy edited by hand on the
 // StatefulSet is put back to the spec's.
 func TestRetentionPolicyIsRepaired(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := stsBackend(ns, "cache", 1, true)
-	key := testutil.StartBackend(t, k8s, cb)
-	sts := waitStatefulSet(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.STSBackend(ns, "cache", 1, true)
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	sts := suite.WaitStatefulSet(t, key, nil)
 	sts.Spec.PersistentVolumeClaimRetentionPolicy = &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{
 		WhenDeleted: appsv1.DeletePersistentVolumeClaimRetentionPolicyType,
 		WhenScaled:  appsv1.DeletePersistentVolumeClaimRetentionPolicyType,
 	}
-	require.NoError(t, k8s.Update(ctx, sts, client.FieldOwner("someone")))
-	waitStatefulSet(t, key, func(s *appsv1.StatefulSet) error {
+	require.NoError(t, suite.K8s.Update(ctx, sts, client.FieldOwner("someone")))
+	suite.WaitStatefulSet(t, key, func(s *appsv1.StatefulSet) error {
 		p := s.Spec.PersistentVolumeClaimRetentionPolicy
 		if p.WhenDeleted != appsv1.RetainPersistentVolumeClaimRetentionPolicyType || p.WhenScaled != appsv1.RetainPersistentVolumeClaimRetentionPolicyType {
 			return fmt.Errorf("retention policy is %+v", p)
@@ -187,25 +173,25 @@ func TestRetentionPolicyIsRepaired(t *testing.T) {
 // workload being replaced.
 func TestKindSwitches(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
 	assert.Empty(t, got.Status.Endpoint, "the available Deployment being replaced is not advertised")
-	waitStatefulSet(t, key, nil)
-	testutil.Eventually(t, 15*time.Second, func() error { return testutil.Gone(ctx, k8s, key, &appsv1.Deployment{}) })
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventSharedPVCRetained, 1)
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, &corev1.PersistentVolumeClaim{}), "the shared claim is kept")
+	suite.WaitStatefulSet(t, key, nil)
+	testutil.Eventually(t, 15*time.Second, func() error { return testutil.Gone(ctx, suite.K8s, key, &appsv1.Deployment{}) })
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.EventSharedPVCRetained, 1)
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, &corev1.PersistentVolumeClaim{}), "the shared claim is kept")
 
 	// Per-replica claims as the StatefulSet controller would create them.
 	for i := range 2 {
-		require.NoError(t, k8s.Create(ctx, &corev1.PersistentVolumeClaim{
+		require.NoError(t, suite.K8s.Create(ctx, &corev1.PersistentVolumeClaim{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("cache-data-cache-%d", i), Labels: map[string]string{"inferencecache.io/cachebackend": "cache"}},
 			Spec: corev1.PersistentVolumeClaimSpec{
 				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -213,24 +199,24 @@ func TestKindSwitches(t *testing.T) {
 			},
 		}))
 	}
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment
 		cb.Spec.Storage = nil
 	})
-	waitDeployment(t, key, nil)
-	testutil.Eventually(t, 15*time.Second, func() error { return testutil.Gone(ctx, k8s, key, &appsv1.StatefulSet{}) })
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventOrphanedPVCRetained, 3)
+	suite.WaitDeployment(t, key, nil)
+	testutil.Eventually(t, 15*time.Second, func() error { return testutil.Gone(ctx, suite.K8s, key, &appsv1.StatefulSet{}) })
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.EventOrphanedPVCRetained, 3)
 
 	// More reconciles record no further warnings.
-	markDeploymentAvailable(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
-	markDeploymentRolling(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
-	reconciled(t, key)
-	assert.Equal(t, 1, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventSharedPVCRetained))
-	assert.Equal(t, 3, testutil.CountEvents(t, k8s, ns, "cache", v1alpha1.EventOrphanedPVCRetained))
+	suite.MarkDeploymentAvailable(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	suite.MarkDeploymentRolling(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonRolloutInProgress))
+	suite.Reconciled(t, key)
+	assert.Equal(t, 1, testutil.CountEvents(t, suite.K8s, ns, "cache", v1alpha1.EventSharedPVCRetained))
+	assert.Equal(t, 3, testutil.CountEvents(t, suite.K8s, ns, "cache", v1alpha1.EventOrphanedPVCRetained))
 	var claims corev1.PersistentVolumeClaimList
-	require.NoError(t, k8s.List(ctx, &claims, client.InNamespace(ns)))
+	require.NoError(t, suite.K8s.List(ctx, &claims, client.InNamespace(ns)))
 	assert.Len(t, claims.Items, 3, "no claim deleted")
 	for _, c := range claims.Items {
 		assert.Nil(t, c.DeletionTimestamp, c.Name)
@@ -242,16 +228,16 @@ func TestKindSwitches(t *testing.T) {
 // status has no endpoint and is not Ready (NameConflict, naming it).
 func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
-	require.NoError(t, k8s.Create(ctx, foreignStatefulSet(ns, "cache")))
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
+	require.NoError(t, suite.K8s.Create(ctx, foreignStatefulSet(ns, "cache")))
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet })
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonNameConflict))
 	assert.Empty(t, got.Status.Endpoint)
 	assert.True(t, strings.Contains(meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, "StatefulSet cache"))
 }
@@ -269,7 +255,7 @@ func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
 		block                 func(t *testing.T, ns string)
 	}{
 		{"a foreign Deployment holds the name", v1alpha1.ReasonNameConflict, "Deployment cache", func(t *testing.T, ns string) {
-			require.NoError(t, k8s.Create(context.Background(), foreignDeployment(ns, "cache")))
+			require.NoError(t, suite.K8s.Create(context.Background(), foreignDeployment(ns, "cache")))
 		}},
 		{"the API server refuses the Deployment", v1alpha1.ReasonApplyFailed, "no Deployments in this namespace", denyDeployments},
 	} {
@@ -277,16 +263,16 @@ func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
 			ctx := context.Background()
 			ns, key := servingStatefulSet(t)
 			c.block(t, ns)
-			updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
-			got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, c.reason))
+			suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.DeploymentKind = v1alpha1.DeploymentKindDeployment })
+			got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, c.reason))
 			assert.Empty(t, got.Status.Endpoint, "the StatefulSet being replaced is not advertised")
 			assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, c.message)
 			assert.True(t, meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.ConditionStalled))
-			reconciled(t, key)
-			require.NoError(t, k8s.Get(ctx, key, &appsv1.StatefulSet{}), "the StatefulSet is kept while nothing replaces it")
+			suite.Reconciled(t, key)
+			require.NoError(t, suite.K8s.Get(ctx, key, &appsv1.StatefulSet{}), "the StatefulSet is kept while nothing replaces it")
 			if c.reason == v1alpha1.ReasonApplyFailed {
 				var d appsv1.Deployment
-				assert.True(t, apierrors.IsNotFound(k8s.Get(ctx, key, &d)), "no Deployment was created")
+				assert.True(t, apierrors.IsNotFound(suite.K8s.Get(ctx, key, &d)), "no Deployment was created")
 			}
 		})
 	}
@@ -297,13 +283,13 @@ func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
 // says the server never writes it.
 func TestCapacityOfTheBoundClaim(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("1Gi")}}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	assert.Nil(t, got.Status.Capacity, "no capacity before the claim is bound")
 	storage := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionStoragePersistent)
 	require.NotNil(t, storage, "a claim the server never writes is said in status")
@@ -313,15 +299,15 @@ func TestCapacityOfTheBoundClaim(t *testing.T) {
 
 	pvc := &corev1.PersistentVolumeClaim{}
 	claim := client.ObjectKey{Namespace: ns, Name: "cache-data"}
-	require.NoError(t, k8s.Get(ctx, claim, pvc))
+	require.NoError(t, suite.K8s.Get(ctx, claim, pvc))
 	pvc.Status.Phase = corev1.ClaimBound
 	pvc.Status.Capacity = corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("2Gi")}
-	require.NoError(t, k8s.Status().Update(ctx, pvc))
+	require.NoError(t, suite.K8s.Status().Update(ctx, pvc))
 	// A claim event does not wake the backend: a spec change does.
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.EngineSelector.MatchLabels["tier"] = "a" })
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.EngineSelector.MatchLabels["tier"] = "a" })
 	testutil.Eventually(t, 15*time.Second, func() error {
 		got := &v1alpha1.CacheBackend{}
-		if err := k8s.Get(ctx, key, got); err != nil {
+		if err := suite.K8s.Get(ctx, key, got); err != nil {
 			return err
 		}
 		if got.Status.Capacity == nil || got.Status.Capacity.Cmp(resource.MustParse("2Gi")) != 0 {
@@ -331,8 +317,8 @@ func TestCapacityOfTheBoundClaim(t *testing.T) {
 	})
 
 	// Without the claim the condition goes.
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage = nil })
-	waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage = nil })
+	suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionStoragePersistent); c != nil {
 			return fmt.Errorf("StoragePersistent still %s", c.Reason)
 		}
@@ -345,16 +331,16 @@ func TestCapacityOfTheBoundClaim(t *testing.T) {
 // message); shrinking is refused at admission.
 func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("2Gi"), StorageClassName: ptr.To("standard")}}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
+	suite.MarkDeploymentAvailable(t, key)
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.StorageClassName = ptr.To("fast") })
-	got := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.StorageClassName = ptr.To("fast") })
+	got := suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		c := meta.FindStatusCondition(cb.Status.Conditions, v1alpha1.ConditionReady)
 		if c == nil || cb.Status.ObservedGeneration != cb.Generation || !strings.Contains(c.Message, "storageClassName") {
 			return fmt.Errorf("Ready is %+v", c)
@@ -362,9 +348,9 @@ func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 		return nil
 	})
 	assert.Contains(t, meta.FindStatusCondition(got.Status.Conditions, v1alpha1.ConditionReady).Message, `"fast" cannot be applied`)
-	testutil.WaitEvent(t, k8s, ns, "cache", v1alpha1.EventStorageChangeRejected, 1)
+	testutil.WaitEvent(t, suite.K8s, ns, "cache", v1alpha1.EventStorageChangeRejected, 1)
 	pvc := &corev1.PersistentVolumeClaim{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, pvc))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: "cache-data"}, pvc))
 	assert.Equal(t, "standard", *pvc.Spec.StorageClassName)
 
 	err := retryUpdate(ctx, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("1Gi") })
@@ -376,26 +362,26 @@ func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 // TestOverlongStatefulSetNameIsRejected: a StatefulSet's pods are labelled
 // controller-revision-hash=<name>-<hash>, so the name is limited to 52.
 func TestOverlongStatefulSetNameIsRejected(t *testing.T) {
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	name := "c" + strings.Repeat("a", 52)
-	cb := stsBackend(ns, name, 1, true)
-	err := k8s.Create(context.Background(), cb, client.DryRunAll)
+	cb := suite.STSBackend(ns, name, 1, true)
+	err := suite.K8s.Create(context.Background(), cb, client.DryRunAll)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "metadata.name")
 	assert.Contains(t, err.Error(), "at most 52 characters")
-	cb = stsBackend(ns, name[:52], 1, true)
-	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
+	cb = suite.STSBackend(ns, name[:52], 1, true)
+	require.NoError(t, suite.K8s.Create(context.Background(), cb, client.DryRunAll))
 }
 
 func retryUpdate(ctx context.Context, key client.ObjectKey, mutate func(*v1alpha1.CacheBackend)) error {
 	var err error
 	for range 5 {
 		cb := &v1alpha1.CacheBackend{}
-		if err = k8s.Get(ctx, key, cb); err != nil {
+		if err = suite.K8s.Get(ctx, key, cb); err != nil {
 			return err
 		}
 		mutate(cb)
-		if err = k8s.Update(ctx, cb); !apierrors.IsConflict(err) {
+		if err = suite.K8s.Update(ctx, cb); !apierrors.IsConflict(err) {
 			return err
 		}
 	}
@@ -435,11 +421,11 @@ func foreignDeployment(ns, name string) *appsv1.Deployment {
 // endpoint.
 func servingStatefulSet(t *testing.T) (string, client.ObjectKey) {
 	t.Helper()
-	ns := newNamespace(t)
-	key := testutil.StartBackend(t, k8s, stsBackend(ns, "cache", 1, false))
-	waitStatefulSet(t, key, nil)
+	ns := suite.NewNamespace(t)
+	key := testutil.StartBackend(t, suite.K8s, suite.STSBackend(ns, "cache", 1, false))
+	suite.WaitStatefulSet(t, key, nil)
 	setStatefulSetStatus(t, key, 1, 1)
-	got := waitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
+	got := suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionTrue, v1alpha1.ReasonBackendReady))
 	require.NotEmpty(t, got.Status.Endpoint)
 	return ns, key
 }
@@ -473,11 +459,11 @@ func denyDeployments(t *testing.T, ns string) {
 			}},
 		},
 	}
-	require.NoError(t, k8s.Create(ctx, policy))
-	require.NoError(t, k8s.Create(ctx, binding))
+	require.NoError(t, suite.K8s.Create(ctx, policy))
+	require.NoError(t, suite.K8s.Create(ctx, binding))
 	t.Cleanup(func() {
-		_ = k8s.Delete(context.Background(), binding)
-		_ = k8s.Delete(context.Background(), policy)
+		_ = suite.K8s.Delete(context.Background(), binding)
+		_ = suite.K8s.Delete(context.Background(), policy)
 	})
 	probe := &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"},
@@ -490,7 +476,7 @@ func denyDeployments(t *testing.T, ns string) {
 		},
 	}
 	testutil.Eventually(t, 15*time.Second, func() error {
-		err := k8s.Create(ctx, probe.DeepCopy(), client.DryRunAll)
+		err := suite.K8s.Create(ctx, probe.DeepCopy(), client.DryRunAll)
 		if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
 			return nil
 		}

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/api/v1alpha1"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -28,25 +29,25 @@ import (
 // the spec-derived address and a receipt.
 func TestTamperedStatusEndpoint(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := servingBackend(t, ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.ServingBackend(t, ns, "cache")
 	want := cb.Status.Endpoint
 	require.Equal(t, fmt.Sprintf("lm://cache.%s.svc.cluster.local:65432", ns), want)
 	const evil = "lm://collector.attacker.example:65432"
 
 	// A user with status write only, as RBAC grants it.
-	require.NoError(t, k8s.Create(ctx, &rbacv1.Role{
+	require.NoError(t, suite.K8s.Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "status-writer"},
 		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"cachebackends/status"}, Verbs: []string{"get", "patch", "update"}}},
 	}))
-	require.NoError(t, k8s.Create(ctx, &rbacv1.RoleBinding{
+	require.NoError(t, suite.K8s.Create(ctx, &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "status-writer"},
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "status-writer"},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "status-writer"}},
 	}))
-	ucfg := rest.CopyConfig(cfg)
+	ucfg := rest.CopyConfig(suite.Cfg)
 	ucfg.Impersonate = rest.ImpersonationConfig{UserName: "status-writer"}
-	user, err := client.New(ucfg, client.Options{Scheme: scheme})
+	user, err := client.New(ucfg, client.Options{Scheme: suite.Scheme})
 	require.NoError(t, err)
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"status":{"endpoint":"`+evil+`"}}`))
 	target := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "cache"}}
@@ -54,20 +55,20 @@ func TestTamperedStatusEndpoint(t *testing.T) {
 	// Each tampering, and a pod created right after it: never the other host.
 	for i := range 3 {
 		require.NoError(t, user.Status().Patch(ctx, target, patch))
-		pod := engine(ns, fmt.Sprintf("engine-%d", i), map[string]string{"app": "engine-cache"}, nil)
-		require.NoError(t, k8s.Create(ctx, pod))
+		pod := suite.Engine(ns, fmt.Sprintf("engine-%d", i), map[string]string{"app": "engine-cache"}, nil)
+		require.NoError(t, suite.K8s.Create(ctx, pod))
 		for _, e := range pod.Spec.Containers[0].Env {
 			if e.Name == "LMCACHE_REMOTE_URL" {
 				assert.Equal(t, want, e.Value, "pod %s: only the spec-derived address is ever injected", pod.Name)
 			}
 		}
-		if !isWired(pod) {
+		if !suite.IsWired(pod) {
 			assert.Empty(t, pod.Annotations[v1alpha1.AnnotationInjectedBy], "an unwired pod carries no receipt")
 		}
 	}
 
 	restored := func() error {
-		got := getBackend(t, client.ObjectKeyFromObject(cb))
+		got := suite.GetBackend(t, client.ObjectKeyFromObject(cb))
 		if got.Status.Endpoint != want {
 			return fmt.Errorf("status.endpoint %q, want %q restored", got.Status.Endpoint, want)
 		}
@@ -84,11 +85,11 @@ func TestTamperedStatusEndpoint(t *testing.T) {
 	// with the spec-derived address and a receipt.
 	var pod *corev1.Pod
 	testutil.Eventually(t, 10*time.Second, func() error {
-		pod = engine(ns, fmt.Sprintf("after-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
-		if err := k8s.Create(ctx, pod); err != nil {
+		pod = suite.Engine(ns, fmt.Sprintf("after-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
+		if err := suite.K8s.Create(ctx, pod); err != nil {
 			return err
 		}
-		if !isWired(pod) {
+		if !suite.IsWired(pod) {
 			return fmt.Errorf("pod %s not wired yet (the webhook's cache lags the restored status)", pod.Name)
 		}
 		return nil
@@ -100,5 +101,5 @@ func TestTamperedStatusEndpoint(t *testing.T) {
 	}
 	assert.Equal(t, ns+"/cache", pod.Annotations[v1alpha1.AnnotationInjectedBy])
 	assert.Equal(t, string(cb.UID), pod.Annotations[v1alpha1.AnnotationInjectedByUID])
-	waitPodEvent(t, ns, pod.Name, "Normal/"+v1alpha1.EventInjected)
+	suite.WaitPodEvent(t, ns, pod.Name, "Normal/"+v1alpha1.EventInjected)
 }

@@ -1,4 +1,4 @@
-package controller_test
+package validation_test
 
 import (
 	"context"
@@ -11,12 +11,14 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	"github.com/inferencecache/operator/test/integration/suite"
 )
 
 // TestAPIServerRejectsInvalidCacheBackends: the CRD's schema and CEL rules
 // make the API server itself reject bad input, naming the field.
 func TestAPIServerRejectsInvalidCacheBackends(t *testing.T) {
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	cases := []struct {
 		name     string
 		manifest string
@@ -86,7 +88,7 @@ spec: {type: LMCache}`,
 			if u.GetName() == "" {
 				u.SetName("invalid")
 			}
-			err := k8s.Create(context.Background(), u, client.DryRunAll, client.FieldValidation("Strict"))
+			err := suite.K8s.Create(context.Background(), u, client.DryRunAll, client.FieldValidation("Strict"))
 			require.Error(t, err, "the API server accepted an invalid CacheBackend")
 			assert.True(t, apierrors.IsInvalid(err) || apierrors.IsBadRequest(err), "rejected as invalid: %v", err)
 			assert.Contains(t, err.Error(), tc.wantField, "message names the field")
@@ -101,10 +103,10 @@ spec: {type: LMCache}`,
 			"metadata": map[string]any{"name": "immutable", "namespace": ns},
 			"spec":     map[string]any{"type": "LMCache"},
 		}}
-		require.NoError(t, k8s.Create(ctx, u))
+		require.NoError(t, suite.K8s.Create(ctx, u))
 		require.NoError(t, unstructured.SetNestedField(u.Object, "SGLangHiCache", "spec", "type"))
 		require.NoError(t, unstructured.SetNestedField(u.Object, "SGLang", "spec", "runtime"))
-		err := k8s.Update(ctx, u)
+		err := suite.K8s.Update(ctx, u)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "spec.type")
 		assert.True(t, strings.Contains(err.Error(), "type is immutable"), err.Error())

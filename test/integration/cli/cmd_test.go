@@ -1,4 +1,4 @@
-package controller_test
+package cli_test
 
 import (
 	"bytes"
@@ -32,6 +32,7 @@ import (
 	"github.com/inferencecache/operator/internal/cli"
 	"github.com/inferencecache/operator/internal/cli/cmd"
 	"github.com/inferencecache/operator/test/controlplane"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -122,14 +123,14 @@ func TestCLICheckBeforeInstall(t *testing.T) {
 // the webhook does not answer. version reads the manager Deployment.
 func TestCLICheckAfterInstall(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	kc := kubeconfig(t, cfg, "admin", map[string]string{"admin": ns})
+	ns := suite.NewNamespace(t)
+	kc := kubeconfig(t, suite.Cfg, "admin", map[string]string{"admin": ns})
 
 	// A stand-in for the install's manager Deployment: envtest runs no
 	// controller-manager, so the test writes its status.
 	labels := map[string]string{"app.kubernetes.io/name": "inferencecache-operator"}
 	mgr := &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Namespace: operatorNamespace, Name: cli.ManagerDeployment,
+		ObjectMeta: metav1.ObjectMeta{Namespace: suite.OperatorNamespace, Name: cli.ManagerDeployment,
 			Labels: map[string]string{"app.kubernetes.io/name": "inferencecache-operator", cli.LabelVersion: "v0.3.0"}},
 		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
@@ -139,8 +140,8 @@ func TestCLICheckAfterInstall(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "manager: unknown (no manager Deployment inferencecache-system/inferencecache-operator")
 
-	require.NoError(t, k8s.Create(ctx, mgr))
-	t.Cleanup(func() { _ = k8s.Delete(ctx, mgr) })
+	require.NoError(t, suite.K8s.Create(ctx, mgr))
+	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, mgr) })
 
 	code, out, _ = runCLI(t, kc, "version")
 	assert.Equal(t, 0, code)
@@ -153,7 +154,7 @@ func TestCLICheckAfterInstall(t *testing.T) {
 	assert.Contains(t, checkRow(t, out, "manager Deployment"), "0/2 available")
 	assert.Contains(t, checkRow(t, out, "cert-manager"), "✗", "the base's webhooks take their CA from cert-manager")
 
-	markDeploymentAvailable(t, client.ObjectKeyFromObject(mgr))
+	suite.MarkDeploymentAvailable(t, client.ObjectKeyFromObject(mgr))
 	installCertManagerKinds(t)
 	code, out, errOut = runCLI(t, kc, "check")
 	t.Logf("check after the install:\n%s%s", out, errOut)
@@ -168,20 +169,20 @@ func TestCLICheckAfterInstall(t *testing.T) {
 
 	// With a CacheBackend that can wire pods in the namespace, the dry-run
 	// pod must come back wired by it.
-	servingBackend(t, ns, "cache")
+	suite.ServingBackend(t, ns, "cache")
 	code, out, _ = runCLI(t, kc, "check")
 	assert.Equal(t, 0, code, out)
 	assert.Contains(t, checkRow(t, out, "Pod webhook"), "a pod matching CacheBackend cache came back wired by it")
 
 	// Dry runs write nothing.
 	var pods corev1.PodList
-	require.NoError(t, k8s.List(ctx, &pods, client.InNamespace(ns)))
+	require.NoError(t, suite.K8s.List(ctx, &pods, client.InNamespace(ns)))
 	assert.Empty(t, pods.Items)
 	var backends v1alpha1.CacheBackendList
-	require.NoError(t, k8s.List(ctx, &backends, client.InNamespace(ns)))
+	require.NoError(t, suite.K8s.List(ctx, &backends, client.InNamespace(ns)))
 	assert.Len(t, backends.Items, 1)
 
-	withWebhookUnreachable(t, func() {
+	suite.WithWebhookUnreachable(t, func() {
 		code, out, _ = runCLI(t, kc, "check")
 	})
 	assert.Equal(t, 1, code, out)
@@ -189,7 +190,7 @@ func TestCLICheckAfterInstall(t *testing.T) {
 	assert.Contains(t, checkRow(t, out, "Pod webhook"), "came back unchanged")
 
 	// A namespace the Pod webhook leaves out cannot prove it answers.
-	code, out, _ = runCLI(t, kc, "check", "-n", operatorNamespace)
+	code, out, _ = runCLI(t, kc, "check", "-n", suite.OperatorNamespace)
 	assert.Equal(t, 1, code, out)
 	assert.Contains(t, checkRow(t, out, "Pod webhook"), "not called for namespace inferencecache-system")
 }
@@ -199,17 +200,17 @@ func TestCLICheckAfterInstall(t *testing.T) {
 func installCertManagerKinds(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
-	objs, err := cli.ReadFile("../../test/install/testdata/cert-manager-kinds.yaml", false)
+	objs, err := cli.ReadFile("../../install/testdata/cert-manager-kinds.yaml", false)
 	require.NoError(t, err)
 	for _, o := range objs {
-		require.NoError(t, k8s.Create(ctx, o))
-		t.Cleanup(func() { _ = k8s.Delete(ctx, o) })
+		require.NoError(t, suite.K8s.Create(ctx, o))
+		t.Cleanup(func() { _ = suite.K8s.Delete(ctx, o) })
 	}
 	testutil.Eventually(t, 10*time.Second, func() error {
 		for _, o := range objs {
 			got := &unstructured.Unstructured{}
 			got.SetGroupVersionKind(o.GroupVersionKind())
-			if err := k8s.Get(ctx, client.ObjectKeyFromObject(o), got); err != nil {
+			if err := suite.K8s.Get(ctx, client.ObjectKeyFromObject(o), got); err != nil {
 				return err
 			}
 			conds, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
@@ -225,26 +226,26 @@ func installCertManagerKinds(t *testing.T) {
 // serving only with a ready endpoint in its EndpointSlices.
 func TestCLIServiceReadyReadsEndpointSlices(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	ok, detail := cli.ServiceReady(ctx, k8s, ns, "webhook")
+	ns := suite.NewNamespace(t)
+	ok, detail := cli.ServiceReady(ctx, suite.K8s, ns, "webhook")
 	assert.False(t, ok)
 	assert.Contains(t, detail, "not found")
 
-	require.NoError(t, k8s.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "webhook"},
+	require.NoError(t, suite.K8s.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "webhook"},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443, Protocol: corev1.ProtocolTCP}}}}))
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: "webhook-1", Labels: map[string]string{discoveryv1.LabelServiceName: "webhook"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.0.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(false)}}},
 	}
-	require.NoError(t, k8s.Create(ctx, slice))
-	ok, detail = cli.ServiceReady(ctx, k8s, ns, "webhook")
+	require.NoError(t, suite.K8s.Create(ctx, slice))
+	ok, detail = cli.ServiceReady(ctx, suite.K8s, ns, "webhook")
 	assert.False(t, ok)
 	assert.Contains(t, detail, "has no ready endpoint")
 
 	slice.Endpoints[0].Conditions.Ready = ptr.To(true)
-	require.NoError(t, k8s.Update(ctx, slice))
-	ok, detail = cli.ServiceReady(ctx, k8s, ns, "webhook")
+	require.NoError(t, suite.K8s.Update(ctx, slice))
+	ok, detail = cli.ServiceReady(ctx, suite.K8s, ns, "webhook")
 	assert.True(t, ok, detail)
 	assert.Contains(t, detail, "1 ready endpoint(s)")
 }
@@ -253,48 +254,48 @@ func TestCLIServiceReadyReadsEndpointSlices(t *testing.T) {
 // explain says it, with its receipt and generation; -o json and yaml; -A.
 func TestCLIAuditClassifiesEveryOutcome(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	other := newNamespace(t)
-	kc := kubeconfig(t, cfg, "admin", map[string]string{"admin": ns})
-	cb := servingBackend(t, ns, "cache")
+	ns := suite.NewNamespace(t)
+	other := suite.NewNamespace(t)
+	kc := kubeconfig(t, suite.Cfg, "admin", map[string]string{"admin": ns})
+	cb := suite.ServingBackend(t, ns, "cache")
 	sel := map[string]string{"app": "engine-cache"}
 
-	require.NoError(t, k8s.Create(ctx, engine(ns, "stale", sel, nil)))
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, "stale", sel, nil)))
 	// A new generation: pods wired before it are stale.
-	updateBackend(t, client.ObjectKeyFromObject(cb), func(cb *v1alpha1.CacheBackend) { cb.Spec.Integration.Role = v1alpha1.RoleReadOnly })
+	suite.UpdateBackend(t, client.ObjectKeyFromObject(cb), func(cb *v1alpha1.CacheBackend) { cb.Spec.Integration.Role = v1alpha1.RoleReadOnly })
 	testutil.Eventually(t, 15*time.Second, func() error {
-		p := engine(ns, "", sel, nil)
+		p := suite.Engine(ns, "", sel, nil)
 		p.GenerateName = "current-"
-		if err := k8s.Create(ctx, p); err != nil {
+		if err := suite.K8s.Create(ctx, p); err != nil {
 			return err
 		}
 		if g := p.Annotations[v1alpha1.AnnotationInjectedGeneration]; g != "2" {
-			_ = k8s.Delete(ctx, p)
+			_ = suite.K8s.Delete(ctx, p)
 			return fmt.Errorf("wired with generation %q", g)
 		}
 		return nil
 	})
-	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", sel, map[string]string{v1alpha1.AnnotationSkipInject: "true"})))
-	require.NoError(t, k8s.Create(ctx, engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
-	web := engine(ns, "web", map[string]string{"app": "web"}, nil)
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, "optout", sel, map[string]string{v1alpha1.AnnotationSkipInject: "true"})))
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
+	web := suite.Engine(ns, "web", map[string]string{"app": "web"}, nil)
 	web.Spec.Containers[0].Image = "nginx"
 	web.Spec.Containers[0].Args = nil
-	require.NoError(t, k8s.Create(ctx, web))
-	require.NoError(t, k8s.Create(ctx, engine(other, "elsewhere", map[string]string{"app": "other"}, nil)))
-	withWebhookUnreachable(t, func() {
+	require.NoError(t, suite.K8s.Create(ctx, web))
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(other, "elsewhere", map[string]string{"app": "other"}, nil)))
+	suite.WithWebhookUnreachable(t, func() {
 		testutil.Eventually(t, 15*time.Second, func() error {
-			p := engine(ns, "", sel, nil)
+			p := suite.Engine(ns, "", sel, nil)
 			p.GenerateName = "unwired-"
-			if err := k8s.Create(ctx, p); err != nil {
+			if err := suite.K8s.Create(ctx, p); err != nil {
 				return err
 			}
-			if isWired(p) {
-				_ = k8s.Delete(ctx, p)
+			if suite.IsWired(p) {
+				_ = suite.K8s.Delete(ctx, p)
 				return fmt.Errorf("still wired")
 			}
 			return nil
 		})
-		require.NoError(t, k8s.Create(ctx, engine(ns, "forged", sel, map[string]string{
+		require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, "forged", sel, map[string]string{
 			v1alpha1.AnnotationInjectedBy: ns + "/cache", v1alpha1.AnnotationInjectedByUID: "copied", v1alpha1.AnnotationInjectedGeneration: "2"})))
 	})
 
@@ -357,13 +358,13 @@ func TestCLIAuditClassifiesEveryOutcome(t *testing.T) {
 // TestCLIDiffExitCodes: 0 when the file is what the cluster runs, 1 when a
 // reconcile would change something, 2 when diff cannot tell.
 func TestCLIDiffExitCodes(t *testing.T) {
-	ns := newNamespace(t)
-	kc := kubeconfig(t, cfg, "admin", map[string]string{"admin": ns, "unreachable": ns})
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	kc := kubeconfig(t, suite.Cfg, "admin", map[string]string{"admin": ns, "unreachable": ns})
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
-	require.NoError(t, k8s.Create(context.Background(), cb))
+	require.NoError(t, suite.K8s.Create(context.Background(), cb))
 	key := client.ObjectKeyFromObject(cb)
-	waitDeployment(t, key, nil)
+	suite.WaitDeployment(t, key, nil)
 
 	// The file a user keeps: the CacheBackend as the API server holds it
 	// (with its defaults), without status or server-set metadata, and
@@ -379,7 +380,7 @@ func TestCLIDiffExitCodes(t *testing.T) {
 		require.NoError(t, os.WriteFile(path, b, 0o600))
 		return path
 	}
-	same := file(getBackend(t, key))
+	same := file(suite.GetBackend(t, key))
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if code, out, errOut := runCLI(t, kc, "diff", "-f", same); code != 0 {
 			return fmt.Errorf("exit %d: %s%s", code, out, errOut)
@@ -390,7 +391,7 @@ func TestCLIDiffExitCodes(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Contains(t, out, "no changes")
 
-	edited := getBackend(t, key)
+	edited := suite.GetBackend(t, key)
 	edited.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v9"}}
 	code, out, _ = runCLI(t, kc, "diff", "-f", file(edited))
 	assert.Equal(t, 1, code, out)
@@ -413,10 +414,10 @@ func TestCLIDiffExitCodes(t *testing.T) {
 // -n overrides the namespace.
 func TestCLIHonoursContextAndNamespace(t *testing.T) {
 	ctx := context.Background()
-	a, b := newNamespace(t), newNamespace(t)
-	kc := kubeconfig(t, cfg, "unreachable", map[string]string{"team-a": a, "team-b": b, "unreachable": a})
-	require.NoError(t, k8s.Create(ctx, engine(a, "engine-a", map[string]string{"app": "x"}, nil)))
-	require.NoError(t, k8s.Create(ctx, engine(b, "engine-b", map[string]string{"app": "x"}, nil)))
+	a, b := suite.NewNamespace(t), suite.NewNamespace(t)
+	kc := kubeconfig(t, suite.Cfg, "unreachable", map[string]string{"team-a": a, "team-b": b, "unreachable": a})
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(a, "engine-a", map[string]string{"app": "x"}, nil)))
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(b, "engine-b", map[string]string{"app": "x"}, nil)))
 
 	pods := func(args ...string) []string {
 		t.Helper()
@@ -458,7 +459,7 @@ func TestCLIHonoursContextAndNamespace(t *testing.T) {
 // webhook's own code. Each object goes to the real API server (dry run,
 // with the webhook) and, as a file, to the CLI.
 func TestCLIRenderRefusesAsTheAPIServer(t *testing.T) {
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	const webhookPrefix = `admission webhook "validate.cachebackend.inferencecache.io" denied the request: `
 	for _, tc := range []struct {
 		name   string
@@ -479,9 +480,9 @@ func TestCLIRenderRefusesAsTheAPIServer(t *testing.T) {
 		}, "annotated inferencecache.io/allow-overrides"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cb := newBackend(ns, "bad")
+			cb := suite.NewBackend(ns, "bad")
 			tc.mutate(cb)
-			err := k8s.Create(context.Background(), cb.DeepCopy(), client.DryRunAll)
+			err := suite.K8s.Create(context.Background(), cb.DeepCopy(), client.DryRunAll)
 			require.Error(t, err, "the API server refuses it")
 			server := strings.TrimPrefix(err.Error(), webhookPrefix)
 			require.Contains(t, server, tc.text)

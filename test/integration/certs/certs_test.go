@@ -1,4 +1,4 @@
-package controller_test
+package certs_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/inferencecache/operator/internal/certs"
+	"github.com/inferencecache/operator/test/integration/suite"
 )
 
 // TestSelfSignedWebhookCertificate: without cert-manager the manager keeps
@@ -33,23 +34,23 @@ func TestSelfSignedWebhookCertificate(t *testing.T) {
 			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1/x")},
 		}},
 	}
-	require.NoError(t, k8s.Create(ctx, mwc))
+	require.NoError(t, suite.K8s.Create(ctx, mwc))
 	dir := t.TempDir()
 	p := &certs.Provisioner{
-		Client: k8s, Namespace: operatorNamespace, SecretName: "cabundle-test-cert",
+		Client: suite.K8s, Namespace: suite.OperatorNamespace, SecretName: "cabundle-test-cert",
 		Hosts: []string{"inferencecache-webhook.inferencecache-system.svc", "127.0.0.1"}, CertDir: dir,
 		Mutating: map[string][]string{"cabundle-test": {"x.inferencecache.io"}},
 	}
 	require.NoError(t, p.Ensure(ctx))
 
 	secret := &corev1.Secret{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: "cabundle-test-cert"}, secret))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.OperatorNamespace, Name: "cabundle-test-cert"}, secret))
 	crt, err := os.ReadFile(filepath.Join(dir, "tls.crt"))
 	require.NoError(t, err)
 	assert.Equal(t, secret.Data["tls.crt"], crt)
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "cabundle-test"}, mwc))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Name: "cabundle-test"}, mwc))
 	assert.Equal(t, secret.Data["ca.crt"], mwc.Webhooks[0].ClientConfig.CABundle)
-	assert.Contains(t, managers(mwc), certs.CABundleManager+"/Apply")
+	assert.Contains(t, suite.Managers(mwc), certs.CABundleManager+"/Apply")
 	block, _ := pem.Decode(crt)
 	cert, err := x509.ParseCertificate(block.Bytes)
 	require.NoError(t, err)
@@ -57,13 +58,13 @@ func TestSelfSignedWebhookCertificate(t *testing.T) {
 
 	rv := secret.ResourceVersion
 	require.NoError(t, p.Ensure(ctx))
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(secret), secret))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(secret), secret))
 	assert.Equal(t, rv, secret.ResourceVersion, "a valid certificate is left alone")
 
 	p.Hosts = append(p.Hosts, "webhook.example.test")
 	require.NoError(t, p.Ensure(ctx))
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(secret), secret))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(secret), secret))
 	assert.NotEqual(t, rv, secret.ResourceVersion, "a certificate that no longer fits is renewed")
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "cabundle-test"}, mwc))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Name: "cabundle-test"}, mwc))
 	assert.Equal(t, secret.Data["ca.crt"], mwc.Webhooks[0].ClientConfig.CABundle, "the new CA is published")
 }

@@ -1,4 +1,4 @@
-package controller_test
+package podsecurity_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/inferencecache/operator/internal/render"
 	"github.com/inferencecache/operator/internal/validation"
 	"github.com/inferencecache/operator/internal/workload"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -51,30 +52,30 @@ func TestServerPodUnderPodSecurity(t *testing.T) {
 	namespace := func(level string) string {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "psa-" + level + "-",
 			Labels: map[string]string{"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest"}}}
-		require.NoError(t, k8s.Create(ctx, ns))
+		require.NoError(t, suite.K8s.Create(ctx, ns))
 		return ns.Name
 	}
 	baseline, restricted := namespace("baseline"), namespace("restricted")
-	plain := newBackend(restricted, "cache")
-	ownUser := newBackend(restricted, "cache")
+	plain := suite.NewBackend(restricted, "cache")
+	ownUser := suite.NewBackend(restricted, "cache")
 	ownUser.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
 		SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](1000)},
 	}}}
-	root := newBackend(restricted, "cache")
+	root := suite.NewBackend(restricted, "cache")
 	root.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
 		SecurityContext: &v1alpha1.ServerPodSecurityContext{RunAsNonRoot: ptr.To(false)},
 	}}}
 	legacy := render.Options{LegacyPod: true}
 
-	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, plain, render.Options{}, restricted), client.DryRunAll), "a new server's default pod passes restricted")
-	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, ownUser, render.Options{}, restricted), client.DryRunAll), "with its own user it still passes restricted")
-	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, plain, legacy, baseline), client.DryRunAll), "an older server's pod passes baseline")
-	err := k8s.Create(ctx, serverPodOf(t, plain, legacy, restricted), client.DryRunAll)
+	assert.NoError(t, suite.K8s.Create(ctx, serverPodOf(t, plain, render.Options{}, restricted), client.DryRunAll), "a new server's default pod passes restricted")
+	assert.NoError(t, suite.K8s.Create(ctx, serverPodOf(t, ownUser, render.Options{}, restricted), client.DryRunAll), "with its own user it still passes restricted")
+	assert.NoError(t, suite.K8s.Create(ctx, serverPodOf(t, plain, legacy, baseline), client.DryRunAll), "an older server's pod passes baseline")
+	err := suite.K8s.Create(ctx, serverPodOf(t, plain, legacy, restricted), client.DryRunAll)
 	require.Error(t, err, "an older server's pod fails restricted")
 	assert.Contains(t, err.Error(), `violates PodSecurity "restricted:latest"`)
 	t.Logf("a server created before the defaults, under restricted: %v", err)
-	assert.NoError(t, k8s.Create(ctx, serverPodOf(t, root, render.Options{}, baseline), client.DryRunAll), "a server asked to run as root passes baseline")
-	err = k8s.Create(ctx, serverPodOf(t, root, render.Options{}, restricted), client.DryRunAll)
+	assert.NoError(t, suite.K8s.Create(ctx, serverPodOf(t, root, render.Options{}, baseline), client.DryRunAll), "a server asked to run as root passes baseline")
+	err = suite.K8s.Create(ctx, serverPodOf(t, root, render.Options{}, restricted), client.DryRunAll)
 	require.Error(t, err, "and fails restricted")
 	assert.Contains(t, err.Error(), "runAsNonRoot != true")
 }
@@ -86,8 +87,8 @@ func TestServerPodUnderPodSecurity(t *testing.T) {
 // refused at admission with its field path.
 func TestServerPodReachesTheDeployment(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "placed")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "placed")
 	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
 		Labels:            map[string]string{"team": "inference"},
 		NodeSelector:      map[string]string{"node-pool": "cpu"},
@@ -99,8 +100,8 @@ func TestServerPodReachesTheDeployment(t *testing.T) {
 		Affinity: &v1alpha1.ServerAffinity{PodAntiAffinity: &v1alpha1.ServerPodAntiAffinity{
 			PreferredDuringSchedulingIgnoredDuringExecution: []v1alpha1.ServerWeightedPodAffinityTerm{{Weight: 50, PodAffinityTerm: v1alpha1.ServerPodAffinityTerm{TopologyKey: "kubernetes.io/hostname"}}}}},
 	}}}
-	require.NoError(t, k8s.Create(ctx, cb))
-	d := waitDeployment(t, client.ObjectKeyFromObject(cb), func(*appsv1.Deployment) error { return nil })
+	require.NoError(t, suite.K8s.Create(ctx, cb))
+	d := suite.WaitDeployment(t, client.ObjectKeyFromObject(cb), func(*appsv1.Deployment) error { return nil })
 	spec := d.Spec.Template.Spec
 	assert.Equal(t, "inference", d.Spec.Template.Labels["team"])
 	assert.Equal(t, map[string]string{"node-pool": "cpu"}, spec.NodeSelector)
@@ -116,11 +117,11 @@ func TestServerPodReachesTheDeployment(t *testing.T) {
 	assert.Equal(t, "kubernetes.io/hostname", term[0].PodAffinityTerm.TopologyKey)
 	assert.Equal(t, render.SelectorLabels(cb), term[0].PodAffinityTerm.LabelSelector.MatchLabels, "over the server's own pods")
 
-	bad := newBackend(ns, "badtoleration")
+	bad := suite.NewBackend(ns, "badtoleration")
 	bad.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{
 		Tolerations: []v1alpha1.ServerToleration{{Key: "k", Operator: corev1.TolerationOpExists, Value: "v"}},
 	}}}
-	err := k8s.Create(ctx, bad, client.DryRunAll)
+	err := suite.K8s.Create(ctx, bad, client.DryRunAll)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "spec.remoteStorage.lmCacheServer.pod.tolerations[0].operator")
 }
@@ -137,17 +138,17 @@ func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
 	for _, kind := range []v1alpha1.DeploymentKind{v1alpha1.DeploymentKindDeployment, v1alpha1.DeploymentKindStatefulSet} {
 		t.Run(string(kind), func(t *testing.T) {
 			ctx := context.Background()
-			ns := newNamespace(t)
-			cb := newBackend(ns, "older")
+			ns := suite.NewNamespace(t)
+			cb := suite.NewBackend(ns, "older")
 			cb.Spec.DeploymentKind = kind
-			key := testutil.StartBackend(t, k8s, cb)
+			key := testutil.StartBackend(t, suite.K8s, cb)
 			// read is the live workload once cond holds for it.
 			read := func(cond func(obj client.Object, tmpl *corev1.PodTemplateSpec) error) (client.Object, *corev1.PodTemplateSpec) {
 				t.Helper()
 				var obj client.Object
 				var tmpl *corev1.PodTemplateSpec
 				testutil.Eventually(t, 15*time.Second, func() error {
-					w, err := workload.Read(ctx, k8s, getBackend(t, key))
+					w, err := workload.Read(ctx, suite.K8s, suite.GetBackend(t, key))
 					if err != nil {
 						return err
 					}
@@ -170,11 +171,11 @@ func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
 			_, createdTmpl := read(hardened)
 			// A reconcile of a change outside the template (the replica
 			// count) keeps the template hardened.
-			updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+			suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 				cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](3)}}
 			})
 			created, tmpl := read(func(obj client.Object, tmpl *corev1.PodTemplateSpec) error {
-				if r := workload.Observed(getBackend(t, key), obj).Replicas(); r == nil || *r != 3 {
+				if r := workload.Observed(suite.GetBackend(t, key), obj).Replicas(); r == nil || *r != 3 {
 					return fmt.Errorf("replicas %v", r)
 				}
 				return hardened(obj, tmpl)
@@ -183,11 +184,11 @@ func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
 
 			// What an older operator applied: the legacy render, by the same
 			// field manager, so the fields it no longer names are dropped.
-			objs, err := render.Objects(render.RenderWith(getBackend(t, key), render.Options{LegacyPod: true}))
+			objs, err := render.Objects(render.RenderWith(suite.GetBackend(t, key), render.Options{LegacyPod: true}))
 			require.NoError(t, err)
 			for _, o := range objs {
 				if o.GetKind() == string(kind) {
-					require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(v1alpha1.FieldManagerChildren), client.ForceOwnership))
+					require.NoError(t, suite.K8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner(v1alpha1.FieldManagerChildren), client.ForceOwnership))
 				}
 			}
 			old, oldTmpl := read(func(obj client.Object, tmpl *corev1.PodTemplateSpec) error {
@@ -201,11 +202,11 @@ func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
 
 			// A reconcile of the new operator: the replica count changes, the
 			// template does not.
-			updateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
+			suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) {
 				cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Replicas: ptr.To[int32](2)}}
 			})
 			scaled, scaledTmpl := read(func(obj client.Object, _ *corev1.PodTemplateSpec) error {
-				w := workload.Observed(getBackend(t, key), obj)
+				w := workload.Observed(suite.GetBackend(t, key), obj)
 				if r := w.Replicas(); r == nil || *r != 2 {
 					return fmt.Errorf("replicas %v", r)
 				}
@@ -217,7 +218,7 @@ func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
 
 			// Opting in by hand: the next reconcile hardens the template.
 			patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+v1alpha1.AnnotationServerPodDefaults+`":"`+v1alpha1.ServerPodDefaultsRestricted+`"}}}`))
-			require.NoError(t, k8s.Patch(ctx, scaled, patch))
+			require.NoError(t, suite.K8s.Patch(ctx, scaled, patch))
 			_, tmpl = read(hardened)
 			assert.Equal(t, render.DefaultResources().Limits, tmpl.Spec.Containers[0].Resources.Limits)
 			assert.Equal(t, []corev1.Capability{"ALL"}, tmpl.Spec.Containers[0].SecurityContext.Capabilities.Drop)
@@ -232,7 +233,7 @@ func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
 // workload apply that would fail.
 func TestAffinityRefusedAsTheAPIServerRefusesIt(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	req := func(key string, op corev1.NodeSelectorOperator, values ...string) *v1alpha1.ServerAffinity {
 		return &v1alpha1.ServerAffinity{NodeAffinity: &v1alpha1.ServerNodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &v1alpha1.ServerNodeSelector{
 			NodeSelectorTerms: []v1alpha1.ServerNodeSelectorTerm{{MatchExpressions: []v1alpha1.ServerNodeSelectorRequirement{{Key: key, Operator: op, Values: values}}}}}}}
@@ -259,7 +260,7 @@ func TestAffinityRefusedAsTheAPIServerRefusesIt(t *testing.T) {
 		{"anti-affinity with a bad key", anti("host name")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cb := newBackend(ns, "cache")
+			cb := suite.NewBackend(ns, "cache")
 			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Pod: &v1alpha1.ServerPod{Affinity: tc.a}}}
 			ours := validation.Validate(cb)
 			u, err := render.Objects(render.Render(cb))
@@ -273,7 +274,7 @@ func TestAffinityRefusedAsTheAPIServerRefusesIt(t *testing.T) {
 				}
 			}
 			d.OwnerReferences = nil
-			theirs := k8s.Create(ctx, &d, client.DryRunAll)
+			theirs := suite.K8s.Create(ctx, &d, client.DryRunAll)
 			if theirs == nil {
 				assert.Empty(t, ours, "the API server admits the Deployment")
 				return
@@ -297,8 +298,8 @@ func TestMPWorkloadUnderTheAPIServer(t *testing.T) {
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "psa-mp-",
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}
-	require.NoError(t, k8s.Create(ctx, ns))
-	cb := newBackend(ns.Name, "cache")
+	require.NoError(t, suite.K8s.Create(ctx, ns))
+	cb := suite.NewBackend(ns.Name, "cache")
 	s := render.MPServer{Port: 5555, HTTPPort: 8080, L1SizeGiB: 20, EvictionPolicy: "LRU", WatermarkPercent: 80, RatioPercent: 20,
 		RESP: &render.MPRESP{Host: "redis", Port: 6379, CapacityGiB: 1, Credentials: "redis-auth", UsernameKey: "username", PasswordKey: "password"},
 		Disk: &render.MPDisk{Path: "/var/lib/lmcache/l2", CapacityGiB: 10, StorageClassName: ptr.To("local-nvme")}}
@@ -310,11 +311,11 @@ func TestMPWorkloadUnderTheAPIServer(t *testing.T) {
 	var ds appsv1.DaemonSet
 	asTyped(render.MPDaemonSet(cb, s), &ds)
 	ds.OwnerReferences = nil
-	require.NoError(t, k8s.Create(ctx, &ds, client.DryRunAll), "the API server admits the DaemonSet")
+	require.NoError(t, suite.K8s.Create(ctx, &ds, client.DryRunAll), "the API server admits the DaemonSet")
 	var svc corev1.Service
 	asTyped(render.MPService(cb, s), &svc)
 	svc.OwnerReferences = nil
-	require.NoError(t, k8s.Create(ctx, &svc, client.DryRunAll), "and the node-local Service")
+	require.NoError(t, suite.K8s.Create(ctx, &svc, client.DryRunAll), "and the node-local Service")
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, GenerateName: "cache-", Labels: ds.Spec.Template.Labels}, Spec: ds.Spec.Template.Spec}
-	assert.NoError(t, k8s.Create(ctx, pod, client.DryRunAll), "its pod passes Pod Security restricted")
+	assert.NoError(t, suite.K8s.Create(ctx, pod, client.DryRunAll), "its pod passes Pod Security restricted")
 }

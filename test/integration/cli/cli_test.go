@@ -1,4 +1,4 @@
-package controller_test
+package cli_test
 
 import (
 	"bytes"
@@ -22,6 +22,7 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/cli"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
 
@@ -64,14 +65,14 @@ func subset(path string, want, got any) string {
 // ones the controller applied on the API server (server-set fields aside).
 func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Storage = &v1alpha1.Storage{PVC: &v1alpha1.PVCStorage{Size: resource.MustParse("3Gi"), Retention: &v1alpha1.PVCRetention{WhenDeleted: v1alpha1.RetentionDelete}}}
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MinReplicas: ptr.To[int32](1), MaxReplicas: 4, TargetMemoryUtilizationPercentage: ptr.To[int32](70)}
 	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Port: 7100}}
-	key := testutil.StartBackend(t, k8s, cb)
+	key := testutil.StartBackend(t, suite.K8s, cb)
 	// Once the generation is evaluated, every child was applied.
-	live := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	live := suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.ObservedGeneration != cb.Generation {
 			return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
 		}
@@ -86,7 +87,7 @@ func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
 	for _, want := range docs {
 		got := &unstructured.Unstructured{}
 		got.SetGroupVersionKind(want.GroupVersionKind())
-		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(want), got), "%s %s", want.GetKind(), want.GetName())
+		require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(want), got), "%s %s", want.GetKind(), want.GetName())
 		assert.Empty(t, subset(want.GetKind(), want.Object, got.Object), "%s differs from the live object", want.GetKind())
 	}
 }
@@ -95,32 +96,32 @@ func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
 // real pods admitted by the webhook (or admitted while it was unreachable).
 func TestExplainPodThroughTheAPIServer(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	servingBackend(t, ns, "cache")
+	ns := suite.NewNamespace(t)
+	suite.ServingBackend(t, ns, "cache")
 	secret := &corev1.Secret{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: operatorNamespace, Name: receipt.DefaultSecretName}, secret))
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Namespace: suite.OperatorNamespace, Name: receipt.DefaultSecretName}, secret))
 	keys := []receipt.Key{receipt.NewKey(secret.Data[receipt.SecretKeyCurrent])}
 
-	require.NoError(t, k8s.Create(ctx, engine(ns, "wired", map[string]string{"app": "engine-cache"}, nil)))
-	require.NoError(t, k8s.Create(ctx, engine(ns, "optout", map[string]string{"app": "engine-cache"}, map[string]string{v1alpha1.AnnotationSkipInject: "true"})))
-	require.NoError(t, k8s.Create(ctx, engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, "wired", map[string]string{"app": "engine-cache"}, nil)))
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, "optout", map[string]string{"app": "engine-cache"}, map[string]string{v1alpha1.AnnotationSkipInject: "true"})))
+	require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, "stranger", map[string]string{"app": "other"}, nil)))
 
 	var unwired, forged string
-	withWebhookUnreachable(t, func() {
+	suite.WithWebhookUnreachable(t, func() {
 		testutil.Eventually(t, 15*time.Second, func() error {
-			p := engine(ns, fmt.Sprintf("unwired-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
-			if err := k8s.Create(ctx, p); err != nil {
+			p := suite.Engine(ns, fmt.Sprintf("unwired-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
+			if err := suite.K8s.Create(ctx, p); err != nil {
 				return err
 			}
-			if isWired(p) {
+			if suite.IsWired(p) {
 				return fmt.Errorf("still wired")
 			}
 			unwired = p.Name
 			return nil
 		})
-		f := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
+		f := suite.Engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
 			v1alpha1.AnnotationInjectedBy: ns + "/cache", v1alpha1.AnnotationInjectedByUID: "copied", v1alpha1.AnnotationInjectedGeneration: "1"})
-		require.NoError(t, k8s.Create(ctx, f))
+		require.NoError(t, suite.K8s.Create(ctx, f))
 		forged = f.Name
 	})
 
@@ -128,7 +129,7 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 		"wired": cli.ExplainInjected, "optout": cli.ExplainSkipped, "stranger": cli.ExplainNoMatch,
 		unwired: cli.ExplainFailOpen, forged: cli.ExplainForged,
 	} {
-		e, err := cli.Explain(ctx, k8s, ns, pod, keys, nil)
+		e, err := cli.Explain(ctx, suite.K8s, ns, pod, keys, nil)
 		require.NoError(t, err)
 		assert.Equal(t, want, e.Outcome, "pod %s: %v", pod, e.Lines)
 	}
@@ -137,9 +138,9 @@ func TestExplainPodThroughTheAPIServer(t *testing.T) {
 // exampleDirs lists the example kustomizations (and their overlays).
 func exampleDirs(t *testing.T) []string {
 	t.Helper()
-	dirs, err := filepath.Glob("../../examples/*/kustomization.yaml")
+	dirs, err := filepath.Glob("../../../examples/*/kustomization.yaml")
 	require.NoError(t, err)
-	overlays, err := filepath.Glob("../../examples/*/overlays/*/kustomization.yaml")
+	overlays, err := filepath.Glob("../../../examples/*/overlays/*/kustomization.yaml")
 	require.NoError(t, err)
 	dirs = append(dirs, overlays...)
 	require.GreaterOrEqual(t, len(dirs), 5)
@@ -154,14 +155,14 @@ func exampleDirs(t *testing.T) []string {
 // webhook), so a broken example fails the tests.
 func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	for _, dir := range exampleDirs(t) {
-		t.Run(strings.TrimPrefix(dir, "../../examples/"), func(t *testing.T) {
+		t.Run(strings.TrimPrefix(dir, "../../../examples/"), func(t *testing.T) {
 			objs, err := cli.ReadFile(dir, true)
 			require.NoError(t, err)
 			for _, o := range objs {
 				o.SetNamespace(ns)
-				err := k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("examples"), client.DryRunAll)
+				err := suite.K8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("examples"), client.DryRunAll)
 				assert.NoError(t, err, "%s %s", o.GetKind(), o.GetName())
 			}
 		})
@@ -173,25 +174,25 @@ func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
 // changed one, without writing anything.
 func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
 	cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
-	key := testutil.StartBackend(t, k8s, cb)
-	waitDeployment(t, key, nil)
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitDeployment(t, key, nil)
 	waitNoDiff(t, key)
 
-	edited := getBackend(t, key)
+	edited := suite.GetBackend(t, key)
 	edited.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "example.com/lmcache:v9"}}
 	edited.Spec.Autoscaling = nil
-	before := waitDeployment(t, key, nil).ResourceVersion
-	d, err := cli.Diff(ctx, k8s, edited, nil)
+	before := suite.WaitDeployment(t, key, nil).ResourceVersion
+	d, err := cli.Diff(ctx, suite.K8s, edited, nil)
 	require.NoError(t, err)
 	assert.True(t, d.HasChanges())
 	out := d.String()
 	assert.Contains(t, out, fmt.Sprintf("Deployment/%s/cache would be changed", ns))
 	assert.Contains(t, out, `/spec/template/spec/containers/0/image: "example.com/lmcache:v9"`)
 	assert.Contains(t, out, fmt.Sprintf("HorizontalPodAutoscaler/%s/cache would be deleted", ns))
-	assert.Equal(t, before, waitDeployment(t, key, nil).ResourceVersion, "diff writes nothing")
+	assert.Equal(t, before, suite.WaitDeployment(t, key, nil).ResourceVersion, "diff writes nothing")
 }
 
 // waitNoDiff waits until diff of the live CacheBackend key shows no change:
@@ -199,7 +200,7 @@ func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
 func waitNoDiff(t *testing.T, key client.ObjectKey) {
 	t.Helper()
 	testutil.Eventually(t, 10*time.Second, func() error {
-		d, err := cli.Diff(context.Background(), k8s, getBackend(t, key), nil)
+		d, err := cli.Diff(context.Background(), suite.K8s, suite.GetBackend(t, key), nil)
 		if err != nil {
 			return err
 		}
@@ -216,15 +217,15 @@ func waitNoDiff(t *testing.T, key client.ObjectKey) {
 // error from the API server's immutable-field rule) and no change for it.
 func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := stsBackend(ns, "held", 1, true)
-	key := testutil.StartBackend(t, k8s, cb)
-	waitStatefulSet(t, key, nil)
+	ns := suite.NewNamespace(t)
+	cb := suite.STSBackend(ns, "held", 1, true)
+	key := testutil.StartBackend(t, suite.K8s, cb)
+	suite.WaitStatefulSet(t, key, nil)
 	waitNoDiff(t, key)
 
-	edited := getBackend(t, key)
+	edited := suite.GetBackend(t, key)
 	edited.Spec.Storage.PVC.Size = resource.MustParse("9Gi")
-	d, err := cli.Diff(ctx, k8s, edited, nil)
+	d, err := cli.Diff(ctx, suite.K8s, edited, nil)
 	require.NoError(t, err, "a storage change the controller holds is not an error")
 	holds := d.Preview.Holds()
 	require.Len(t, holds, 1, d.String())
@@ -234,9 +235,9 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 	assert.False(t, d.HasChanges(), "a held StatefulSet is left alone: nothing else changes\n%s", d)
 
 	// The controller, given the same spec, holds the StatefulSet too.
-	updateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("9Gi") })
-	waitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
-	d, err = cli.Diff(ctx, k8s, getBackend(t, key), nil)
+	suite.UpdateBackend(t, key, func(cb *v1alpha1.CacheBackend) { cb.Spec.Storage.PVC.Size = resource.MustParse("9Gi") })
+	suite.WaitBackend(t, key, testutil.ReadyIs(metav1.ConditionFalse, v1alpha1.ReasonImmutableStatefulSetStorage))
+	d, err = cli.Diff(ctx, suite.K8s, suite.GetBackend(t, key), nil)
 	require.NoError(t, err)
 	assert.False(t, d.HasChanges(), "after the reconcile the plan and the cluster agree\n%s", d)
 	assert.Len(t, d.Preview.Holds(), 1)
@@ -248,8 +249,8 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 	ctx := context.Background()
 	for _, dir := range exampleDirs(t) {
-		t.Run(strings.TrimPrefix(dir, "../../examples/"), func(t *testing.T) {
-			ns := newNamespace(t)
+		t.Run(strings.TrimPrefix(dir, "../../../examples/"), func(t *testing.T) {
+			ns := suite.NewNamespace(t)
 			objs, err := cli.ReadFile(dir, true)
 			require.NoError(t, err)
 			var backends []client.ObjectKey
@@ -258,12 +259,12 @@ func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 					continue
 				}
 				o.SetNamespace(ns)
-				require.NoError(t, k8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("examples")))
+				require.NoError(t, suite.K8s.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("examples")))
 				backends = append(backends, client.ObjectKey{Namespace: ns, Name: o.GetName()})
 			}
 			require.NotEmpty(t, backends)
 			for _, key := range backends {
-				waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+				suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 					if cb.Status.ObservedGeneration != cb.Generation {
 						return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
 					}
@@ -275,13 +276,6 @@ func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 	}
 }
 
-// mpBackend is a CacheBackend of ns in multiprocess mode.
-func mpBackend(ns, name string) *v1alpha1.CacheBackend {
-	cb := newBackend(ns, name)
-	cb.Spec.Multiprocess = &v1alpha1.Multiprocess{L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("4Gi")}}
-	return cb
-}
-
 // TestRenderAndDiffOfAMultiprocessBackend: render of a multiprocess
 // CacheBackend prints the node-local Service and the DaemonSet the
 // controller applied, object by object; diff shows no change after the
@@ -289,9 +283,9 @@ func mpBackend(ns, name string) *v1alpha1.CacheBackend {
 // roll (the per-node cascade), saying so.
 func TestRenderAndDiffOfAMultiprocessBackend(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	key := testutil.StartBackend(t, k8s, mpBackend(ns, "mp"))
-	live := waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+	ns := suite.NewNamespace(t)
+	key := testutil.StartBackend(t, suite.K8s, suite.MPBackend(ns, "mp"))
+	live := suite.WaitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.ObservedGeneration != cb.Generation {
 			return fmt.Errorf("generation %d not reconciled yet", cb.Generation)
 		}
@@ -307,20 +301,20 @@ func TestRenderAndDiffOfAMultiprocessBackend(t *testing.T) {
 		kinds = append(kinds, want.GetKind())
 		got := &unstructured.Unstructured{}
 		got.SetGroupVersionKind(want.GroupVersionKind())
-		require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(want), got), "%s %s", want.GetKind(), want.GetName())
+		require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(want), got), "%s %s", want.GetKind(), want.GetName())
 		assert.Empty(t, subset(want.GetKind(), want.Object, got.Object), "%s differs from the live object", want.GetKind())
 	}
 	assert.Equal(t, []string{"Service", "DaemonSet"}, kinds)
 
 	waitNoDiff(t, key)
-	d, err := cli.Diff(ctx, k8s, getBackend(t, key), nil)
+	d, err := cli.Diff(ctx, suite.K8s, suite.GetBackend(t, key), nil)
 	require.NoError(t, err)
 	assert.Empty(t, d.RollsNote, "the per-node roll plan is previewed like the others")
 	assert.Contains(t, d.String(), "no changes")
 
-	edited := getBackend(t, key)
+	edited := suite.GetBackend(t, key)
 	edited.Spec.Multiprocess.L1.Size = resource.MustParse("6Gi")
-	d, err = cli.Diff(ctx, k8s, edited, nil)
+	d, err = cli.Diff(ctx, suite.K8s, edited, nil)
 	require.NoError(t, err)
 	assert.True(t, d.HasChanges())
 	out := d.String()

@@ -1,4 +1,4 @@
-package controller_test
+package webhook_test
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -26,66 +25,9 @@ import (
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
 	"github.com/inferencecache/operator/internal/receipt"
+	"github.com/inferencecache/operator/test/integration/suite"
 	"github.com/inferencecache/operator/test/testutil"
 )
-
-// servingBackend creates a CacheBackend and makes its server available, so
-// that it has a status.endpoint.
-func servingBackend(t *testing.T, ns, name string) *v1alpha1.CacheBackend {
-	t.Helper()
-	cb := newBackend(ns, name)
-	require.NoError(t, k8s.Create(context.Background(), cb))
-	key := client.ObjectKeyFromObject(cb)
-	waitDeployment(t, key, nil)
-	markDeploymentAvailable(t, key)
-	return waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
-		if cb.Status.Endpoint == "" {
-			return fmt.Errorf("no endpoint yet")
-		}
-		return nil
-	})
-}
-
-func engine(ns, name string, labels map[string]string, annotations map[string]string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, Annotations: annotations},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{
-			Name: "vllm", Image: "vllm/vllm-openai", Args: []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct"},
-		}}},
-	}
-}
-
-func podEvents(t *testing.T, ns, pod string) map[string]int {
-	t.Helper()
-	var list eventsv1.EventList
-	require.NoError(t, k8s.List(context.Background(), &list, client.InNamespace(ns)))
-	out := map[string]int{}
-	for _, e := range list.Items {
-		if e.Regarding.Kind == "Pod" && e.Regarding.Name == pod {
-			out[e.Type+"/"+e.Reason]++
-		}
-	}
-	return out
-}
-
-func waitPodEvent(t *testing.T, ns, pod, typeReason string) {
-	t.Helper()
-	testutil.Eventually(t, 15*time.Second, func() error {
-		if got := podEvents(t, ns, pod); got[typeReason] == 0 {
-			return fmt.Errorf("events of pod %s: %v, want %s", pod, got, typeReason)
-		}
-		return nil
-	})
-}
-
-func isWired(p *corev1.Pod) bool {
-	for _, e := range p.Spec.Containers[0].Env {
-		if e.Name == "LMCACHE_REMOTE_URL" {
-			return true
-		}
-	}
-	return false
-}
 
 // TestPodCreateIsWired: lifecycle steps 2 and 3 through the real API server:
 // the webhook wires a matching pod at CREATE and stamps the receipt; the
@@ -93,12 +35,12 @@ func isWired(p *corev1.Pod) bool {
 // also when a fresh controller (as after a restart) looks at the pod again.
 func TestPodCreateIsWired(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := servingBackend(t, ns, "cache")
-	pod := engine(ns, "engine", map[string]string{"app": "engine-cache"}, nil)
-	require.NoError(t, k8s.Create(ctx, pod))
+	ns := suite.NewNamespace(t)
+	cb := suite.ServingBackend(t, ns, "cache")
+	pod := suite.Engine(ns, "engine", map[string]string{"app": "engine-cache"}, nil)
+	require.NoError(t, suite.K8s.Create(ctx, pod))
 
-	assert.True(t, isWired(pod), "the created pod carries the LMCache environment")
+	assert.True(t, suite.IsWired(pod), "the created pod carries the LMCache environment")
 	assert.Equal(t, []string{"--model", "Qwen/Qwen2.5-0.5B-Instruct", "--kv-transfer-config",
 		`{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`}, pod.Spec.Containers[0].Args)
 	assert.Equal(t, ns+"/cache", pod.Annotations[v1alpha1.AnnotationInjectedBy])
@@ -110,7 +52,7 @@ func TestPodCreateIsWired(t *testing.T) {
 		}
 	}
 
-	waitPodEvent(t, ns, "engine", "Normal/"+v1alpha1.EventInjected)
+	suite.WaitPodEvent(t, ns, "engine", "Normal/"+v1alpha1.EventInjected)
 }
 
 // requestLog records the API requests of one manager, as a client-side
@@ -121,7 +63,7 @@ type requestLog struct {
 }
 
 func (l *requestLog) wrap(rt http.RoundTripper) http.RoundTripper {
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+	return suite.RoundTripFunc(func(req *http.Request) (*http.Response, error) {
 		l.mu.Lock()
 		l.reqs = append(l.reqs, req.Method+" "+req.URL.Path)
 		l.mu.Unlock()
@@ -149,16 +91,16 @@ func (l *requestLog) count(match func(method, path string) bool) int {
 func startReceiptManager(t *testing.T) *requestLog {
 	t.Helper()
 	log := &requestLog{}
-	rcfg := rest.CopyConfig(cfg)
+	rcfg := rest.CopyConfig(suite.Cfg)
 	rcfg.Wrap(log.wrap)
 	mgr, err := ctrl.NewManager(rcfg, ctrl.Options{
-		Scheme:                 scheme,
+		Scheme:                 suite.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	require.NoError(t, err)
-	keys := &receipt.KeyRing{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: operatorNamespace, Name: receipt.DefaultSecretName}
+	keys := &receipt.KeyRing{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Namespace: suite.OperatorNamespace, Name: receipt.DefaultSecretName}
 	require.NoError(t, mgr.Add(keys))
 	pods, err := controller.NewReceiptPodCache(mgr)
 	require.NoError(t, err)
@@ -177,14 +119,14 @@ func startReceiptManager(t *testing.T) *requestLog {
 // carries the old receipt-observed mark is reported all the same.
 func TestReceiptEventBudget(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	servingBackend(t, ns, "cache")
+	ns := suite.NewNamespace(t)
+	suite.ServingBackend(t, ns, "cache")
 	names := []string{"engine-0", "engine-1", "engine-2"}
 	for _, name := range names {
-		require.NoError(t, k8s.Create(ctx, engine(ns, name, map[string]string{"app": "engine-cache"}, nil)))
+		require.NoError(t, suite.K8s.Create(ctx, suite.Engine(ns, name, map[string]string{"app": "engine-cache"}, nil)))
 	}
 	for _, name := range names {
-		waitPodEvent(t, ns, name, "Normal/"+v1alpha1.EventInjected)
+		suite.WaitPodEvent(t, ns, name, "Normal/"+v1alpha1.EventInjected)
 	}
 
 	log := startReceiptManager(t)
@@ -199,20 +141,20 @@ func TestReceiptEventBudget(t *testing.T) {
 		Action: "Admit", Reason: v1alpha1.EventInjected, Type: corev1.EventTypeNormal, Note: "already reported",
 		Regarding: corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ns, Name: "engine-marked"},
 	}
-	require.NoError(t, k8s.Create(ctx, decoy))
-	marked := engine(ns, "engine-marked", map[string]string{"app": "engine-cache"},
+	require.NoError(t, suite.K8s.Create(ctx, decoy))
+	marked := suite.Engine(ns, "engine-marked", map[string]string{"app": "engine-cache"},
 		map[string]string{"inferencecache.io/receipt-observed": v1alpha1.EventInjected})
-	require.NoError(t, k8s.Create(ctx, marked))
-	require.True(t, isWired(marked))
-	keys, err := (&receipt.KeyRing{Client: k8s, Reader: k8s, Namespace: operatorNamespace, Name: receipt.DefaultSecretName}).Keys(ctx)
+	require.NoError(t, suite.K8s.Create(ctx, marked))
+	require.True(t, suite.IsWired(marked))
+	keys, err := (&receipt.KeyRing{Client: suite.K8s, Reader: suite.K8s, Namespace: suite.OperatorNamespace, Name: receipt.DefaultSecretName}).Keys(ctx)
 	require.NoError(t, err)
 	reported := &eventsv1.Event{}
 	testutil.Eventually(t, 15*time.Second, func() error {
-		return k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: receipt.EventName(keys[0], marked.Name, string(marked.UID))}, reported)
+		return suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: receipt.EventName(keys[0], marked.Name, string(marked.UID))}, reported)
 	})
 	assert.Equal(t, marked.UID, reported.Regarding.UID, "the operator's own event, keyed by the pod's UID")
 	assert.Equal(t, v1alpha1.EventInjected, reported.Reason)
-	require.NoError(t, k8s.Delete(ctx, decoy))
+	require.NoError(t, suite.K8s.Delete(ctx, decoy))
 	names = append(names, marked.Name)
 
 	inNS := "/namespaces/" + ns + "/"
@@ -228,14 +170,14 @@ func TestReceiptEventBudget(t *testing.T) {
 	// Updates of the pods after their report send nothing more: touch each.
 	for _, name := range names {
 		p := &corev1.Pod{}
-		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p))
+		require.NoError(t, suite.K8s.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, p))
 		p.Labels["touched"] = "yes"
-		require.NoError(t, k8s.Update(ctx, p))
+		require.NoError(t, suite.K8s.Update(ctx, p))
 	}
 	// A sentinel pod created last: once the second manager reported it, it
 	// has seen the updates above (one watch, in order).
-	sentinel := engine(ns, "sentinel", map[string]string{"app": "engine-cache"}, nil)
-	require.NoError(t, k8s.Create(ctx, sentinel))
+	sentinel := suite.Engine(ns, "sentinel", map[string]string{"app": "engine-cache"}, nil)
+	require.NoError(t, suite.K8s.Create(ctx, sentinel))
 	names = append(names, sentinel.Name)
 	testutil.Eventually(t, 15*time.Second, func() error {
 		n := log.count(func(method, path string) bool {
@@ -260,8 +202,8 @@ func TestReceiptEventBudget(t *testing.T) {
 	assert.Zero(t, podWrites, "no write to a pod")
 	assert.Zero(t, podGets, "no GET of a pod")
 	for _, name := range names {
-		waitPodEvent(t, ns, name, "Normal/"+v1alpha1.EventInjected)
-		assert.Equal(t, map[string]int{"Normal/" + v1alpha1.EventInjected: 1}, podEvents(t, ns, name), "pod %s: one event across two managers", name)
+		suite.WaitPodEvent(t, ns, name, "Normal/"+v1alpha1.EventInjected)
+		assert.Equal(t, map[string]int{"Normal/" + v1alpha1.EventInjected: 1}, suite.PodEvents(t, ns, name), "pod %s: one event across two managers", name)
 	}
 }
 
@@ -269,17 +211,17 @@ func TestReceiptEventBudget(t *testing.T) {
 // creation": the match is evaluated at CREATE only.
 func TestRelabelledPodIsNotWired(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	servingBackend(t, ns, "cache")
-	pod := engine(ns, "late", map[string]string{"app": "unrelated"}, nil)
-	require.NoError(t, k8s.Create(ctx, pod))
-	assert.False(t, isWired(pod))
+	ns := suite.NewNamespace(t)
+	suite.ServingBackend(t, ns, "cache")
+	pod := suite.Engine(ns, "late", map[string]string{"app": "unrelated"}, nil)
+	require.NoError(t, suite.K8s.Create(ctx, pod))
+	assert.False(t, suite.IsWired(pod))
 
 	pod.Labels = map[string]string{"app": "engine-cache"}
-	require.NoError(t, k8s.Update(ctx, pod))
-	assert.False(t, isWired(pod), "relabelling does not wire an existing pod")
+	require.NoError(t, suite.K8s.Update(ctx, pod))
+	assert.False(t, suite.IsWired(pod), "relabelling does not wire an existing pod")
 	assert.Empty(t, pod.Annotations[v1alpha1.AnnotationInjectedBy])
-	waitBackend(t, client.ObjectKey{Namespace: ns, Name: "cache"}, func(cb *v1alpha1.CacheBackend) error {
+	suite.WaitBackend(t, client.ObjectKey{Namespace: ns, Name: "cache"}, func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.MatchedEnginePods != 1 {
 			return fmt.Errorf("matched %d", cb.Status.MatchedEnginePods)
 		}
@@ -296,19 +238,19 @@ func TestRelabelledPodIsNotWired(t *testing.T) {
 // webhook failed open for.
 func TestPodsBeforeTheEndpointStayUnwired(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := newBackend(ns, "cache")
-	require.NoError(t, k8s.Create(ctx, cb))
+	ns := suite.NewNamespace(t)
+	cb := suite.NewBackend(ns, "cache")
+	require.NoError(t, suite.K8s.Create(ctx, cb))
 	warnings := &warningRecorder{}
-	wcfg := rest.CopyConfig(cfg)
+	wcfg := rest.CopyConfig(suite.Cfg)
 	wcfg.WarningHandler = warnings
-	c, err := client.New(wcfg, client.Options{Scheme: scheme})
+	c, err := client.New(wcfg, client.Options{Scheme: suite.Scheme})
 	require.NoError(t, err)
 
 	var pod *corev1.Pod
 	created := int32(0)
 	testutil.Eventually(t, 15*time.Second, func() error {
-		p := engine(ns, fmt.Sprintf("early-%d", created), map[string]string{"app": "engine-cache"}, nil)
+		p := suite.Engine(ns, fmt.Sprintf("early-%d", created), map[string]string{"app": "engine-cache"}, nil)
 		warnings.reset()
 		if err := c.Create(ctx, p); err != nil {
 			return err
@@ -320,15 +262,15 @@ func TestPodsBeforeTheEndpointStayUnwired(t *testing.T) {
 		pod = p
 		return nil
 	})
-	assert.False(t, isWired(pod))
+	assert.False(t, suite.IsWired(pod))
 	assert.Empty(t, pod.Annotations)
-	waitBackend(t, client.ObjectKeyFromObject(cb), func(cb *v1alpha1.CacheBackend) error {
+	suite.WaitBackend(t, client.ObjectKeyFromObject(cb), func(cb *v1alpha1.CacheBackend) error {
 		if cb.Status.MatchedEnginePods != created {
 			return fmt.Errorf("matched %d, want %d", cb.Status.MatchedEnginePods, created)
 		}
 		return nil
 	})
-	assert.Empty(t, podEvents(t, ns, pod.Name))
+	assert.Empty(t, suite.PodEvents(t, ns, pod.Name))
 }
 
 // warningRecorder collects the API server's warnings (admission warnings
@@ -369,15 +311,15 @@ func (w *warningRecorder) has(s string) bool {
 // unwired, with a SkippedByOperator event.
 func TestSkippedPodGetsEvent(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	servingBackend(t, ns, "cache")
-	pod := engine(ns, "vanilla", map[string]string{"app": "engine-cache"}, map[string]string{v1alpha1.AnnotationSkipInject: "true"})
-	require.NoError(t, k8s.Create(ctx, pod))
-	assert.False(t, isWired(pod))
+	ns := suite.NewNamespace(t)
+	suite.ServingBackend(t, ns, "cache")
+	pod := suite.Engine(ns, "vanilla", map[string]string{"app": "engine-cache"}, map[string]string{v1alpha1.AnnotationSkipInject: "true"})
+	require.NoError(t, suite.K8s.Create(ctx, pod))
+	assert.False(t, suite.IsWired(pod))
 	assert.Equal(t, v1alpha1.SkippedByAnnotation, pod.Annotations[v1alpha1.AnnotationInjectSkipped])
 	assert.Equal(t, "true", pod.Annotations[v1alpha1.AnnotationSkipInject])
 	assert.Empty(t, pod.Annotations[v1alpha1.AnnotationInjectedBy])
-	waitPodEvent(t, ns, "vanilla", "Normal/"+v1alpha1.EventSkipped)
+	suite.WaitPodEvent(t, ns, "vanilla", "Normal/"+v1alpha1.EventSkipped)
 }
 
 // TestWebhookUnreachable: with failurePolicy Ignore, pods are admitted while
@@ -386,41 +328,41 @@ func TestSkippedPodGetsEvent(t *testing.T) {
 // InjectedByCacheBackend).
 func TestWebhookUnreachable(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	servingBackend(t, ns, "cache")
+	ns := suite.NewNamespace(t)
+	suite.ServingBackend(t, ns, "cache")
 
-	withWebhookUnreachable(t, func() {
+	suite.WithWebhookUnreachable(t, func() {
 		// The webhook configuration change reaches the API server's admission
 		// chain asynchronously: wait until a pod is admitted without it.
 		var plain *corev1.Pod
 		testutil.Eventually(t, 15*time.Second, func() error {
-			plain = engine(ns, fmt.Sprintf("plain-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
-			if err := k8s.Create(ctx, plain); err != nil {
+			plain = suite.Engine(ns, fmt.Sprintf("plain-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
+			if err := suite.K8s.Create(ctx, plain); err != nil {
 				return err
 			}
-			if isWired(plain) {
+			if suite.IsWired(plain) {
 				return fmt.Errorf("still wired by the webhook")
 			}
 			return nil
 		})
 		assert.Empty(t, plain.Annotations, "admitted unwired and without receipts")
 
-		forged := engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
+		forged := suite.Engine(ns, "forged", map[string]string{"app": "engine-cache"}, map[string]string{
 			v1alpha1.AnnotationInjectedBy: ns + "/cache", v1alpha1.AnnotationInjectedByUID: "00000000-copied-from-another-pod", v1alpha1.AnnotationInjectedGeneration: "1",
 			// The mark that used to suppress the event, pre-set: it means nothing.
 			"inferencecache.io/receipt-observed": v1alpha1.EventInjected,
 		})
-		require.NoError(t, k8s.Create(ctx, forged))
-		assert.False(t, isWired(forged))
-		waitPodEvent(t, ns, "forged", "Warning/"+v1alpha1.EventReceiptMismatch)
-		assert.Zero(t, podEvents(t, ns, "forged")["Normal/"+v1alpha1.EventInjected])
+		require.NoError(t, suite.K8s.Create(ctx, forged))
+		assert.False(t, suite.IsWired(forged))
+		suite.WaitPodEvent(t, ns, "forged", "Warning/"+v1alpha1.EventReceiptMismatch)
+		assert.Zero(t, suite.PodEvents(t, ns, "forged")["Normal/"+v1alpha1.EventInjected])
 	})
 }
 
 // TestValidatingWebhookRejectsWhatTheSchemaCannot: rules beyond the CRD
 // schema, each naming the field.
 func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
-	ns := newNamespace(t)
+	ns := suite.NewNamespace(t)
 	cases := []struct {
 		name   string
 		mutate func(*v1alpha1.CacheBackend)
@@ -466,45 +408,45 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 		}, "spec.integration.versions.lmcache", "should match"},
 		// Multiprocess mode (issue 23): what LMCache's server refuses or
 		// runs wrongly, and the in-process server's fields.
-		{"MP L1 not whole GiB", func(cb *v1alpha1.CacheBackend) { mp(cb).L1.Size = resource.MustParse("1536Mi") },
+		{"MP L1 not whole GiB", func(cb *v1alpha1.CacheBackend) { suite.MP(cb).L1.Size = resource.MustParse("1536Mi") },
 			"spec.multiprocess.l1.size", "whole number of GiB"},
-		{"MP L1 watermark above 100 percent", func(cb *v1alpha1.CacheBackend) { mp(cb).L1.EvictionWatermarkPercent = 150 },
+		{"MP L1 watermark above 100 percent", func(cb *v1alpha1.CacheBackend) { suite.MP(cb).L1.EvictionWatermarkPercent = 150 },
 			"spec.multiprocess.l1.evictionWatermarkPercent", "less than or equal to 100"},
-		{"MP eviction policy noop", func(cb *v1alpha1.CacheBackend) { mp(cb).L1.EvictionPolicy = "noop" },
+		{"MP eviction policy noop", func(cb *v1alpha1.CacheBackend) { suite.MP(cb).L1.EvictionPolicy = "noop" },
 			"spec.multiprocess.l1.evictionPolicy", `Unsupported value: "noop"`},
 		{"MP RESP with TLS", func(cb *v1alpha1.CacheBackend) {
-			mp(cb).L2 = &v1alpha1.MultiprocessL2{RESP: &v1alpha1.MultiprocessRESP{Host: "redis", TLS: true, Capacity: resource.MustParse("1Gi")}}
+			suite.MP(cb).L2 = &v1alpha1.MultiprocessL2{RESP: &v1alpha1.MultiprocessRESP{Host: "redis", TLS: true, Capacity: resource.MustParse("1Gi")}}
 		}, "spec.multiprocess.l2.resp.tls", "no TLS"},
 		{"MP disk at the root", func(cb *v1alpha1.CacheBackend) {
-			mp(cb).L2 = &v1alpha1.MultiprocessL2{Disk: &v1alpha1.MultiprocessDisk{Path: "/", Capacity: resource.MustParse("1Gi")}}
+			suite.MP(cb).L2 = &v1alpha1.MultiprocessL2{Disk: &v1alpha1.MultiprocessDisk{Path: "/", Capacity: resource.MustParse("1Gi")}}
 		}, "spec.multiprocess.l2.disk.path", "root folder"},
 		{"MP server memory limit below L1", func(cb *v1alpha1.CacheBackend) {
-			mp(cb).L1.Size = resource.MustParse("20Gi")
+			suite.MP(cb).L1.Size = resource.MustParse("20Gi")
 			cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Resources: &corev1.ResourceRequirements{
 				Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("8Gi")}}}}
 		}, "spec.remoteStorage.lmCacheServer.resources.limits.memory", "at least 21Gi"},
 		{"MP with a StatefulSet", func(cb *v1alpha1.CacheBackend) {
-			mp(cb)
+			suite.MP(cb)
 			cb.Spec.DeploymentKind = v1alpha1.DeploymentKindStatefulSet
 		}, "spec.deploymentKind", "DaemonSet"},
 		{"MP with autoscaling", func(cb *v1alpha1.CacheBackend) {
-			mp(cb)
+			suite.MP(cb)
 			cb.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 3}
 		}, "spec.autoscaling", "in-process lmcache_server"},
 		{"MP with in-process LMCache settings", func(cb *v1alpha1.CacheBackend) {
-			mp(cb)
+			suite.MP(cb)
 			cb.Spec.LMCache = &v1alpha1.LMCacheConfig{ChunkSize: ptr.To(int32(256))}
 		}, "spec.lmCache", "LMCacheMPConnector does not use"},
 		{"MP on an engine-local type", func(cb *v1alpha1.CacheBackend) {
-			mp(cb)
+			suite.MP(cb)
 			cb.Spec.Type, cb.Spec.Runtime = v1alpha1.BackendTypeSGLangHiCache, v1alpha1.RuntimeSGLang
 		}, "spec", "multiprocess is only valid with type LMCache"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cb := newBackend(ns, "invalid")
+			cb := suite.NewBackend(ns, "invalid")
 			tc.mutate(cb)
-			err := k8s.Create(context.Background(), cb, client.DryRunAll)
+			err := suite.K8s.Create(context.Background(), cb, client.DryRunAll)
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), tc.field)
 			assert.Contains(t, err.Error(), tc.text)
@@ -512,28 +454,19 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 	}
 	// What the attack needs, under optIn, is admitted: it reaches only the
 	// pods whose template opts in.
-	cb := newBackend(ns, "opted")
+	cb := suite.NewBackend(ns, "opted")
 	cb.Spec.Integration.EngineOverrides = &v1alpha1.EngineOverrides{OptIn: &v1alpha1.OptInOverrides{
 		Args: []string{"--trust-remote-code"}, Env: []corev1.EnvVar{{Name: "PYTHONWARNINGS", Value: "default"}}}}
-	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
+	require.NoError(t, suite.K8s.Create(context.Background(), cb, client.DryRunAll))
 	// A multiprocess backend with both L2 tiers is admitted.
-	cb = newBackend(ns, "mp")
-	mp(cb).L2 = &v1alpha1.MultiprocessL2{
+	cb = suite.NewBackend(ns, "mp")
+	suite.MP(cb).L2 = &v1alpha1.MultiprocessL2{
 		RESP: &v1alpha1.MultiprocessRESP{Host: "redis.cache.svc", Capacity: resource.MustParse("10Gi"),
 			CredentialsSecretRef: &v1alpha1.RESPCredentials{Name: "redis-auth", UsernameKey: "username"}},
 		Disk: &v1alpha1.MultiprocessDisk{Capacity: resource.MustParse("100Gi")}}
 	// and so are declared releases as Parse reads them (issue 36).
 	cb.Spec.Integration.Versions = &v1alpha1.EngineVersions{VLLM: "v0.34.0", LMCache: "0.5.7rc2"}
-	require.NoError(t, k8s.Create(context.Background(), cb, client.DryRunAll))
-}
-
-// mp gives cb a multiprocess block with a 1 GiB L1 (when it has none) and
-// returns it.
-func mp(cb *v1alpha1.CacheBackend) *v1alpha1.Multiprocess {
-	if cb.Spec.Multiprocess == nil {
-		cb.Spec.Multiprocess = &v1alpha1.Multiprocess{L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("1Gi")}}
-	}
-	return cb.Spec.Multiprocess
+	require.NoError(t, suite.K8s.Create(context.Background(), cb, client.DryRunAll))
 }
 
 // TestDeletedBackendLeavesWiringInPlace: the failure-modes row "CacheBackend
@@ -541,52 +474,31 @@ func mp(cb *v1alpha1.CacheBackend) *v1alpha1.Multiprocess {
 // and pods created afterwards match nothing.
 func TestDeletedBackendLeavesWiringInPlace(t *testing.T) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cb := servingBackend(t, ns, "cache")
-	wired := engine(ns, "wired", map[string]string{"app": "engine-cache"}, nil)
-	require.NoError(t, k8s.Create(ctx, wired))
-	require.True(t, isWired(wired))
+	ns := suite.NewNamespace(t)
+	cb := suite.ServingBackend(t, ns, "cache")
+	wired := suite.Engine(ns, "wired", map[string]string{"app": "engine-cache"}, nil)
+	require.NoError(t, suite.K8s.Create(ctx, wired))
+	require.True(t, suite.IsWired(wired))
 
-	require.NoError(t, k8s.Delete(ctx, cb))
+	require.NoError(t, suite.K8s.Delete(ctx, cb))
 	testutil.Eventually(t, 10*time.Second, func() error {
-		err := k8s.Get(ctx, client.ObjectKeyFromObject(cb), &v1alpha1.CacheBackend{})
+		err := suite.K8s.Get(ctx, client.ObjectKeyFromObject(cb), &v1alpha1.CacheBackend{})
 		if err == nil {
 			return fmt.Errorf("CacheBackend still there")
 		}
 		return client.IgnoreNotFound(err)
 	})
-	require.NoError(t, k8s.Get(ctx, client.ObjectKeyFromObject(wired), wired))
-	assert.True(t, isWired(wired), "an admitted pod keeps its wiring")
+	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(wired), wired))
+	assert.True(t, suite.IsWired(wired), "an admitted pod keeps its wiring")
 	// The webhook's cache may lag the deletion for a moment.
 	testutil.Eventually(t, 10*time.Second, func() error {
-		fresh := engine(ns, fmt.Sprintf("fresh-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
-		if err := k8s.Create(ctx, fresh); err != nil {
+		fresh := suite.Engine(ns, fmt.Sprintf("fresh-%d", time.Now().UnixNano()), map[string]string{"app": "engine-cache"}, nil)
+		if err := suite.K8s.Create(ctx, fresh); err != nil {
 			return err
 		}
-		if isWired(fresh) || len(fresh.Annotations) > 0 {
+		if suite.IsWired(fresh) || len(fresh.Annotations) > 0 {
 			return fmt.Errorf("pod %s wired after the backend was deleted", fresh.Name)
 		}
 		return nil
 	})
-}
-
-// withWebhookUnreachable points the Pod webhook at a closed port while f
-// runs, as when the operator is down (failurePolicy Ignore admits pods
-// untouched), and restores it afterwards. The change reaches the API
-// server's admission chain asynchronously: f should retry until a pod is
-// admitted unwired.
-func withWebhookUnreachable(t *testing.T, f func()) {
-	t.Helper()
-	ctx := context.Background()
-	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{}
-	require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-	saved := mwc.Webhooks[0].ClientConfig.URL
-	mwc.Webhooks[0].ClientConfig.URL = ptr.To("https://127.0.0.1:1/mutate-v1-pod")
-	require.NoError(t, k8s.Update(ctx, mwc))
-	defer func() {
-		require.NoError(t, k8s.Get(ctx, client.ObjectKey{Name: "inferencecache-pod-injector"}, mwc))
-		mwc.Webhooks[0].ClientConfig.URL = saved
-		require.NoError(t, k8s.Update(ctx, mwc))
-	}()
-	f()
 }
