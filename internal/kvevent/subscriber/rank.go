@@ -418,7 +418,9 @@ func (r *Rank) apply(seq uint64, payload []byte, source string) {
 	r.health.EventsTotal += (after.Stored - before.Stored) + (after.Removed - before.Removed) + (after.Cleared - before.Cleared)
 	r.health.Blocks = uint64(r.mir.Len())
 	r.health.LastEventUnixMillis = time.Now().UnixMilli()
-	if r.health.State != pb.PodState_POD_STATE_UNSYNCED {
+	// A replay ends in Live itself, with its message cleared (replay):
+	// a batch it applies leaves the rank Replaying.
+	if r.health.State != pb.PodState_POD_STATE_UNSYNCED && r.health.State != pb.PodState_POD_STATE_REPLAYING {
 		r.health.State = pb.PodState_POD_STATE_LIVE
 	}
 	if after.Cleared > before.Cleared && r.health.State == pb.PodState_POD_STATE_UNSYNCED {
