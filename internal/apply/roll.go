@@ -14,11 +14,26 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/inferencecache/operator/api/v1alpha1"
-	"github.com/inferencecache/operator/internal/rollout"
 )
 
-// Roll executes a roll plan (rollout.Rolls): it writes
+// Rollable is an engine workload to roll: its kind and name in the
+// namespace, and the value of AnnotationServerInstance its pod template
+// gets (rollout.Roll is one; apply does not import the roll plan, which
+// sits above it).
+type Rollable interface {
+	RollTarget() (kind, name, value string)
+}
+
+// Evictable is an engine pod to evict: its name, the UID it must still
+// have, and its node (for messages). rollout.Eviction is one.
+type Evictable interface {
+	EvictTarget() (pod string, uid types.UID, node string)
+}
+
+// Roll executes a roll plan (rollout.Decide's rolls): it writes
 // AnnotationServerInstance=value on the pod template of each workload of
 // namespace, with the rollout field manager, as kubectl rollout restart
 // does with its own annotation. The plan leaves out the workloads that
@@ -26,19 +41,20 @@ import (
 // manager restarts. Every roll is tried, so a workload that cannot be
 // written delays no other; it returns the rolls written, in order, and the
 // failures joined.
-func (a *Applier) Roll(ctx context.Context, namespace string, rolls []rollout.Roll) ([]rollout.Roll, error) {
-	done := make([]rollout.Roll, 0, len(rolls))
+func Roll[R Rollable](ctx context.Context, a *Applier, namespace string, rolls []R) ([]R, error) {
+	done := make([]R, 0, len(rolls))
 	var errs []error
 	for _, r := range rolls {
+		kind, name, value := r.RollTarget()
 		u := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "apps/v1", "kind": r.Workload.Kind,
-			"metadata": map[string]any{"name": r.Workload.Name, "namespace": namespace},
+			"apiVersion": "apps/v1", "kind": kind,
+			"metadata": map[string]any{"name": name, "namespace": namespace},
 			"spec": map[string]any{"template": map[string]any{"metadata": map[string]any{
-				"annotations": map[string]any{v1alpha1.AnnotationServerInstance: r.Value},
+				"annotations": map[string]any{v1alpha1.AnnotationServerInstance: value},
 			}}},
 		}}
 		if err := a.client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(v1alpha1.FieldManagerRollout), client.ForceOwnership); err != nil {
-			errs = append(errs, fmt.Errorf("rolling engine %s: %w", r.Workload, err))
+			errs = append(errs, fmt.Errorf("rolling engine %s/%s: %w", kind, name, err))
 			continue
 		}
 		done = append(done, r)
@@ -46,7 +62,7 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []rollout.Ro
 	return done, errors.Join(errs...)
 }
 
-// Evict executes the evictions of a per-node cascade (rollout.RollsPerNode):
+// Evict executes the evictions of a per-node cascade (rollout.Decide's):
 // each engine pod is evicted through the Eviction API, so that its
 // PodDisruptionBudget is respected and its controller re-creates it, wired
 // again at its CREATE, and only if it is still the pod planned (its UID,
@@ -61,14 +77,15 @@ func (a *Applier) Roll(ctx context.Context, namespace string, rolls []rollout.Ro
 // apierrors.IsTooManyRequests; an admission webhook or policy, or a
 // namespace being deleted, 403), which the reconcile retries: the plan
 // never evicts a pod created after its node's server started.
-func (a *Applier) Evict(ctx context.Context, namespace string, evictions []rollout.Eviction) (done, forbidden []rollout.Eviction, err error) {
-	done = make([]rollout.Eviction, 0, len(evictions))
+func Evict[E Evictable](ctx context.Context, a *Applier, namespace string, evictions []E) (done, forbidden []E, err error) {
+	done = make([]E, 0, len(evictions))
 	var errs []error
 	var allowed *bool
 	for _, e := range evictions {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod}}
-		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: e.Pod},
-			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &e.UID}}}
+		name, uid, node := e.EvictTarget()
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+		ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+			DeleteOptions: &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}}
 		switch err := a.client.SubResource("eviction").Create(ctx, pod, ev); {
 		case apierrors.IsConflict(err):
 			// Another pod under that name (the UID precondition failed):
@@ -80,10 +97,10 @@ func (a *Applier) Evict(ctx context.Context, namespace string, evictions []rollo
 				forbidden = append(forbidden, e)
 				continue
 			}
-			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, errors.Join(err, rerr)))
+			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", name, node, errors.Join(err, rerr)))
 			continue
 		case err != nil && !apierrors.IsNotFound(err):
-			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", e.Pod, e.Node, err))
+			errs = append(errs, fmt.Errorf("evicting engine pod %s on node %s: %w", name, node, err))
 			continue
 		}
 		done = append(done, e)

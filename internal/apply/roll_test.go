@@ -49,7 +49,7 @@ func TestRollWritesTheValue(t *testing.T) {
 		{Workload: rollout.Workload{Kind: "Deployment", Name: "fresh"}, Value: "v1", Cause: rollout.CauseServerChange},
 		{Workload: rollout.Workload{Kind: "StatefulSet", Name: "fresh"}, Value: "v1", Cause: rollout.CauseAdmittedBeforeEndpoint},
 	}
-	done, err := New(c).Roll(context.Background(), "llm", rolls)
+	done, err := Roll(context.Background(), New(c), "llm", rolls)
 	require.NoError(t, err)
 	assert.Equal(t, rolls, done)
 	assert.Equal(t, []string{"Deployment", "StatefulSet"}, kinds)
@@ -98,7 +98,7 @@ func TestEvictTriesEveryPod(t *testing.T) {
 	evictions := []rollout.Eviction{{Pod: "engine-a", UID: "uid-engine-a", Node: "gpu-a"}, {Pod: "engine-b", UID: "uid-engine-b", Node: "gpu-b"},
 		{Pod: "engine-gone", UID: "uid-engine-gone", Node: "gpu-c"}, {Pod: "engine-renamed", UID: "uid-engine-renamed", Node: "gpu-d"},
 		{Pod: "engine-forbidden", UID: "uid-engine-forbidden", Node: "gpu-e"}, {Pod: "engine-forbidden-too", UID: "uid-engine-forbidden-too", Node: "gpu-e"}}
-	done, forbidden, err := New(c).Evict(context.Background(), "llm", evictions)
+	done, forbidden, err := Evict(context.Background(), New(c), "llm", evictions)
 	assert.Equal(t, []string{"engine-a", "engine-b", "engine-gone", "engine-renamed", "engine-forbidden", "engine-forbidden-too"}, tried)
 	assert.Equal(t, evictions[1:3], done, "a pod re-created under the planned name is neither evicted nor an error")
 	assert.Equal(t, evictions[4:], forbidden, "a refusal of RBAC is reported apart: no retry changes it")
@@ -111,7 +111,7 @@ func TestEvictTriesEveryPod(t *testing.T) {
 	// A 403 that RBAC does not explain (an admission webhook or policy, a
 	// namespace being deleted) is an error, retried like a budget's 429.
 	tried, reviews, rbacAllows = nil, 0, true
-	done, forbidden, err = New(c).Evict(context.Background(), "llm", evictions[4:])
+	done, forbidden, err = Evict(context.Background(), New(c), "llm", evictions[4:])
 	assert.Empty(t, done)
 	assert.Empty(t, forbidden)
 	require.Error(t, err)
@@ -141,7 +141,7 @@ func TestRollTriesEveryWorkload(t *testing.T) {
 	roll := func(name string) rollout.Roll {
 		return rollout.Roll{Workload: rollout.Workload{Kind: "Deployment", Name: name}, Value: "v1", Cause: rollout.CauseAdmittedBeforeEndpoint}
 	}
-	done, err := New(c).Roll(context.Background(), "llm", []rollout.Roll{roll("a"), roll("locked"), roll("b")})
+	done, err := Roll(context.Background(), New(c), "llm", []rollout.Roll{roll("a"), roll("locked"), roll("b")})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Deployment/locked")
 	assert.True(t, apierrors.IsForbidden(err), "the API's error, wrapped")

@@ -417,13 +417,13 @@ func (r *CacheBackendReconciler) roll(ctx context.Context, s *pass) error {
 	}
 	// Every roll and every eviction is tried: a workload that cannot be
 	// written holds no node's evictions, and the other way round.
-	done, rollErr := r.Applier.Roll(ctx, s.cb.Namespace, s.rolls.Rolls)
+	done, rollErr := apply.Roll(ctx, r.Applier, s.cb.Namespace, s.rolls.Rolls)
 	s.rolled = done
 	if rollErr != nil {
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineRollFailed, "Rollout",
 			"the API server refused an engine workload's restart; retrying: %s", evaluate.Brief(rollErr))
 	}
-	evicted, forbidden, evictErr := r.Applier.Evict(ctx, s.cb.Namespace, unreported(r.memo.get(s.cb).forbidden, s.rolls.Evictions))
+	evicted, forbidden, evictErr := apply.Evict(ctx, r.Applier, s.cb.Namespace, unreported(r.memo.get(s.cb).forbidden, s.rolls.Evictions))
 	switch {
 	case apierrors.IsTooManyRequests(evictErr):
 		r.Recorder.Eventf(s.cb, nil, corev1.EventTypeWarning, v1alpha1.EventEngineEvictionBlocked, "Evict",

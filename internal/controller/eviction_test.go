@@ -29,13 +29,13 @@ func TestEvictionIsConditionalOnTheUID(t *testing.T) {
 	require.NoError(t, suite.K8s.Create(ctx, pod))
 	a := apply.New(suite.K8s)
 
-	done, forbidden, err := a.Evict(ctx, ns, []rollout.Eviction{{Pod: "engine-0", UID: "uid-of-its-predecessor", Node: "gpu-a"}})
+	done, forbidden, err := apply.Evict(ctx, a, ns, []rollout.Eviction{{Pod: "engine-0", UID: "uid-of-its-predecessor", Node: "gpu-a"}})
 	require.NoError(t, err)
 	assert.Empty(t, done)
 	assert.Empty(t, forbidden)
 	require.NoError(t, suite.K8s.Get(ctx, client.ObjectKeyFromObject(pod), &corev1.Pod{}), "the pod under that name is left alone")
 
-	done, _, err = a.Evict(ctx, ns, []rollout.Eviction{{Pod: "engine-0", UID: pod.UID, Node: "gpu-a"}})
+	done, _, err = apply.Evict(ctx, a, ns, []rollout.Eviction{{Pod: "engine-0", UID: pod.UID, Node: "gpu-a"}})
 	require.NoError(t, err)
 	assert.Len(t, done, 1)
 	testutil.Eventually(t, 15*time.Second, func() error {

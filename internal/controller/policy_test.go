@@ -158,7 +158,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 	// role.yaml alone does not grant evictions: the cascade's evictions
 	// come back as forbidden, no error (not retried), and the pod stays.
 	evict := []rollout.Eviction{{Pod: engine.Name, UID: engine.UID, Node: "gpu-a"}}
-	done, forbidden, err := apply.New(operator).Evict(ctx, ns, evict)
+	done, forbidden, err := apply.Evict(ctx, apply.New(operator), ns, evict)
 	require.NoError(t, err)
 	assert.Empty(t, done)
 	assert.Equal(t, evict, forbidden, "without the engine-eviction grant")
@@ -179,7 +179,7 @@ func TestOperatorWritePolicy(t *testing.T) {
 	t.Cleanup(func() { _ = suite.K8s.Delete(ctx, grantBinding) })
 	assert.True(t, apierrors.IsForbidden(operator.Delete(ctx, engine.DeepCopy())), "deleting an engine pod stays forbidden")
 	testutil.Eventually(t, 10*time.Second, func() error {
-		done, forbidden, err := apply.New(operator).Evict(ctx, ns, evict)
+		done, forbidden, err := apply.Evict(ctx, apply.New(operator), ns, evict)
 		if err != nil || len(forbidden) > 0 || len(done) != 1 {
 			return fmt.Errorf("done %v, forbidden %v, err %w", done, forbidden, err)
 		}

@@ -24,7 +24,7 @@ import (
 // rolls (the restart cascade after a cache-server change, and the heal of
 // engines admitted before the endpoint existed), or how long it waits
 // first. It is pure: State and Gather (state.go) give it its inputs,
-// internal/apply writes the rolls (Applier.Roll).
+// internal/apply writes the rolls (apply.Roll, apply.Evict).
 
 // Workload is an engine workload the operator may roll: a Deployment or a
 // StatefulSet of the backend's namespace.
@@ -54,6 +54,9 @@ type Roll struct {
 	Value    string
 	Cause    RollCause
 }
+
+// RollTarget is what apply.Roll writes: the workload and the value.
+func (r Roll) RollTarget() (kind, name, value string) { return r.Workload.Kind, r.Workload.Name, r.Value }
 
 // Candidate is an engine workload that may be rolled, as read: Carries is
 // the value of AnnotationServerInstance its pod template carries now;
@@ -213,6 +216,9 @@ type Eviction struct {
 	// server change the eviction follows.
 	Since time.Time
 }
+
+// EvictTarget is what apply.Evict evicts: the pod, its UID, its node.
+func (e Eviction) EvictTarget() (pod string, uid types.UID, node string) { return e.Pod, e.UID, e.Node }
 
 // RollPlan is the engine rolls of one reconcile, or the wait before them.
 type RollPlan struct {
