@@ -56,7 +56,9 @@ type Roll struct {
 }
 
 // RollTarget is what apply.Roll writes: the workload and the value.
-func (r Roll) RollTarget() (kind, name, value string) { return r.Workload.Kind, r.Workload.Name, r.Value }
+func (r Roll) RollTarget() (kind, name, value string) {
+	return r.Workload.Kind, r.Workload.Name, r.Value
+}
 
 // Candidate is an engine workload that may be rolled, as read: Carries is
 // the value of AnnotationServerInstance its pod template carries now;
