@@ -1,9 +1,10 @@
 // Module that builds the local control plane's Kubernetes binaries from the Go
 // module proxy. k8s.io/kubernetes replaces its staging modules with local
 // paths, so each is pinned here to the published module of the same release.
-// kwok is built here too, against the same Kubernetes modules: the build
-// shares every compiled package with the control plane's (a cold kwok
-// build of its own module took 246 s, here 18 s; test/tools/install.sh).
+// kwok is built here too, against the same Kubernetes modules: its build
+// reuses the control plane's compiled Kubernetes packages and compiles
+// only what kwok adds (cold, after the control plane: 174 s, against 246 s
+// from kwok's own module with its own Kubernetes release).
 module github.com/inferencecache/operator/test/tools/kube
 
 go 1.26.0
