@@ -25,6 +25,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -42,6 +43,7 @@ import (
 
 	"github.com/inferencecache/operator/api/v1alpha1"
 	"github.com/inferencecache/operator/internal/controller"
+	"github.com/inferencecache/operator/internal/evaluate"
 	"github.com/inferencecache/operator/internal/inject"
 	"github.com/inferencecache/operator/internal/kvindex/indexclient"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
@@ -548,32 +550,66 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 				return nil
 			})
 		}
-		// Settled first: the heartbeats after the replay (gaps, lag, hash
-		// verification) are meaningful changes and have been written.
-		var before string
-		testutil.Eventually(t, statusWait, func() error {
-			before = rv()
-			reads(2)
-			if after := rv(); after != before {
-				return fmt.Errorf("status still moving: %s → %s", before, after)
-			}
-			return nil
-		})
-		// A live engine's traffic: every batch moves the event rate and the
-		// last event time by seconds, block counts stay within 10%.
-		for i := range 3 {
-			block := make([]int, 16)
-			for j := range block {
-				block[j] = 90000 + 16*i + j
-			}
-			pub.Store(block, false)
-			pub.Evict(1)
-			reads(2)
-		}
-		if after := rv(); after != before {
+		status := func() (string, v1alpha1.CacheBackendStatus) {
 			cb := &v1alpha1.CacheBackend{}
-			_ = c.k8s.Get(ctx, key, cb)
-			t.Fatalf("status written without a meaningful change (resourceVersion %s → %s): %+v", before, after, cb.Status.IndexParticipation)
+			if err := c.k8s.Get(ctx, key, cb); err != nil {
+				t.Fatal(err)
+			}
+			return cb.ResourceVersion, cb.Status
+		}
+		// meaningful: a and b differ in more than what the controller
+		// settles (evaluate.Settle: the event rate, event times, block
+		// counts within 10%, lags within their margin).
+		meaningful := func(b, a v1alpha1.CacheBackendStatus) bool {
+			settled := a.DeepCopy()
+			settled.IndexParticipation = evaluate.Settle(b.IndexParticipation, a.IndexParticipation)
+			return !equality.Semantic.DeepEqual(&b, settled)
+		}
+		// On a loaded machine a heartbeat may still carry a meaningful
+		// change after the settle (two CI runs wrote the status during the
+		// traffic; they did not record what had changed): such a write is
+		// logged with both statuses and measured again, up to three times.
+		// A write of a status that differs only in what the jitter moves
+		// (evaluate.Settle's margins) fails at once.
+		for attempt := 1; ; attempt++ {
+			// Settled first: the heartbeats after the replay (gaps, lag,
+			// hash verification) are meaningful changes and have been
+			// written.
+			var before string
+			var beforeStatus v1alpha1.CacheBackendStatus
+			testutil.Eventually(t, statusWait, func() error {
+				before, beforeStatus = status()
+				reads(2)
+				if after := rv(); after != before {
+					return fmt.Errorf("status still moving: %s → %s", before, after)
+				}
+				return nil
+			})
+			// A live engine's traffic: every batch moves the event rate and
+			// the last event time by seconds, block counts stay within 10%.
+			for i := range 3 {
+				block := make([]int, 16)
+				for j := range block {
+					block[j] = 90000 + 1000*attempt + 16*i + j
+				}
+				pub.Store(block, false)
+				pub.Evict(1)
+				reads(2)
+			}
+			after, afterStatus := status()
+			if after == before {
+				return
+			}
+			if !meaningful(beforeStatus, afterStatus) {
+				t.Fatalf("status written without a meaningful change (resourceVersion %s → %s):\nbefore %+v\nafter  %+v",
+					before, after, beforeStatus.IndexParticipation, afterStatus.IndexParticipation)
+			}
+			if attempt == 3 {
+				t.Fatalf("the status kept changing meaningfully during three rounds of traffic; last:\nbefore %+v %+v\nafter  %+v %+v",
+					beforeStatus.IndexParticipation, beforeStatus.Conditions, afterStatus.IndexParticipation, afterStatus.Conditions)
+			}
+			t.Logf("a meaningful change was written during the traffic (attempt %d); measuring again:\nbefore %+v %+v\nafter  %+v %+v", attempt,
+				beforeStatus.IndexParticipation, beforeStatus.Conditions, afterStatus.IndexParticipation, afterStatus.Conditions)
 		}
 	})
 

@@ -24,19 +24,9 @@ import (
 // that applies pushes the idle deadline back; the stale ones are counted
 // as dropped.
 func TestStaleReplayEnds(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	endpoint := fmt.Sprintf("tcp://%s", l.Addr())
-	_ = l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	router := zmq4.NewRouter(ctx)
-	defer func() { _ = router.Close() }()
-	if err := router.Listen(endpoint); err != nil {
-		t.Fatal(err)
-	}
+	router, endpoint := replayPeer(ctx, t)
 	sent := make(chan int, 1)
 	go func() {
 		req, err := router.Recv()
@@ -84,19 +74,9 @@ func TestStaleReplayEnds(t *testing.T) {
 // Live pod showed that message in the CacheBackend's status for good
 // (seen as a status write in test/kvstatus's event-rate jitter case).
 func TestReplayEndsLiveWithoutItsMessage(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	endpoint := fmt.Sprintf("tcp://%s", l.Addr())
-	_ = l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	router := zmq4.NewRouter(ctx)
-	defer func() { _ = router.Close() }()
-	if err := router.Listen(endpoint); err != nil {
-		t.Fatal(err)
-	}
+	router, endpoint := replayPeer(ctx, t)
 	f := wiretest.Format{Engine: wiretest.VLLM, Gen: wiretest.GenSpec, MapEvents: true}
 	payload := f.EncodeBatch(wiretest.Batch{TS: 1, Events: []any{wiretest.Stored{Hashes: []any{uint64(7)}, BlockSize: 16, Medium: "GPU"}}})
 	go func() {
@@ -121,4 +101,22 @@ func TestReplayEndsLiveWithoutItsMessage(t *testing.T) {
 	if state != pb.PodState_POD_STATE_LIVE || msg != "" {
 		t.Errorf("after the replay: %v %q, want Live and no message", state, msg)
 	}
+}
+
+// replayPeer is a ROUTER listening on a free loopback port, the engine's
+// replay socket for a test; it closes with the test.
+func replayPeer(ctx context.Context, t *testing.T) (zmq4.Socket, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := fmt.Sprintf("tcp://%s", l.Addr())
+	_ = l.Close()
+	router := zmq4.NewRouter(ctx)
+	t.Cleanup(func() { _ = router.Close() })
+	if err := router.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	return router, endpoint
 }
