@@ -62,19 +62,10 @@ func HashPrompt(algorithm, seed string, blockSize int, tokens []uint32) ([]uint6
 // cache salt, which SGLang hashes into the first page, are not
 // reproducible this way.
 func HashPages(pageSize int, tokens []uint32) ([]uint64, error) {
-	if pageSize <= 0 {
-		return nil, fmt.Errorf("scheme %s/%d: %w", hashcheck.SGLangSHA256, pageSize, ErrTokensUnsupported)
-	}
-	n := len(tokens) / pageSize
-	out := make([]uint64, 0, n)
-	var parent *hashcheck.Digest
-	var d hashcheck.Digest
-	for p := range n {
-		d = hashcheck.SGLangDigest(parent, tokens[p*pageSize:(p+1)*pageSize])
-		out = append(out, hashcheck.SGLangWire(d))
-		parent = &d
-	}
-	return out, nil
+	return chain(hashcheck.SGLangSHA256, pageSize, tokens, func(parent *hashcheck.Digest, block []uint32) (hashcheck.Digest, uint64) {
+		d := hashcheck.SGLangDigest(parent, block)
+		return d, hashcheck.SGLangWire(d)
+	})
 }
 
 // HashChunks computes LMCache's blake3 chunk hashes of a prompt's full
@@ -83,17 +74,27 @@ func HashPages(pageSize int, tokens []uint32) ([]uint64, error) {
 // twelve zero bytes, each chunk BLAKE3(parent digest ‖ tokens as
 // big-endian uint32).
 func HashChunks(chunkSize int, tokens []uint32) ([]uint64, error) {
-	if chunkSize <= 0 {
-		return nil, fmt.Errorf("scheme %s/%d: %w", hashcheck.LMCacheBlake3, chunkSize, ErrTokensUnsupported)
+	buf := make([]byte, 0, 32+4*max(chunkSize, 0))
+	return chain(hashcheck.LMCacheBlake3, chunkSize, tokens, func(parent *hashcheck.Digest, block []uint32) (hashcheck.Digest, uint64) {
+		var d hashcheck.Digest
+		d, buf = hashcheck.LMCacheDigest(parent, block, buf)
+		return d, hashcheck.Low64(d)
+	})
+}
+
+// chain hashes a prompt's full blocks of size tokens each with a digest
+// chained over its parent's (nil for the first block), returning each
+// block's wire value: the shape SGLang's pages and LMCache's chunks share.
+func chain(scheme string, size int, tokens []uint32, digest func(parent *hashcheck.Digest, block []uint32) (hashcheck.Digest, uint64)) ([]uint64, error) {
+	if size <= 0 {
+		return nil, fmt.Errorf("scheme %s/%d: %w", scheme, size, ErrTokensUnsupported)
 	}
-	n := len(tokens) / chunkSize
+	n := len(tokens) / size
 	out := make([]uint64, 0, n)
 	var parent *hashcheck.Digest
-	var d hashcheck.Digest
-	buf := make([]byte, 0, 32+4*chunkSize)
-	for c := range n {
-		d, buf = hashcheck.LMCacheDigest(parent, tokens[c*chunkSize:(c+1)*chunkSize], buf)
-		out = append(out, hashcheck.Low64(d))
+	for b := range n {
+		d, v := digest(parent, tokens[b*size:(b+1)*size])
+		out = append(out, v)
 		parent = &d
 	}
 	return out, nil

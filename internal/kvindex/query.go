@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inferencecache/operator/internal/kvevent/hashcheck"
 	pb "github.com/inferencecache/operator/internal/kvindexpb"
 )
 
@@ -140,7 +139,7 @@ func (ix *Index) ScoreByRank(ctx context.Context, caller Caller, backend Backend
 				continue
 			}
 			alg, seed := schemeParts(scheme)
-			if hs, err = HashPrompt(alg, seed, int(rep.BlockSize), tokens); err != nil || alg == hashcheck.LMCacheBlake3 {
+			if hs, err = HashPrompt(alg, seed, int(rep.BlockSize), tokens); err != nil {
 				continue
 			}
 			hashedTokens = true
