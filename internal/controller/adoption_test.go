@@ -31,6 +31,7 @@ import (
 // at all (selector, type, labels, owner references, resourceVersion). Once
 // they are gone the backend proceeds.
 func TestNeverAdoptsForeignObjects(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	svc := &corev1.Service{
@@ -103,6 +104,7 @@ func TestNeverAdoptsForeignObjects(t *testing.T) {
 // of the same name (no owner, the operator's label for that name) is the
 // new backend's: no conflict.
 func TestRetainedClaimIsTakenBack(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	require.NoError(t, suite.K8s.Create(ctx, &corev1.PersistentVolumeClaim{
@@ -128,6 +130,7 @@ func TestRetainedClaimIsTakenBack(t *testing.T) {
 // own; dropping spec.multiprocess prunes that DaemonSet and applies the
 // in-process Deployment.
 func TestMultiprocessDaemonSetUnderThePlanRules(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	labels := map[string]string{"app": "node-agent"}

@@ -39,6 +39,7 @@ import (
 // are applied server-side by the fixed field manager, are controlled by the
 // CacheBackend, and the Service port and container port carry a protocol.
 func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -73,6 +74,7 @@ func TestChildrenAreOwnedByTheOperatorsFieldManager(t *testing.T) {
 // workload becomes available, firstAvailableAt is recorded once, and the
 // endpoint is cleared when no replica is available.
 func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
 	key := testutil.StartBackend(t, suite.K8s, cb)
@@ -110,6 +112,7 @@ func TestEndpointPublishedOnlyWhileAvailable(t *testing.T) {
 // a spec change send no mutating request (dry runs aside) for any child, and
 // no child's resourceVersion moves.
 func TestNoOpReconcileSendsNoWrite(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -166,6 +169,7 @@ func countingReconciler(t *testing.T) (*controller.CacheBackendReconciler, *suit
 // remembered the write's nanoseconds, and wrote the status on every
 // reconcile of a backend with an endpoint.
 func TestStatusItWroteIsNotWrittenAgain(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.ServingBackend(t, ns, "cache")
@@ -213,6 +217,7 @@ func TestStatusItWroteIsNotWrittenAgain(t *testing.T) {
 // TestForeignLabelSurvivesReconciles: a label another field manager puts on
 // the Deployment is not removed by the operator's applies.
 func TestForeignLabelSurvivesReconciles(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -244,6 +249,7 @@ func TestForeignLabelSurvivesReconciles(t *testing.T) {
 // TestSpecChangeUpdatesChildren: port, replicas and resources flow from the
 // spec into the Deployment (arguments and probes) and Service.
 func TestSpecChangeUpdatesChildren(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -284,6 +290,7 @@ func TestSpecChangeUpdatesChildren(t *testing.T) {
 // it off prunes the HPA and applies the spec's count again. Every replica
 // value the Deployment takes is recorded through a watch.
 func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -362,6 +369,7 @@ func TestAutoscalingToggleKeepsReplicaCount(t *testing.T) {
 // the CacheBackend its owner, and switching back removes the reference.
 // The operator itself never deletes the claim, even when storage is removed.
 func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -412,6 +420,7 @@ func TestPVCRetentionIsAnOwnerReference(t *testing.T) {
 // relabelling and deletion; engineSelectorMessage and the
 // EngineSelectorUnmatched event appear when nothing matches.
 func TestEngineSelectorMatching(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -471,6 +480,7 @@ func TestEngineSelectorMatching(t *testing.T) {
 // other matches no engine of its own and says which backend claims it,
 // instead of counting it as its own unwired engine.
 func TestEnginesClaimedByAnotherBackend(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	first, second := suite.NewBackend(ns, "a-cache"), suite.NewBackend(ns, "b-cache")
@@ -501,6 +511,7 @@ func TestEnginesClaimedByAnotherBackend(t *testing.T) {
 // TestKstatus: kstatus (what Flux and kubectl wait read) computes
 // InProgress while the cache server rolls out and Current once it is Ready.
 func TestKstatus(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")

@@ -16,6 +16,7 @@ import (
 // a failure: EngineSelectorUnmatched is recorded once with type Normal
 // (the seed's event table), and not again while the cache lags.
 func TestEngineSelectorUnmatchedIsNormal(t *testing.T) {
+	t.Parallel()
 	rec := events.NewFakeRecorder(4)
 	r := &CacheBackendReconciler{Recorder: rec}
 	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cb", UID: "u"},
@@ -39,6 +40,7 @@ func TestEngineSelectorUnmatchedIsNormal(t *testing.T) {
 // of those whose selectors match) are not this backend's engines; the
 // selector message names the claimant instead of "matches no pod".
 func TestPodsClaimedByAnotherBackend(t *testing.T) {
+	t.Parallel()
 	backend := func(name string, sel map[string]string) v1alpha1.CacheBackend {
 		return v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
 			Spec: v1alpha1.CacheBackendSpec{EngineSelector: v1alpha1.EngineSelector{MatchLabels: sel}}}

@@ -30,6 +30,7 @@ import (
 // write is captured, whatever its verb (the controller applies status), so
 // a reconcile that replaced the verdict cannot pass.
 func TestEngineLocalKeepsVerdictWhenPodsCannotBeListed(t *testing.T) {
+	t.Parallel()
 	s := testutil.Scheme()
 	cb := testutil.HiCacheBackend(2)
 	cb.Status.ObservedGeneration = 2

@@ -22,6 +22,7 @@ import (
 // pod (another UID) evicts nothing and is no error; with the pod's own UID
 // it evicts the pod.
 func TestEvictionIsConditionalOnTheUID(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "engine-0"},

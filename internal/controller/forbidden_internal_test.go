@@ -34,6 +34,7 @@ import (
 // it is when its node's server changes again; the memo keeps only pods
 // still planned.
 func TestForbiddenEvictionsAreReportedOnce(t *testing.T) {
+	t.Parallel()
 	r := &CacheBackendReconciler{}
 	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "mp", UID: "uid-mp"}}
 	t0 := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
@@ -64,6 +65,7 @@ func TestForbiddenEvictionsAreReportedOnce(t *testing.T) {
 // every heal roll of the pass was written, whatever else failed (another
 // workload's cascade roll, an eviction).
 func TestHealRolledIgnoresOtherFailures(t *testing.T) {
+	t.Parallel()
 	heal := rollout.Roll{Workload: rollout.Workload{Kind: "Deployment", Name: "early"}, Value: "v", Cause: rollout.CauseAdmittedBeforeEndpoint}
 	cascade := rollout.Roll{Workload: rollout.Workload{Kind: "Deployment", Name: "wired"}, Value: "v", Cause: rollout.CauseServerChange}
 	for _, tc := range []struct {
@@ -87,6 +89,7 @@ func TestHealRolledIgnoresOtherFailures(t *testing.T) {
 // retried at once (a failed roll) that reads the status from before the
 // first publish records BackendReady no second time.
 func TestBackendReadyIsRecordedOnceWhileTheCacheLags(t *testing.T) {
+	t.Parallel()
 	s := runtime.NewScheme()
 	require.NoError(t, v1alpha1.AddToScheme(s))
 	cached := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "llm", Name: "cache", UID: "uid-cache", Generation: 1}}
@@ -121,6 +124,7 @@ func TestBackendReadyIsRecordedOnceWhileTheCacheLags(t *testing.T) {
 // and the per-node evictions to go ahead; the refusal is a Warning event
 // EngineRollFailed and the reconcile's error (retried).
 func TestAFailedWorkloadRollHoldsNoEviction(t *testing.T) {
+	t.Parallel()
 	s := runtime.NewScheme()
 	require.NoError(t, v1alpha1.AddToScheme(s))
 	var evicted []string

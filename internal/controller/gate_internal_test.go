@@ -25,6 +25,7 @@ import (
 // (AwaitingWorkload, no indexParticipation), instead of publishing a
 // participation of Missing pods no sidecar will ever fill.
 func TestGateCountsOnlyPodsWithTheSidecar(t *testing.T) {
+	t.Parallel()
 	cb := &v1alpha1.CacheBackend{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cb", UID: "uid-cb", Generation: 1},
 		Spec: v1alpha1.CacheBackendSpec{Type: v1alpha1.BackendTypeLMCache,

@@ -62,6 +62,7 @@ func markPodReady(t *testing.T, p *corev1.Pod) {
 // engine pods, becomes Ready once an admitted pod is Ready, and reports a
 // rollout after a spec change until the pod is replaced.
 func TestHiCacheReadiness(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := newHiCache(ns)

@@ -69,6 +69,7 @@ func setPodStatus(t *testing.T, pod *corev1.Pod, restarts int32) {
 // the watch on server pods and rolls the wired engines exactly once, while
 // a reconcile of the backend at rest asks for no later reconcile at all.
 func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -146,6 +147,7 @@ func TestServerRestartRollsEnginesWithoutPolling(t *testing.T) {
 // applied and the child's resourceVersion; applying the same plan again
 // sends no request that writes or dry-runs, until someone changes a child.
 func TestAppliedIntentIsNotSentAgain(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	key := testutil.StartBackend(t, suite.K8s, suite.NewBackend(ns, "cache"))

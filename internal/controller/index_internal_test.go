@@ -32,6 +32,7 @@ func (s *stubIndex) Participation(context.Context, string, string) (*pb.Particip
 // SGLangHiCache: Ready) and a matched pod carries the sidecar; without
 // observation nothing is published and the condition is removed.
 func TestKVEventGate(t *testing.T) {
+	t.Parallel()
 	live := &pb.ParticipationSummary{Pods: 1, LivePods: 1, PodList: []*pb.PodParticipation{{Name: "e-0", Uid: "u0", State: pb.PodState_POD_STATE_LIVE}}}
 	wired := []evaluate.IndexPod{{Name: "e-0", UID: "u0"}}
 	lmcache := func(endpoint string) *v1alpha1.CacheBackend {
@@ -95,6 +96,7 @@ func TestKVEventGate(t *testing.T) {
 // TestWiredForIndex guards who is expected in the index: this backend's
 // receipt, no kv-events-skipped stamp, not terminating.
 func TestWiredForIndex(t *testing.T) {
+	t.Parallel()
 	cb := &v1alpha1.CacheBackend{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "cb"}}
 	now := metav1.Now()
 	pod := func(name string, ann map[string]string, deleting bool) metav1.PartialObjectMetadata {

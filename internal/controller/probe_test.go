@@ -90,6 +90,7 @@ func TestProberSpeaksLMCacheHealth(t *testing.T) {
 // TestFunctionalProbe: a closed port keeps Ready=False with a reason and
 // FunctionalProbeOK=False; once the server answers, both become True.
 func TestFunctionalProbe(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	addr := fmt.Sprintf("cache.%s.svc.cluster.local:65432", ns)
 	suite.ClosedTargets.Store(addr, true)

@@ -24,6 +24,7 @@ import (
 // to declare) instead of the Normal InjectedByCacheBackend, which a pod of
 // a known release, or an in-process backend's pod, gets.
 func TestReceiptEventSaysTheReleaseIsUnknown(t *testing.T) {
+	t.Parallel()
 	key := receipt.NewKey([]byte("0123456789abcdef0123456789abcdef"))
 	mp := injecttest.Backend("cache", func(cb *v1alpha1.CacheBackend) {
 		cb.Spec.Multiprocess = &v1alpha1.Multiprocess{Port: 5555, HTTPPort: 8080, L1: v1alpha1.MultiprocessL1{Size: resource.MustParse("4Gi")}}

@@ -35,6 +35,7 @@ import (
 // rollout.Gather and rollout.Decide; before, each built its own roll state
 // and read its own candidates.
 func TestDiffAndTheControllerPlanTheSameRolls(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	yes := true

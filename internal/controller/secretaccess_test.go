@@ -26,6 +26,7 @@ import (
 // of alice's backend that leaves the reference alone is admitted, and one
 // that sends the credentials to another host is refused.
 func TestCacheBackendNamesOnlySecretsItsAuthorMayRead(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	require.NoError(t, suite.K8s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "redis-auth"},

@@ -48,6 +48,7 @@ func setStatefulSetStatus(t *testing.T, key client.ObjectKey, ready, updated int
 // TestStatefulSetReadinessFromReadyAndUpdatedReplicas: the StatefulSet kind
 // is Ready from its ready and updated replicas.
 func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.STSBackend(ns, "cache", 2, false)
@@ -74,6 +75,7 @@ func TestStatefulSetReadinessFromReadyAndUpdatedReplicas(t *testing.T) {
 // volumeClaimTemplate; the API server's defaults in it (volumeMode) never
 // count as a storage change over several reconciles.
 func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	cb := suite.STSBackend(ns, "cache", 1, true)
 	key := testutil.StartBackend(t, suite.K8s, cb)
@@ -108,6 +110,7 @@ func TestVolumeClaimTemplatesSurviveAPIServerDefaults(t *testing.T) {
 // with reason ImmutableStatefulSetStorage and no endpoint, while the HPA is
 // still reconciled.
 func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.STSBackend(ns, "cache", 1, true)
@@ -147,6 +150,7 @@ func TestStorageChangeTripsImmutableStatefulSetStorage(t *testing.T) {
 // TestRetentionPolicyIsRepaired: a retention policy edited by hand on the
 // StatefulSet is put back to the spec's.
 func TestRetentionPolicyIsRepaired(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.STSBackend(ns, "cache", 1, true)
@@ -172,6 +176,7 @@ func TestRetentionPolicyIsRepaired(t *testing.T) {
 // per-replica claim; no claim is deleted; the status never advertises the
 // workload being replaced.
 func TestKindSwitches(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -227,6 +232,7 @@ func TestKindSwitches(t *testing.T) {
 // Deployment cannot be applied (a foreign StatefulSet holds the name), the
 // status has no endpoint and is not Ready (NameConflict, naming it).
 func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -250,6 +256,7 @@ func TestFailedReplacementShowsNoEndpoint(t *testing.T) {
 // endpoint, not Ready, Stalled, and nothing of the backend is pruned while
 // nothing replaces it.
 func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name, reason, message string
 		block                 func(t *testing.T, ns string)
@@ -282,6 +289,7 @@ func TestFailedReplacementOfAStatefulSetShowsNoEndpoint(t *testing.T) {
 // shared claim, published once the claim is bound, and StoragePersistent
 // says the server never writes it.
 func TestCapacityOfTheBoundClaim(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -330,6 +338,7 @@ func TestCapacityOfTheBoundClaim(t *testing.T) {
 // shared claim is held back and reported (Warning event once, Ready
 // message); shrinking is refused at admission.
 func TestSharedClaimChangesThatCannotApply(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -362,6 +371,7 @@ func TestSharedClaimChangesThatCannotApply(t *testing.T) {
 // TestOverlongStatefulSetNameIsRejected: a StatefulSet's pods are labelled
 // controller-revision-hash=<name>-<hash>, so the name is limited to 52.
 func TestOverlongStatefulSetNameIsRejected(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	name := "c" + strings.Repeat("a", 52)
 	cb := suite.STSBackend(ns, name, 1, true)

@@ -49,6 +49,7 @@ func statusStore(t *testing.T, base client.WithWatch, writes *int) interceptor.F
 // not repeat the first-observation EngineSelectorUnmatched event; once the
 // list works, the evaluated generation is published.
 func TestStatusNeverClaimsMoreThanEvaluated(t *testing.T) {
+	t.Parallel()
 	cb := testutil.HiCacheBackend(3)
 	base := fake.NewClientBuilder().WithScheme(testutil.Scheme()).WithObjects(cb).WithStatusSubresource(cb).Build()
 	writes := 0

@@ -24,6 +24,7 @@ import (
 // hit: matched 2 written, then 1; the cache still shows 2 when the next
 // reconcile computes 2 again, and without this the live status stayed 1.
 func TestStatusWriteNotSkippedOnAStaleCache(t *testing.T) {
+	t.Parallel()
 	var writes int
 	s := runtime.NewScheme()
 	require.NoError(t, v1alpha1.AddToScheme(s))
@@ -55,6 +56,7 @@ func TestStatusWriteNotSkippedOnAStaleCache(t *testing.T) {
 // evaluates (stop writes the status too): an older cached status never
 // withdraws the endpoint or restarts its settle time.
 func TestEveryStatusWriteKeepsTheLastPublication(t *testing.T) {
+	t.Parallel()
 	var applied []map[string]any
 	s := runtime.NewScheme()
 	require.NoError(t, v1alpha1.AddToScheme(s))
@@ -97,6 +99,7 @@ func TestEveryStatusWriteKeepsTheLastPublication(t *testing.T) {
 // cached status) sends nothing; remembering the write's nanoseconds made
 // every reconcile write the status again.
 func TestStatusShownByTheCacheIsNotWrittenAgain(t *testing.T) {
+	t.Parallel()
 	var writes int
 	s := runtime.NewScheme()
 	require.NoError(t, v1alpha1.AddToScheme(s))

@@ -64,6 +64,7 @@ func subset(path string, want, got any) string {
 // objects `kubectl cachebackend render` prints are, object by object, the
 // ones the controller applied on the API server (server-set fields aside).
 func TestRenderEqualsWhatTheControllerApplied(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -154,6 +155,7 @@ func exampleDirs(t *testing.T) []string {
 // examples/ is accepted by the API server (schema, CEL and the validating
 // webhook), so a broken example fails the tests.
 func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	for _, dir := range exampleDirs(t) {
@@ -173,6 +175,7 @@ func TestExamplesApplyWithServerSideDryRun(t *testing.T) {
 // reports no change for the applied spec, and the exact fields for a
 // changed one, without writing anything.
 func TestDiffShowsWhatAReconcileWouldChange(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -216,6 +219,7 @@ func waitNoDiff(t *testing.T, key client.ObjectKey) {
 // StatefulSet, and diff, built on the same plan, reports the hold (not an
 // error from the API server's immutable-field rule) and no change for it.
 func TestDiffReportsAHeldStatefulSet(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.STSBackend(ns, "held", 1, true)
@@ -247,6 +251,7 @@ func TestDiffReportsAHeldStatefulSet(t *testing.T) {
 // every example, once the controller has reconciled it, diff shows no
 // change: the preview and the controller share one plan and one drift rule.
 func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, dir := range exampleDirs(t) {
 		t.Run(strings.TrimPrefix(dir, "../../../examples/"), func(t *testing.T) {
@@ -282,6 +287,7 @@ func TestDiffIsEmptyAfterAReconcileOfEveryExample(t *testing.T) {
 // reconcile, the exact fields of an L1 change, and previews no engine
 // roll (the per-node cascade), saying so.
 func TestRenderAndDiffOfAMultiprocessBackend(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	key := testutil.StartBackend(t, suite.K8s, suite.MPBackend(ns, "mp"))

@@ -225,6 +225,7 @@ func installCertManagerKinds(t *testing.T) {
 // TestCLIServiceReadyReadsEndpointSlices: a webhook Service counts as
 // serving only with a ready endpoint in its EndpointSlices.
 func TestCLIServiceReadyReadsEndpointSlices(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	ok, detail := cli.ServiceReady(ctx, suite.K8s, ns, "webhook")
@@ -358,6 +359,7 @@ func TestCLIAuditClassifiesEveryOutcome(t *testing.T) {
 // TestCLIDiffExitCodes: 0 when the file is what the cluster runs, 1 when a
 // reconcile would change something, 2 when diff cannot tell.
 func TestCLIDiffExitCodes(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	kc := kubeconfig(t, suite.Cfg, "admin", map[string]string{"admin": ns, "unreachable": ns})
 	cb := suite.NewBackend(ns, "cache")
@@ -413,6 +415,7 @@ func TestCLIDiffExitCodes(t *testing.T) {
 // unreachable current one): --context picks the cluster and its namespace,
 // -n overrides the namespace.
 func TestCLIHonoursContextAndNamespace(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	a, b := suite.NewNamespace(t), suite.NewNamespace(t)
 	kc := kubeconfig(t, suite.Cfg, "unreachable", map[string]string{"team-a": a, "team-b": b, "unreachable": a})
@@ -459,6 +462,7 @@ func TestCLIHonoursContextAndNamespace(t *testing.T) {
 // webhook's own code. Each object goes to the real API server (dry run,
 // with the webhook) and, as a file, to the CLI.
 func TestCLIRenderRefusesAsTheAPIServer(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	const webhookPrefix = `admission webhook "validate.cachebackend.inferencecache.io" denied the request: `
 	for _, tc := range []struct {

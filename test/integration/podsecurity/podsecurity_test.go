@@ -48,6 +48,7 @@ func serverPodOf(t *testing.T, cb *v1alpha1.CacheBackend, o render.Options, ns s
 // inferencecache.io/server-pod-defaults annotation opts it in. A spec
 // that asks for root passes baseline only.
 func TestServerPodUnderPodSecurity(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	namespace := func(level string) string {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "psa-" + level + "-",
@@ -86,6 +87,7 @@ func TestServerPodUnderPodSecurity(t *testing.T) {
 // template; a toleration the API server's pod validation would refuse is
 // refused at admission with its field path.
 func TestServerPodReachesTheDeployment(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "placed")
@@ -135,6 +137,7 @@ func TestServerPodReachesTheDeployment(t *testing.T) {
 // it in, and the next reconcile applies the hardened template once. A new
 // server's workload keeps its hardened template through reconciles too.
 func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
+	t.Parallel()
 	for _, kind := range []v1alpha1.DeploymentKind{v1alpha1.DeploymentKindDeployment, v1alpha1.DeploymentKindStatefulSet} {
 		t.Run(string(kind), func(t *testing.T) {
 			ctx := context.Background()
@@ -232,6 +235,7 @@ func TestServerCreatedBeforeTheDefaultsKeepsItsPods(t *testing.T) {
 // (the path under affinity), so a refused affinity never reaches a
 // workload apply that would fail.
 func TestAffinityRefusedAsTheAPIServerRefusesIt(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	req := func(key string, op corev1.NodeSelectorOperator, values ...string) *v1alpha1.ServerAffinity {
@@ -295,6 +299,7 @@ func TestAffinityRefusedAsTheAPIServerRefusesIt(t *testing.T) {
 // volume, passes Pod Security "restricted" (so "baseline" too): isolated
 // IPC needs no host namespace and the disk is no hostPath.
 func TestMPWorkloadUnderTheAPIServer(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "psa-mp-",
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}

@@ -32,6 +32,7 @@ func (w *warnings) HandleWarningHeaderWithContext(_ context.Context, _ int, _ st
 // reason, and storage.pvc is admitted with the warning that lmcache_server
 // keeps KV in memory only.
 func TestValidatingWebhookServerRules(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	w := &warnings{}
 	wcfg := rest.CopyConfig(suite.Cfg)
@@ -58,6 +59,7 @@ func TestValidatingWebhookServerRules(t *testing.T) {
 // has no lmcache_server) is refused at the image's field path with the
 // reason; the same image in multiprocess mode is admitted.
 func TestInProcessServerOnLMCache057IsRefused(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "inprocess")
 	cb.Spec.RemoteStorage = &v1alpha1.RemoteStorage{LMCacheServer: &v1alpha1.LMCacheServer{Image: "lmcache/vllm-openai:v0.5.7rc2"}}

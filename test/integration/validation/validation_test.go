@@ -18,6 +18,7 @@ import (
 // TestAPIServerRejectsInvalidCacheBackends: the CRD's schema and CEL rules
 // make the API server itself reject bad input, naming the field.
 func TestAPIServerRejectsInvalidCacheBackends(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	cases := []struct {
 		name     string

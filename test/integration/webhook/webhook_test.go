@@ -34,6 +34,7 @@ import (
 // receipt controller verifies it and records InjectedByCacheBackend once,
 // also when a fresh controller (as after a restart) looks at the pod again.
 func TestPodCreateIsWired(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.ServingBackend(t, ns, "cache")
@@ -210,6 +211,7 @@ func TestReceiptEventBudget(t *testing.T) {
 // TestRelabelledPodIsNotWired: the failure-modes row "labelled after
 // creation": the match is evaluated at CREATE only.
 func TestRelabelledPodIsNotWired(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	suite.ServingBackend(t, ns, "cache")
@@ -237,6 +239,7 @@ func TestRelabelledPodIsNotWired(t *testing.T) {
 // admission warning tells the two apart, so the test waits for a pod the
 // webhook failed open for.
 func TestPodsBeforeTheEndpointStayUnwired(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.NewBackend(ns, "cache")
@@ -310,6 +313,7 @@ func (w *warningRecorder) has(s string) bool {
 // TestSkippedPodGetsEvent: the opt-out row: stamped skip-inject-annotation,
 // unwired, with a SkippedByOperator event.
 func TestSkippedPodGetsEvent(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	suite.ServingBackend(t, ns, "cache")
@@ -362,6 +366,7 @@ func TestWebhookUnreachable(t *testing.T) {
 // TestValidatingWebhookRejectsWhatTheSchemaCannot: rules beyond the CRD
 // schema, each naming the field.
 func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
+	t.Parallel()
 	ns := suite.NewNamespace(t)
 	cases := []struct {
 		name   string
@@ -473,6 +478,7 @@ func TestValidatingWebhookRejectsWhatTheSchemaCannot(t *testing.T) {
 // deleted, engines keep the old wiring": wiring lasts for the pod's life,
 // and pods created afterwards match nothing.
 func TestDeletedBackendLeavesWiringInPlace(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	ns := suite.NewNamespace(t)
 	cb := suite.ServingBackend(t, ns, "cache")
