@@ -91,6 +91,8 @@ func run(args []string) error {
 	redisCluster := fs.Bool("redis-cluster", false, "--redis-address is a Redis Cluster or Valkey cluster even when it names one node (a cluster's configuration endpoint)")
 	redisSentinelMaster := fs.String("redis-sentinel-master", "", "the Sentinel master name: --redis-address then lists Sentinels, and the index follows the master they elect")
 	redisDB := fs.Int("redis-db", 0, "Redis database number, with --store=redis")
+	redisWaitReplicas := fs.Int("redis-wait-replicas", 0, "with --store=redis, ack a subscriber's change only once this many replicas of each master it wrote hold it (Redis' WAIT), so that a master's crash and its replica's promotion lose no acked placement; 0 acks once the master holds it (asynchronous replication: a crash can lose the last writes)")
+	redisWaitTimeout := fs.Duration("redis-wait-timeout", redisstore.DefaultWaitTimeout, "how long each write waits for --redis-wait-replicas; a write that reaches fewer is not acked, and the subscriber sends it again")
 	redisPasswordFile := fs.String("redis-password-file", "", "file holding the Redis password (e.g. a mounted Secret), with --store=redis")
 	authMode := fs.String("auth", "tokenreview", "caller authentication: tokenreview (ServiceAccount tokens checked with the API server) or none (every caller allowed; local tests only)")
 	audiences := stringList{}
@@ -169,7 +171,10 @@ func run(args []string) error {
 			}
 			opt.Password = strings.TrimSpace(string(b))
 		}
-		store = redisstore.NewWithOptions(redis.NewUniversalClient(opt), redisstore.Options{Limits: limits})
+		if *redisWaitReplicas < 0 {
+			return fmt.Errorf("--redis-wait-replicas=%d: want 0 or more", *redisWaitReplicas)
+		}
+		store = redisstore.NewWithOptions(redis.NewUniversalClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout})
 	default:
 		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
 	}

@@ -89,6 +89,9 @@ type Store struct {
 
 	mu    sync.Mutex
 	ranks map[string]*rankState // by pod prefix and rank
+	// stop ends the cluster state's reloads (closed by Close, once).
+	stop     chan struct{}
+	stopOnce sync.Once
 }
 
 // rankState serializes this store's changes of one rank and keeps the
@@ -135,7 +138,34 @@ type Options struct {
 	// before another may take it over; the owner sends nothing after half
 	// of it. Default DefaultFlushLease.
 	FlushLease time.Duration
+	// WaitReplicas, when above 0, makes every write of a change wait, on
+	// the connection that sent it (Redis' WAIT), until that many replicas
+	// of its master hold it, for at most WaitTimeout; a write that reaches
+	// fewer fails the change with ErrNotReplicated, so that nothing is
+	// acked to a subscriber that a master's crash and its replica's
+	// promotion could lose (the subscriber sends it again). 0: writes are
+	// acked once their master has them (Redis' asynchronous replication).
+	WaitReplicas int
+	// WaitTimeout bounds each wait of WaitReplicas. Default
+	// DefaultWaitTimeout.
+	WaitTimeout time.Duration
+	// ClusterStateReload is how often, on a cluster, the store reads which
+	// master serves which slots (CLUSTER SLOTS). go-redis reads it anew on
+	// a MOVED reply, but a master that crashed answers nothing, and its
+	// own period is a minute: its slots would fail that long after its
+	// replica was promoted. Default DefaultClusterStateReload.
+	ClusterStateReload time.Duration
 }
+
+// DefaultClusterStateReload is Options.ClusterStateReload's default.
+const DefaultClusterStateReload = time.Second
+
+// DefaultWaitTimeout is Options.WaitTimeout's default.
+const DefaultWaitTimeout = time.Second
+
+// ErrNotReplicated: a write reached fewer replicas than
+// Options.WaitReplicas within Options.WaitTimeout.
+var ErrNotReplicated = errors.New("the write reached too few replicas")
 
 // DefaultChunkHashes is Options.ChunkHashes' default: about 1 ms of script
 // work on a 2-core machine (docs/performance.md).
@@ -166,8 +196,35 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	if opt.AckDelay <= 0 {
 		opt.AckDelay = DefaultAckDelay
 	}
+	if opt.WaitTimeout <= 0 {
+		opt.WaitTimeout = DefaultWaitTimeout
+	}
+	if opt.ClusterStateReload <= 0 {
+		opt.ClusterStateReload = DefaultClusterStateReload
+	}
 	cluster, _ := rdb.(*redis.ClusterClient)
-	return &Store{rdb: rdb, cluster: cluster, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
+	s := &Store{rdb: rdb, cluster: cluster, opt: opt, id: newOwner(), ranks: map[string]*rankState{}, stop: make(chan struct{})}
+	if cluster != nil {
+		go s.reloadClusterState()
+	}
+	return s
+}
+
+// reloadClusterState reads the cluster's slots every
+// Options.ClusterStateReload until Close.
+func (s *Store) reloadClusterState() {
+	t := time.NewTicker(s.opt.ClusterStateReload)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), s.opt.ClusterStateReload)
+			s.cluster.ReloadState(ctx)
+			cancel()
+		}
+	}
 }
 
 // Close implements kvindex.Store: the acks still waiting are sent first.
@@ -183,6 +240,7 @@ func (s *Store) Close() error {
 	for _, f := range due {
 		f()
 	}
+	s.stopOnce.Do(func() { close(s.stop) })
 	return s.rdb.Close()
 }
 
@@ -347,7 +405,7 @@ func (c *caller) call(ctx context.Context, script *redis.Script, args []any, ste
 	for {
 		args[5] = c.ack
 		sent := time.Now()
-		res, err := script.Run(ctx, c.s.rdb, keys, args...).StringSlice()
+		res, err := c.s.run(ctx, nil, script, keys, args...).StringSlice()
 		if err != nil {
 			return nil, err
 		}
@@ -396,7 +454,7 @@ func (c *caller) flush(ctx context.Context, sent time.Time, ver, d string, pairs
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		p := prefix(c.src.Backend)
-		if err := countScript.Run(ctx, c.s.rdb, []string{p + "seen"}, p, nsKey(c.src.Backend.Namespace), c.src.PodUID, c.base[1], ver, counts[0], counts[1], counts[2], counts[3]).Err(); err != nil {
+		if err := c.s.run(ctx, nil, countScript, []string{p + "seen"}, p, nsKey(c.src.Backend.Namespace), c.src.PodUID, c.base[1], ver, counts[0], counts[1], counts[2], counts[3]).Err(); err != nil {
 			countErr = fmt.Errorf("counting: %w", err)
 		}
 	})
@@ -537,7 +595,7 @@ func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pa
 			space, hash, _ := strings.Cut(pairs[i], ":")
 			all = append(all, blockKey(b, space, hash), pairs[i+1])
 		}
-		return placeScript.Run(ctx, s.rdb, nil, all...).Err()
+		return s.run(ctx, s.rdb, placeScript, nil, all...).Err()
 	}
 	type group struct {
 		node *redis.Client
@@ -568,7 +626,15 @@ func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pa
 	var wg sync.WaitGroup
 	for i, g := range groups {
 		wg.Go(func() {
-			if placeScript.Run(ctx, g.node, nil, g.args...).Err() == nil {
+			err := s.run(ctx, g.node, placeScript, nil, g.args...).Err()
+			if err == nil {
+				return
+			}
+			if s.opt.WaitReplicas > 0 {
+				// Not the per-key fallback below: its writes go out
+				// through the cluster's own routing, which WAIT cannot
+				// follow.
+				errs[i] = err
 				return
 			}
 			pipe := cc.Pipeline()
@@ -584,6 +650,84 @@ func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pa
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// run runs script on node (nil: the master of keys[0] on a cluster, the
+// server otherwise). With Options.WaitReplicas it sends WAIT after it on
+// the same connection and fails the call with ErrNotReplicated when fewer
+// replicas than that hold the script's writes in Options.WaitTimeout.
+func (s *Store) run(ctx context.Context, node redis.Cmdable, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if s.opt.WaitReplicas <= 0 {
+		if node == nil {
+			node = s.rdb
+		}
+		return script.Run(ctx, node, keys, args...)
+	}
+	if node == nil {
+		node = s.rdb
+		if s.cluster != nil && len(keys) > 0 {
+			master, err := s.cluster.MasterForKey(ctx, keys[0])
+			if err != nil {
+				cmd := redis.NewCmd(ctx)
+				cmd.SetErr(err)
+				return cmd
+			}
+			node = master
+		}
+	}
+	for loaded := false; ; loaded = true {
+		pipe := node.Pipeline()
+		cmd := pipe.EvalSha(ctx, script.Hash(), keys, args...)
+		wait := pipe.Do(ctx, "WAIT", s.opt.WaitReplicas, s.opt.WaitTimeout.Milliseconds())
+		role := pipe.Do(ctx, "ROLE")
+		_, _ = pipe.Exec(ctx)
+		if err := cmd.Err(); err != nil {
+			if !loaded && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				if err := script.Load(ctx, node).Err(); err == nil {
+					continue
+				}
+			}
+			s.reloadOn(ctx, err)
+			return cmd
+		}
+		if err := replicated(wait, role, s.opt.WaitReplicas); err != nil {
+			s.reloadOn(ctx, err)
+			cmd.SetErr(fmt.Errorf("%w (waited %s)", err, s.opt.WaitTimeout))
+		}
+		return cmd
+	}
+}
+
+// replicated checks a WAIT's reply against want, or against the replicas
+// the master had just after it (ROLE's reply) when it has fewer: a master
+// left without a replica, such as a replica just promoted after its
+// master's crash, acks alone, as there is nothing to wait for.
+func replicated(wait, role *redis.Cmd, want int) error {
+	n, err := wait.Int()
+	if err != nil {
+		return fmt.Errorf("waiting for %d replica(s): %w", want, err)
+	}
+	if n >= want {
+		return nil
+	}
+	r, err := role.Slice()
+	if err != nil || len(r) < 3 {
+		return fmt.Errorf("reading the master's replicas (ROLE): %v, %w", r, err)
+	}
+	replicas, _ := r[2].([]any)
+	if n >= len(replicas) {
+		return nil
+	}
+	return fmt.Errorf("%w: %d of %d (the master has %d)", ErrNotReplicated, n, want, len(replicas))
+}
+
+// reloadOn has the cluster client read the slots anew after an error of a
+// node reached directly (a master that failed over answers MOVED, or
+// nothing): the cluster's own routing does this itself.
+func (s *Store) reloadOn(ctx context.Context, err error) {
+	if s.cluster != nil && err != nil && !errors.Is(err, redis.Nil) {
+		s.cluster.ReloadState(ctx)
+	}
 }
 
 // maxLost bounds how often a change starts over because another took the

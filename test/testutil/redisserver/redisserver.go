@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,6 +30,12 @@ const Bin = "/usr/bin/redis-server"
 // host:port once it answers (a refusal such as NOAUTH is an answer).
 func Start(t testing.TB, args ...string) string {
 	t.Helper()
+	return start(t, args...).addr
+}
+
+// start is Start, returning the process.
+func start(t testing.TB, args ...string) process {
+	t.Helper()
 	p := launch(t, "redis.log", func(port int, dir string) []string {
 		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}, args...)
 	})
@@ -39,12 +46,13 @@ func Start(t testing.TB, args ...string) string {
 		err := c.Ping(context.Background()).Err()
 		return err == nil || errors.As(err, &answer)
 	})
-	return p.addr
+	return p
 }
 
 // process is a redis-server launch started: its address and log.
 type process struct {
 	addr, log string
+	cmd       *exec.Cmd
 }
 
 // launch starts redis-server with the arguments args gives for a free
@@ -70,7 +78,7 @@ func launch(t testing.TB, logName string, args func(port int, dir string) []stri
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	return process{addr: fmt.Sprintf("127.0.0.1:%d", port), log: logFile.Name()}
+	return process{addr: fmt.Sprintf("127.0.0.1:%d", port), log: logFile.Name(), cmd: cmd}
 }
 
 // waitFor polls ready for 5 s, then fails the test with what and the log.
@@ -92,46 +100,120 @@ func (p process) waitFor(t testing.TB, what string, ready func() bool) {
 // node reports cluster_state:ok and knows the others.
 func StartCluster(t testing.TB, n int) []string {
 	t.Helper()
+	c := startCluster(t, n, 0, 5000)
 	addrs := make([]string, n)
-	for i := range addrs {
-		addrs[i] = Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+	for i, m := range c.Masters {
+		addrs[i] = m.Addr
+	}
+	return addrs
+}
+
+// Node is one redis-server of a cluster.
+type Node struct {
+	Addr string
+	ID   string // its cluster node ID
+	proc process
+}
+
+// Kill ends the node with SIGKILL, as a crash would.
+func (n *Node) Kill() error { return n.proc.cmd.Process.Kill() }
+
+// Stop freezes the node (SIGSTOP): it answers nothing, replicates nothing
+// and keeps its state; Continue resumes it.
+func (n *Node) Stop() error { return n.proc.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Continue resumes a node Stop froze.
+func (n *Node) Continue() error { return n.proc.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Cluster is a Redis Cluster with a replica for each master: Replicas[i]
+// replicates Masters[i].
+type Cluster struct {
+	Masters, Replicas []*Node
+}
+
+// StartClusterWithReplicas runs a Redis Cluster of n masters, as
+// StartCluster does, and one replica of each, with a node timeout of
+// nodeTimeoutMillis (a master that answers nothing for that long is failed
+// over to its replica by the other masters' votes). It returns once every
+// master reports its replica online and every node cluster_state:ok.
+func StartClusterWithReplicas(t testing.TB, n, nodeTimeoutMillis int) *Cluster {
+	t.Helper()
+	return startCluster(t, n, 1, nodeTimeoutMillis)
+}
+
+func startCluster(t testing.TB, n, replicas, nodeTimeoutMillis int) *Cluster {
+	t.Helper()
+	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.Itoa(nodeTimeoutMillis)}
+	c := &Cluster{}
+	var all []*Node
+	for i := range n * (1 + replicas) {
+		node := &Node{proc: start(t, args...)}
+		node.Addr = node.proc.addr
+		if i < n {
+			c.Masters = append(c.Masters, node)
+		} else {
+			c.Replicas = append(c.Replicas, node)
+		}
+		all = append(all, node)
 	}
 	ctx := context.Background()
-	clients := make([]*redis.Client, n)
-	for i, a := range addrs {
-		clients[i] = redis.NewClient(&redis.Options{Addr: a})
+	clients := make([]*redis.Client, len(all))
+	for i, node := range all {
+		clients[i] = redis.NewClient(&redis.Options{Addr: node.Addr})
 		defer clients[i].Close()
+		id, err := clients[i].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			t.Fatalf("CLUSTER MYID on %s: %v", node.Addr, err)
+		}
+		node.ID = id
 	}
 	const slots = 16384
-	for i, c := range clients {
+	for i := range n {
 		lo, hi := i*slots/n, (i+1)*slots/n-1
-		if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
-			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d on %s: %v", lo, hi, addrs[i], err)
+		if err := clients[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d on %s: %v", lo, hi, all[i].Addr, err)
 		}
 	}
-	for _, a := range addrs[1:] {
-		host, port, _ := net.SplitHostPort(a)
+	for _, node := range all[1:] {
+		host, port, _ := net.SplitHostPort(node.Addr)
 		if err := clients[0].ClusterMeet(ctx, host, port).Err(); err != nil {
-			t.Fatalf("CLUSTER MEET %s: %v", a, err)
+			t.Fatalf("CLUSTER MEET %s: %v", node.Addr, err)
 		}
 	}
-	want := fmt.Sprintf("cluster_known_nodes:%d", n)
-	for range 400 {
-		ok := true
-		for _, c := range clients {
-			info, err := c.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, want) {
-				ok = false
-				break
+	settled := func() bool {
+		for i, cl := range clients {
+			info, err := cl.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", len(all))) {
+				return false
+			}
+			if i < n && replicas > 0 {
+				repl, err := cl.Info(ctx, "replication").Result()
+				if err != nil || !strings.Contains(repl, "connected_slaves:1") || !strings.Contains(repl, "state=online") {
+					return false
+				}
 			}
 		}
-		if ok {
-			return addrs
+		return true
+	}
+	replicated := make([]bool, len(c.Replicas))
+	for range 400 {
+		// A replica is told its master once it knows the master's node.
+		for i := range c.Replicas {
+			if !replicated[i] {
+				replicated[i] = clients[n+i].Do(ctx, "CLUSTER", "REPLICATE", c.Masters[i].ID).Err() == nil
+			}
+		}
+		if settled() {
+			return c
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
 	info, _ := clients[0].ClusterInfo(ctx).Result()
-	t.Fatalf("the %d-master Redis Cluster on %v did not settle; CLUSTER INFO of the first:\n%s", n, addrs, info)
+	addrs := make([]string, len(all))
+	for i, node := range all {
+		addrs[i] = node.Addr
+	}
+	t.Fatalf("the Redis Cluster of %d masters and %d replicas each on %v did not settle; CLUSTER INFO of the first:\n%s", n, replicas, addrs, info)
 	return nil
 }
 
