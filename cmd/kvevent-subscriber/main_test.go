@@ -65,3 +65,21 @@ func TestQueueFitsTheSidecarLimit(t *testing.T) {
 		t.Fatalf("--queue-bytes defaults to %d bytes; the sidecar's memory limit is %d", defaultQueueBytes, limit)
 	}
 }
+
+// TestWorkerURL: the URL SGLang's router names a worker by
+// (http://host:port; URL syntax, RFC 3986, puts an IPv6 host in brackets)
+// built from the pod's IP and SGLang's port; an explicit --worker-address wins, and
+// with a part missing the sidecar sends none.
+func TestWorkerURL(t *testing.T) {
+	for _, tc := range []struct{ address, ip, port, want string }{
+		{"", "10.0.3.7", "30000", "http://10.0.3.7:30000"},
+		{"", "fd00:10:244::7", "30000", "http://[fd00:10:244::7]:30000"},
+		{"http://sglang-0.sglang:8080", "10.0.3.7", "30000", "http://sglang-0.sglang:8080"},
+		{"", "", "30000", ""},
+		{"", "10.0.3.7", "", ""},
+	} {
+		if got := workerURL(tc.address, tc.ip, tc.port); got != tc.want {
+			t.Errorf("workerURL(%q, %q, %q) = %q, want %q", tc.address, tc.ip, tc.port, got, tc.want)
+		}
+	}
+}

@@ -667,3 +667,64 @@ func TestIndexParticipationWithTheRealBinaries(t *testing.T) {
 		}
 	})
 }
+
+// TestSGLangSidecarIsStoredAsSigned: an SGLang engine pod wired by the
+// webhook, read back as the API server stored it. SGLang's router names
+// workers by URL, so the sidecar takes the pod's IP from the downward API
+// (status.podIP, which the kubelet resolves) and SGLang's --port; the
+// receipt's digest still covers the stored pod (the API server defaults
+// nothing in that env var), and the controller counts the pod wired.
+func TestSGLangSidecarIsStoredAsSigned(t *testing.T) {
+	s := startStack(t)
+	ctx := context.Background()
+	cb := newBackend("team", "hicache", "sglang", true)
+	cb.Spec.Runtime, cb.Spec.Type = v1alpha1.RuntimeSGLang, v1alpha1.BackendTypeSGLangHiCache
+	s.c.create(t, cb)
+	key := client.ObjectKeyFromObject(cb)
+
+	// The webhook wires pods of a backend it knows: until its cache has
+	// the new backend, a pod is admitted unwired; create until one is
+	// wired.
+	var pod *corev1.Pod
+	testutil.Eventually(t, 30*time.Second, func() error {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: fmt.Sprintf("sglang-%d", time.Now().UnixNano()), Labels: map[string]string{"app": "sglang"}},
+			Spec: corev1.PodSpec{ServiceAccountName: "vllm", AutomountServiceAccountToken: ptr.To(false),
+				Containers: []corev1.Container{{Name: "sglang", Image: "lmsysorg/sglang:v0.5.23",
+					Command: []string{"python3", "-m", "sglang.launch_server"}, Args: []string{"--model-path", modelID, "--port", "31000"}}}},
+		}
+		if err := s.c.k8s.Create(ctx, p); err != nil {
+			return err
+		}
+		if err := s.c.k8s.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+			return err
+		}
+		if p.Annotations[v1alpha1.AnnotationInjectedBy] == "" {
+			_ = s.c.k8s.Delete(ctx, p)
+			return fmt.Errorf("pod %s admitted unwired", p.Name)
+		}
+		pod = p
+		return nil
+	})
+	side := sidecar(t, pod)
+	env := map[string]corev1.EnvVar{}
+	for _, e := range side.Env {
+		env[e.Name] = e
+	}
+	ip := env["POD_IP"].ValueFrom
+	if ip == nil || ip.FieldRef == nil || *ip.FieldRef != (corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}) {
+		t.Fatalf("the stored sidecar's POD_IP: %+v, want the downward API's status.podIP", env["POD_IP"])
+	}
+	if got := env["WORKER_PORT"].Value; got != "31000" {
+		t.Fatalf("the stored sidecar's WORKER_PORT: %q, want SGLang's --port 31000", got)
+	}
+	if got, claimed := receipt.Digest(pod), pod.Annotations[v1alpha1.AnnotationInjectedConfigDigest]; got != claimed {
+		t.Fatalf("the stored SGLang pod digests %s, its receipt claims %s", got, claimed)
+	}
+	s.c.waitBackend(t, key, func(cb *v1alpha1.CacheBackend) error {
+		if cb.Status.WiredEnginePods != 1 {
+			return fmt.Errorf("wired %d of %d matched", cb.Status.WiredEnginePods, cb.Status.MatchedEnginePods)
+		}
+		return nil
+	})
+}
