@@ -210,7 +210,17 @@ func TestShardFailoverMidStream(t *testing.T) {
 			for _, e := range engines {
 				e.serve(5)
 			}
-			time.Sleep(2 * time.Second) // the subscribers send, the index writes (and waits)
+			if tc.wait {
+				// The subscribers send, the index writes, waits for the
+				// replica in vain, and acks nothing.
+				time.Sleep(2 * time.Second)
+			} else {
+				// Acked: every block the engines hold is placed, on the
+				// master alone for those of its slots.
+				for _, e := range engines {
+					settle(t, q, e, heldHashes(e), 30*time.Second)
+				}
+			}
 			if err := c.Masters[victim].Kill(); err != nil {
 				t.Fatal(err)
 			}
