@@ -78,7 +78,10 @@ type Store struct {
 	// cluster is rdb on a Redis Cluster, nil on one server (or a
 	// Sentinel's master), where a script may write every key.
 	cluster *redis.ClusterClient
-	opt     Options
+	// single is rdb on one server or a Sentinel's master (go-redis'
+	// failover client is a *redis.Client), nil on a cluster.
+	single *redis.Client
+	opt    Options
 	// id owns the flushes this store's calls leave.
 	id string
 	// onCall, when set (tests), hears each change script call that did
@@ -140,7 +143,8 @@ type Options struct {
 	FlushLease time.Duration
 	// WaitReplicas, when above 0, makes every write of a change wait, on
 	// the connection that sent it (Redis' WAIT), until that many replicas
-	// of its master hold it, for at most WaitTimeout; a write that reaches
+	// of its master hold it (or every replica the master has, when it has
+	// fewer; none: no wait), for at most WaitTimeout; a write that reaches
 	// fewer fails the change with ErrNotReplicated, so that nothing is
 	// acked to a subscriber that a master's crash and its replica's
 	// promotion could lose (the subscriber sends it again). 0: writes are
@@ -203,7 +207,8 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 		opt.ClusterStateReload = DefaultClusterStateReload
 	}
 	cluster, _ := rdb.(*redis.ClusterClient)
-	s := &Store{rdb: rdb, cluster: cluster, opt: opt, id: newOwner(), ranks: map[string]*rankState{}, stop: make(chan struct{})}
+	single, _ := rdb.(*redis.Client)
+	s := &Store{rdb: rdb, cluster: cluster, single: single, opt: opt, id: newOwner(), ranks: map[string]*rankState{}, stop: make(chan struct{})}
 	if cluster != nil {
 		go s.reloadClusterState()
 	}
@@ -595,7 +600,7 @@ func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pa
 			space, hash, _ := strings.Cut(pairs[i], ":")
 			all = append(all, blockKey(b, space, hash), pairs[i+1])
 		}
-		return s.run(ctx, s.rdb, placeScript, nil, all...).Err()
+		return s.run(ctx, nil, placeScript, nil, all...).Err()
 	}
 	type group struct {
 		node *redis.Client
@@ -653,72 +658,86 @@ func (s *Store) place(ctx context.Context, b kvindex.BackendRef, inst string, pa
 }
 
 // run runs script on node (nil: the master of keys[0] on a cluster, the
-// server otherwise). With Options.WaitReplicas it sends WAIT after it on
-// the same connection and fails the call with ErrNotReplicated when fewer
-// replicas than that hold the script's writes in Options.WaitTimeout.
-func (s *Store) run(ctx context.Context, node redis.Cmdable, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+// server otherwise). With Options.WaitReplicas it then waits, on the same
+// connection (Redis' WAIT counts what that connection wrote), until
+// WaitReplicas replicas of that master hold its writes, or as many as the
+// master has when it has fewer (ROLE, read with the script: a master left
+// without a replica, such as one just promoted after its master's crash,
+// acks alone and waits for nothing); fewer in Options.WaitTimeout fail the
+// call with ErrNotReplicated.
+func (s *Store) run(ctx context.Context, node *redis.Client, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if s.opt.WaitReplicas <= 0 {
 		if node == nil {
-			node = s.rdb
+			return script.Run(ctx, s.rdb, keys, args...)
 		}
 		return script.Run(ctx, node, keys, args...)
 	}
+	failed := func(err error) *redis.Cmd {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
 	if node == nil {
-		node = s.rdb
+		node = s.single
 		if s.cluster != nil && len(keys) > 0 {
 			master, err := s.cluster.MasterForKey(ctx, keys[0])
 			if err != nil {
-				cmd := redis.NewCmd(ctx)
-				cmd.SetErr(err)
-				return cmd
+				return failed(err)
 			}
 			node = master
 		}
 	}
+	if node == nil {
+		return failed(fmt.Errorf("waiting for replicas needs a Redis server, a Sentinel's master or a Redis Cluster, not a %T", s.rdb))
+	}
+	conn := node.Conn()
+	defer func() { _ = conn.Close() }()
 	for loaded := false; ; loaded = true {
-		pipe := node.Pipeline()
-		cmd := pipe.EvalSha(ctx, script.Hash(), keys, args...)
-		wait := pipe.Do(ctx, "WAIT", s.opt.WaitReplicas, s.opt.WaitTimeout.Milliseconds())
-		role := pipe.Do(ctx, "ROLE")
-		_, _ = pipe.Exec(ctx)
+		var cmd, role *redis.Cmd
+		_, _ = conn.Pipelined(ctx, func(p redis.Pipeliner) error {
+			cmd = p.EvalSha(ctx, script.Hash(), keys, args...)
+			role = p.Do(ctx, "ROLE")
+			return nil
+		})
 		if err := cmd.Err(); err != nil {
 			if !loaded && redis.HasErrorPrefix(err, "NOSCRIPT") {
-				if err := script.Load(ctx, node).Err(); err == nil {
+				if err := script.Load(ctx, conn).Err(); err == nil {
 					continue
 				}
 			}
 			s.reloadOn(ctx, err)
 			return cmd
 		}
-		if err := replicated(wait, role, s.opt.WaitReplicas); err != nil {
+		need, err := replicasToWait(role, s.opt.WaitReplicas)
+		if err != nil {
 			s.reloadOn(ctx, err)
-			cmd.SetErr(fmt.Errorf("%w (waited %s)", err, s.opt.WaitTimeout))
+			cmd.SetErr(err)
+			return cmd
+		}
+		if need == 0 {
+			return cmd
+		}
+		n, err := conn.Do(ctx, "WAIT", need, s.opt.WaitTimeout.Milliseconds()).Int()
+		switch {
+		case err != nil:
+			s.reloadOn(ctx, err)
+			cmd.SetErr(fmt.Errorf("waiting for %d replica(s): %w", need, err))
+		case n < need:
+			cmd.SetErr(fmt.Errorf("%w: %d of %d in %s", ErrNotReplicated, n, need, s.opt.WaitTimeout))
 		}
 		return cmd
 	}
 }
 
-// replicated checks a WAIT's reply against want, or against the replicas
-// the master had just after it (ROLE's reply) when it has fewer: a master
-// left without a replica, such as a replica just promoted after its
-// master's crash, acks alone, as there is nothing to wait for.
-func replicated(wait, role *redis.Cmd, want int) error {
-	n, err := wait.Int()
-	if err != nil {
-		return fmt.Errorf("waiting for %d replica(s): %w", want, err)
-	}
-	if n >= want {
-		return nil
-	}
+// replicasToWait is want, or the replicas the master has (its ROLE reply)
+// when it has fewer.
+func replicasToWait(role *redis.Cmd, want int) (int, error) {
 	r, err := role.Slice()
-	if err != nil || len(r) < 3 {
-		return fmt.Errorf("reading the master's replicas (ROLE): %v, %w", r, err)
+	if err != nil || len(r) < 3 || r[0] != "master" {
+		return 0, fmt.Errorf("reading the master's replicas (ROLE): %v, %w", r, err)
 	}
 	replicas, _ := r[2].([]any)
-	if n >= len(replicas) {
-		return nil
-	}
-	return fmt.Errorf("%w: %d of %d (the master has %d)", ErrNotReplicated, n, want, len(replicas))
+	return min(want, len(replicas)), nil
 }
 
 // reloadOn has the cluster client read the slots anew after an error of a

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,12 +73,25 @@ func TestWaitReplicas(t *testing.T) {
 
 	t.Run("a master without a replica acks alone", func(t *testing.T) {
 		// As a replica promoted after its master's crash does: there is
-		// nothing to wait for.
-		rdb := redis.NewClient(&redis.Options{Addr: redisserver.Start(t)})
-		s := redisstore.NewWithOptions(rdb, redisstore.Options{WaitReplicas: 1, WaitTimeout: 50 * time.Millisecond})
+		// nothing to wait for, and it sends no WAIT (which would block for
+		// the whole timeout on every write).
+		addr := redisserver.Start(t)
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		s := redisstore.NewWithOptions(rdb, redisstore.Options{WaitReplicas: 1})
 		t.Cleanup(func() { _ = s.Close() })
-		if o, _, err := s.Apply(context.Background(), storetest.Src("p", 0), kvindex.Delta{Epoch: 1, Sequence: 1, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, 1)}}); err != nil || o != kvindex.Applied {
-			t.Fatalf("WAIT 1 on a master with no replica: %s, %v, want applied", o, err)
+		for seq := uint64(1); seq <= 3; seq++ {
+			if o, _, err := s.Apply(context.Background(), storetest.Src("p", 0), kvindex.Delta{Epoch: 1, Sequence: seq, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, seq)}}); err != nil || o != kvindex.Applied {
+				t.Fatalf("delta %d with WaitReplicas 1 on a master with no replica: %s, %v, want applied", seq, o, err)
+			}
+		}
+		admin := redis.NewClient(&redis.Options{Addr: addr})
+		defer admin.Close()
+		stats, err := admin.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stats, "cmdstat_role:") || strings.Contains(stats, "cmdstat_wait:") {
+			t.Fatalf("commands the store sent: ROLE with each write and no WAIT wanted:\n%s", stats)
 		}
 	})
 }
