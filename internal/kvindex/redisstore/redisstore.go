@@ -733,8 +733,11 @@ func (s *Store) run(ctx context.Context, node *redis.Client, script *redis.Scrip
 // when it has fewer.
 func replicasToWait(role *redis.Cmd, want int) (int, error) {
 	r, err := role.Slice()
-	if err != nil || len(r) < 3 || r[0] != "master" {
-		return 0, fmt.Errorf("reading the master's replicas (ROLE): %v, %w", r, err)
+	if err != nil {
+		return 0, fmt.Errorf("reading the master's replicas (ROLE): %w", err)
+	}
+	if len(r) < 3 || r[0] != "master" {
+		return 0, fmt.Errorf("reading the master's replicas: ROLE answered %v, not a master's", r)
 	}
 	replicas, _ := r[2].([]any)
 	return min(want, len(replicas)), nil
