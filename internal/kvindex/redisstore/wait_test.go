@@ -33,7 +33,7 @@ func TestWaitReplicas(t *testing.T) {
 
 	t.Run("a replica that does not answer", func(t *testing.T) {
 		ctx := context.Background()
-		s := newClusterStore(t, masters, redisstore.Options{WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond})
+		s := newClusterStore(t, masters, redisstore.Options{WaitReplicas: 1})
 		src := storetest.Src("p", 0)
 		pod := kvindex.PodKey{Backend: storetest.BackendA, UID: "p"}
 		hashes := storetest.Chain(1, 300) // placements on every master
@@ -68,6 +68,40 @@ func TestWaitReplicas(t *testing.T) {
 		}
 		if ms, _ := s.Score(ctx, storetest.BackendA, storetest.Space, hashes); len(ms) != 1 || ms[0].GPU != 300 {
 			t.Fatalf("after the resend: %+v, want the pod's 300 GPU blocks", ms)
+		}
+	})
+
+	t.Run("one server and its replica (as behind a Sentinel)", func(t *testing.T) {
+		ctx := context.Background()
+		master := redisserver.Start(t)
+		replica := redisserver.StartReplica(t, master)
+		rdb := redis.NewClient(&redis.Options{Addr: master})
+		s := redisstore.NewWithOptions(rdb, redisstore.Options{WaitReplicas: 1})
+		t.Cleanup(func() { _ = s.Close() })
+		src := storetest.Src("p", 0)
+		apply := func(seq uint64) error {
+			_, _, err := s.Apply(ctx, src, kvindex.Delta{Epoch: 1, Sequence: seq, Ops: []kvindex.Op{storetest.Store(kvindex.TierGPU, seq)}})
+			return err
+		}
+		if err := apply(1); err != nil {
+			t.Fatalf("with the replica online: %v", err)
+		}
+		if err := replica.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		err := apply(2)
+		if contErr := replica.Continue(); contErr != nil {
+			t.Fatal(contErr)
+		}
+		if !errors.Is(err, redisstore.ErrNotReplicated) {
+			t.Fatalf("with the replica stopped: %v, want ErrNotReplicated", err)
+		}
+		if err := apply(2); err != nil {
+			t.Fatalf("the resend with the replica back: %v", err)
+		}
+		// What the replica holds is what was acked.
+		if ms, _ := redisstore.NewWithOptions(redis.NewClient(&redis.Options{Addr: replica.Addr}), redisstore.Options{}).Score(ctx, storetest.BackendA, storetest.Space, []uint64{1}); len(ms) != 1 {
+			t.Fatalf("the replica scores %+v for the first delta's block", ms)
 		}
 	})
 

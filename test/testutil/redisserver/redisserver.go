@@ -25,8 +25,9 @@ import (
 // Bin is the redis-server the tests run.
 const Bin = "/usr/bin/redis-server"
 
-// Start runs redis-server with args after the loopback, port and
-// no-persistence ones (e.g. --requirepass, --user) and returns its
+// Start runs redis-server with args after the loopback, port,
+// no-persistence and no-replication-delay (a replica's first sync starts
+// at once, not after Redis' default 5 s) ones (e.g. --requirepass, --user) and returns its
 // host:port once it answers (a refusal such as NOAUTH is an answer).
 func Start(t testing.TB, args ...string) string {
 	t.Helper()
@@ -37,7 +38,7 @@ func Start(t testing.TB, args ...string) string {
 func start(t testing.TB, args ...string) process {
 	t.Helper()
 	p := launch(t, "redis.log", func(port int, dir string) []string {
-		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir}, args...)
+		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0", "--dir", dir}, args...)
 	})
 	c := redis.NewClient(&redis.Options{Addr: p.addr})
 	defer c.Close()
@@ -186,11 +187,8 @@ func startCluster(t testing.TB, n, replicas, nodeTimeoutMillis int) *Cluster {
 			if err != nil || !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, fmt.Sprintf("cluster_known_nodes:%d", len(all))) {
 				return false
 			}
-			if i < n && replicas > 0 {
-				repl, err := cl.Info(ctx, "replication").Result()
-				if err != nil || !strings.Contains(repl, "connected_slaves:1") || !strings.Contains(repl, "state=online") {
-					return false
-				}
+			if i < n && replicas > 0 && !replicating(cl, clients[n+i]) {
+				return false
 			}
 		}
 		return true
@@ -215,6 +213,37 @@ func startCluster(t testing.TB, n, replicas, nodeTimeoutMillis int) *Cluster {
 	}
 	t.Fatalf("the Redis Cluster of %d masters and %d replicas each on %v did not settle; CLUSTER INFO of the first:\n%s", n, replicas, addrs, info)
 	return nil
+}
+
+// StartReplica runs a redis-server as Start does, replicating the server
+// at masterAddr, and returns it once the master reports it online.
+func StartReplica(t testing.TB, masterAddr string) *Node {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(masterAddr)
+	n := &Node{proc: start(t, "--replicaof", host, port)}
+	n.Addr = n.proc.addr
+	m := redis.NewClient(&redis.Options{Addr: masterAddr})
+	defer m.Close()
+	r := redis.NewClient(&redis.Options{Addr: n.Addr})
+	defer r.Close()
+	n.proc.waitFor(t, "the replica on "+n.Addr+" of "+masterAddr+" did not come online", func() bool {
+		return replicating(m, r)
+	})
+	return n
+}
+
+// replicating reports whether master counts replica online and the
+// replica its link to the master up, its first sync loaded: only then does
+// it acknowledge what the master sends (a WAIT right after the master
+// first says online can still count 0).
+func replicating(master, replica *redis.Client) bool {
+	ctx := context.Background()
+	m, err := master.Info(ctx, "replication").Result()
+	if err != nil || !strings.Contains(m, "connected_slaves:1") || !strings.Contains(m, "state=online") {
+		return false
+	}
+	r, err := replica.Info(ctx, "replication").Result()
+	return err == nil && strings.Contains(r, "master_link_status:up") && strings.Contains(r, "master_sync_in_progress:0")
 }
 
 // StartSentinel runs a Redis Sentinel (redis-server --sentinel) watching
