@@ -174,7 +174,7 @@ func run(args []string) error {
 		if *redisWaitReplicas < 0 {
 			return fmt.Errorf("--redis-wait-replicas=%d: want 0 or more", *redisWaitReplicas)
 		}
-		store = redisstore.NewWithOptions(redis.NewUniversalClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout})
+		store = redisstore.NewWithOptions(redisClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout})
 	default:
 		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
 	}
@@ -344,6 +344,23 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	}
 	return cfg, nil
 }
+
+// redisClient is go-redis' client for opt (UniversalOptions picks the
+// kind); on a cluster it reads the slots again once they are a second old,
+// not go-redis' 60 s: a master that crashed answers nothing (no MOVED), so
+// its slots would fail that long after its replica was promoted.
+func redisClient(opt *redis.UniversalOptions) redis.UniversalClient {
+	if !opt.IsClusterMode { // redisOptions sets it for every cluster
+		return redis.NewUniversalClient(opt)
+	}
+	co := opt.Cluster()
+	co.ClusterStateReloadInterval = clusterStateReload
+	return redis.NewClusterClient(co)
+}
+
+// clusterStateReload is how old a cluster's slot map may grow before the
+// index reads it again.
+const clusterStateReload = time.Second
 
 // redisOptions reads the --redis-* flags: one address is one server,
 // several (or --redis-cluster) a cluster, --redis-sentinel-master a

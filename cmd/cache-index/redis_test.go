@@ -32,10 +32,15 @@ func TestRedisOptions(t *testing.T) {
 				}
 				return
 			}
-			c := redis.NewUniversalClient(opt)
+			c := redisClient(opt)
 			defer c.Close()
 			if got := typeName(c); got != tc.want {
 				t.Fatalf("client %s, want %s", got, tc.want)
+			}
+			// A cluster's slots are read again once a second old
+			// (TestShardFailoverMidStream waited 45 s without).
+			if cc, ok := c.(*redis.ClusterClient); ok && cc.Options().ClusterStateReloadInterval != clusterStateReload {
+				t.Fatalf("cluster slots reloaded every %s, want %s", cc.Options().ClusterStateReloadInterval, clusterStateReload)
 			}
 		})
 	}

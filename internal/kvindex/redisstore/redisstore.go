@@ -92,9 +92,6 @@ type Store struct {
 
 	mu    sync.Mutex
 	ranks map[string]*rankState // by pod prefix and rank
-	// stop ends the cluster state's reloads (closed by Close, once).
-	stop     chan struct{}
-	stopOnce sync.Once
 }
 
 // rankState serializes this store's changes of one rank and keeps the
@@ -153,16 +150,7 @@ type Options struct {
 	// WaitTimeout bounds each wait of WaitReplicas. Default
 	// DefaultWaitTimeout.
 	WaitTimeout time.Duration
-	// ClusterStateReload is how often, on a cluster, the store reads which
-	// master serves which slots (CLUSTER SLOTS). go-redis reads it anew on
-	// a MOVED reply, but a master that crashed answers nothing, and its
-	// own period is a minute: its slots would fail that long after its
-	// replica was promoted. Default DefaultClusterStateReload.
-	ClusterStateReload time.Duration
 }
-
-// DefaultClusterStateReload is Options.ClusterStateReload's default.
-const DefaultClusterStateReload = time.Second
 
 // DefaultWaitTimeout is Options.WaitTimeout's default.
 const DefaultWaitTimeout = time.Second
@@ -203,33 +191,9 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	if opt.WaitTimeout <= 0 {
 		opt.WaitTimeout = DefaultWaitTimeout
 	}
-	if opt.ClusterStateReload <= 0 {
-		opt.ClusterStateReload = DefaultClusterStateReload
-	}
 	cluster, _ := rdb.(*redis.ClusterClient)
 	single, _ := rdb.(*redis.Client)
-	s := &Store{rdb: rdb, cluster: cluster, single: single, opt: opt, id: newOwner(), ranks: map[string]*rankState{}, stop: make(chan struct{})}
-	if cluster != nil {
-		go s.reloadClusterState()
-	}
-	return s
-}
-
-// reloadClusterState reads the cluster's slots every
-// Options.ClusterStateReload until Close.
-func (s *Store) reloadClusterState() {
-	t := time.NewTicker(s.opt.ClusterStateReload)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), s.opt.ClusterStateReload)
-			s.cluster.ReloadState(ctx)
-			cancel()
-		}
-	}
+	return &Store{rdb: rdb, cluster: cluster, single: single, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
 }
 
 // Close implements kvindex.Store: the acks still waiting are sent first.
@@ -245,7 +209,6 @@ func (s *Store) Close() error {
 	for _, f := range due {
 		f()
 	}
-	s.stopOnce.Do(func() { close(s.stop) })
 	return s.rdb.Close()
 }
 
@@ -705,12 +668,10 @@ func (s *Store) run(ctx context.Context, node *redis.Client, script *redis.Scrip
 					continue
 				}
 			}
-			s.reloadOn(ctx, err)
 			return cmd
 		}
 		need, err := replicasToWait(role, s.opt.WaitReplicas)
 		if err != nil {
-			s.reloadOn(ctx, err)
 			cmd.SetErr(err)
 			return cmd
 		}
@@ -720,7 +681,6 @@ func (s *Store) run(ctx context.Context, node *redis.Client, script *redis.Scrip
 		n, err := conn.Do(ctx, "WAIT", need, s.opt.WaitTimeout.Milliseconds()).Int()
 		switch {
 		case err != nil:
-			s.reloadOn(ctx, err)
 			cmd.SetErr(fmt.Errorf("waiting for %d replica(s): %w", need, err))
 		case n < need:
 			cmd.SetErr(fmt.Errorf("%w: %d of %d in %s", ErrNotReplicated, n, need, s.opt.WaitTimeout))
@@ -741,15 +701,6 @@ func replicasToWait(role *redis.Cmd, want int) (int, error) {
 	}
 	replicas, _ := r[2].([]any)
 	return min(want, len(replicas)), nil
-}
-
-// reloadOn has the cluster client read the slots anew after an error of a
-// node reached directly (a master that failed over answers MOVED, or
-// nothing): the cluster's own routing does this itself.
-func (s *Store) reloadOn(ctx context.Context, err error) {
-	if s.cluster != nil && err != nil && !errors.Is(err, redis.Nil) {
-		s.cluster.ReloadState(ctx)
-	}
 }
 
 // maxLost bounds how often a change starts over because another took the
