@@ -93,6 +93,8 @@ func run(args []string) error {
 	redisDB := fs.Int("redis-db", 0, "Redis database number, with --store=redis")
 	redisWaitReplicas := fs.Int("redis-wait-replicas", 0, "with --store=redis, ack a subscriber's change only once this many replicas of each master it wrote hold it (Redis' WAIT), so that a master's crash and its replica's promotion lose no acked placement; 0 acks once the master holds it (asynchronous replication: a crash can lose the last writes)")
 	redisWaitTimeout := fs.Duration("redis-wait-timeout", redisstore.DefaultWaitTimeout, "how long each write waits for --redis-wait-replicas; a write that reaches fewer is not acked, and the subscriber sends it again")
+	redisReadModel := fs.Bool("redis-read-model", true, "with --store=redis, answer queries from a copy of the queried backends' placements in this replica's memory (about what --store=memory holds for them), kept current from each backend's feed in Redis; false asks Redis for each block of a prompt (no copy, slower queries)")
+	redisReadModelMaxLag := fs.Duration("redis-read-model-max-lag", 0, "with the read model, answer without a round trip to Redis while the copy was brought up to date less than this long ago (a query may then miss a change acked that long before it); 0 reads the feed for every query, so that a query sees every change acked before it")
 	redisPasswordFile := fs.String("redis-password-file", "", "file holding the Redis password (e.g. a mounted Secret), with --store=redis")
 	authMode := fs.String("auth", "tokenreview", "caller authentication: tokenreview (ServiceAccount tokens checked with the API server) or none (every caller allowed; local tests only)")
 	audiences := stringList{}
@@ -174,7 +176,11 @@ func run(args []string) error {
 		if *redisWaitReplicas < 0 {
 			return fmt.Errorf("--redis-wait-replicas=%d: want 0 or more", *redisWaitReplicas)
 		}
-		store = redisstore.NewWithOptions(redisClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout})
+		if *redisReadModelMaxLag < 0 {
+			return fmt.Errorf("--redis-read-model-max-lag=%s: want 0 or more", *redisReadModelMaxLag)
+		}
+		store = redisstore.NewWithOptions(redisClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout,
+			NoReadModel: !*redisReadModel, ReadModelMaxLag: *redisReadModelMaxLag})
 	default:
 		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
 	}

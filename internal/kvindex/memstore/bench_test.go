@@ -4,24 +4,13 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"sync"
 	"testing"
-	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/inferencecache/operator/internal/kvindex"
 	"github.com/inferencecache/operator/internal/kvindex/memstore"
 	"github.com/inferencecache/operator/internal/kvindex/storetest"
 )
-
-func splitmix(x uint64) uint64 {
-	x += 0x9e3779b97f4a7c15
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
-	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
-	return x ^ (x >> 31)
-}
 
 var (
 	benchBackend = kvindex.BackendRef{Namespace: "bench", Name: "cache"}
@@ -51,9 +40,9 @@ const (
 
 func promptHash(p, i int) uint64 {
 	if i < benchSystem {
-		return splitmix(uint64(i) | 1<<62)
+		return storetest.Splitmix(uint64(i) | 1<<62)
 	}
-	return splitmix(uint64(p)<<20 | uint64(i))
+	return storetest.Splitmix(uint64(p)<<20 | uint64(i))
 }
 
 func prompt(p int) []uint64 {
@@ -83,7 +72,7 @@ var bigIndex = sync.OnceValues(func() (*memstore.Store, [2]float64) {
 		}
 		add(prompt(0))
 		for k := 1; len(held) < benchPerPod; k++ {
-			p := 1 + int(splitmix(uint64(pod)<<16|uint64(k))%(benchPool-1))
+			p := 1 + int(storetest.Splitmix(uint64(pod)<<16|uint64(k))%(benchPool-1))
 			hs := prompt(p)
 			if room := benchPerPod - len(held); room < len(hs)-benchSystem {
 				hs = hs[:benchSystem+room]
@@ -108,7 +97,7 @@ func BenchmarkScore(b *testing.B) {
 	ctx := context.Background()
 	queries := map[string]func(i int) []uint64{
 		// A pool prompt: a full match on ~10 pods, the system prompt on all.
-		"typical": func(i int) []uint64 { return prompt(1 + int(splitmix(uint64(i))%(benchPool-1))) },
+		"typical": func(i int) []uint64 { return prompt(1 + int(storetest.Splitmix(uint64(i))%(benchPool-1))) },
 		// A new prompt: the system prompt on all pods, then nothing.
 		"miss-after-system-prompt": func(i int) []uint64 { return prompt(benchPool + i) },
 		// Prompt 0: every pod holds all 2,048 blocks.
@@ -121,40 +110,15 @@ func BenchmarkScore(b *testing.B) {
 			for i := range qs {
 				qs[i] = gen(i)
 			}
-			// Wall-clock latency, and the CPU time of the query's own
-			// thread (CLOCK_THREAD_CPUTIME_ID): on a shared, overloaded
-			// machine the latter is what the query costs an idle core.
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			lat := make([]time.Duration, 0, b.N)
-			cpu := make([]time.Duration, 0, b.N)
-			b.ResetTimer()
-			for i := range b.N {
-				c0, t0 := threadCPU(), time.Now()
+			storetest.BenchLatency(b, func(i int) error {
 				ms, err := s.Score(ctx, benchBackend, benchSpace, qs[i%len(qs)])
-				lat = append(lat, time.Since(t0))
-				cpu = append(cpu, threadCPU()-c0)
 				if err != nil || len(ms) == 0 {
-					b.Fatalf("score: %d matches, %v", len(ms), err)
+					return fmt.Errorf("score: %d matches, %v", len(ms), err)
 				}
-			}
-			b.StopTimer()
-			slices.Sort(lat)
-			slices.Sort(cpu)
-			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
-			b.ReportMetric(float64(cpu[len(cpu)/2].Nanoseconds())/1e3, "cpu-p50-µs")
-			b.ReportMetric(float64(cpu[len(cpu)*99/100].Nanoseconds())/1e3, "cpu-p99-µs")
+				return nil
+			})
 			b.ReportMetric(mem[1], "B/residency")
 			b.ReportMetric(mem[0], "residencies")
 		})
 	}
-}
-
-func threadCPU() time.Duration {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts); err != nil {
-		panic(err)
-	}
-	return time.Duration(ts.Nano())
 }

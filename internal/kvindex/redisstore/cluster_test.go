@@ -236,16 +236,18 @@ type target struct {
 	addrs []string
 }
 
+// client is a new client of r: one server's, or the cluster's.
+func (r target) client() redis.UniversalClient {
+	if len(r.addrs) == 1 {
+		return redis.NewClient(&redis.Options{Addr: r.addrs[0]})
+	}
+	return redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs})
+}
+
 // store is a new store on r (not flushed).
 func (r target) store(t testing.TB, opt redisstore.Options) *redisstore.Store {
 	t.Helper()
-	var c redis.UniversalClient
-	if len(r.addrs) == 1 {
-		c = redis.NewClient(&redis.Options{Addr: r.addrs[0]})
-	} else {
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.addrs})
-	}
-	s := redisstore.NewWithOptions(c, opt)
+	s := redisstore.NewWithOptions(r.client(), opt)
 	t.Cleanup(func() { _ = s.Close() })
 	return s
 }

@@ -22,6 +22,12 @@
 //	P podblocks      HASH  podUID -> blocks held (any tier)
 //	P blocks         STRING the backend's blocks (podblocks summed)
 //	P seen           HASH  I -> the last flush version counted
+//	P feed           STREAM the backend's flushes, entry n-0 the n-th: the
+//	                       instance and each changed member's new mask,
+//	                       trimmed to about FeedLength entries
+//	P feedn          HASH  n (the last entry's) and gen (the feed's
+//	                       lifetime); the index replicas' read models
+//	                       follow the feed (readmodel.go)
 //	P pods           HASH  podUID -> pod record (JSON)
 //	P leases         ZSET  podUID scored by lease end (unix ms)
 //	kvi2:{ns}:_blocks STRING the namespace's blocks
@@ -50,6 +56,11 @@
 // key but the placements and kvi2:backends expires Options.KeyTTLMargin
 // after the last lease PutPod set for it; a placement is emptied, and so
 // removed, by the clears of its holders.
+//
+// Score walks a read model: the placements of the backends a replica was
+// asked about, mirrored in its memory (a memstore) from their feeds, each
+// query reading its backend's feed first (Options.NoReadModel asks Redis
+// for each block's placement instead).
 package redisstore
 
 import (
@@ -92,6 +103,9 @@ type Store struct {
 
 	mu    sync.Mutex
 	ranks map[string]*rankState // by pod prefix and rank
+
+	// model is the read model Score walks; nil with Options.NoReadModel.
+	model *readModel
 }
 
 // rankState serializes this store's changes of one rank and keeps the
@@ -150,6 +164,22 @@ type Options struct {
 	// WaitTimeout bounds each wait of WaitReplicas. Default
 	// DefaultWaitTimeout.
 	WaitTimeout time.Duration
+	// NoReadModel makes Score ask Redis for each block of the prompt (one
+	// HGETALL of its placement) instead of walking the store's read model:
+	// the placements of the backends it was asked about, mirrored in this
+	// process's memory (about as much as the memory store holds for them)
+	// and kept current from each backend's feed (see readmodel.go).
+	NoReadModel bool
+	// ReadModelInterval is how often the read model follows the feeds of
+	// its backends between queries. Default DefaultReadModelInterval.
+	ReadModelInterval time.Duration
+	// ReadModelMaxLag, when above 0, lets Score answer from the read model
+	// without a round trip to Redis while the model's last sync began less
+	// than this long ago: a query may then miss a change acked up to that
+	// long before it. 0: every Score reads the feed first (one round trip,
+	// beside the walk), so that it sees every change acked before it,
+	// whichever replica applied it.
+	ReadModelMaxLag time.Duration
 }
 
 // DefaultWaitTimeout is Options.WaitTimeout's default.
@@ -191,9 +221,16 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	if opt.WaitTimeout <= 0 {
 		opt.WaitTimeout = DefaultWaitTimeout
 	}
+	if opt.ReadModelInterval <= 0 {
+		opt.ReadModelInterval = DefaultReadModelInterval
+	}
 	cluster, _ := rdb.(*redis.ClusterClient)
 	single, _ := rdb.(*redis.Client)
-	return &Store{rdb: rdb, cluster: cluster, single: single, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
+	s := &Store{rdb: rdb, cluster: cluster, single: single, opt: opt, id: newOwner(), ranks: map[string]*rankState{}}
+	if !opt.NoReadModel {
+		s.model = newReadModel(s)
+	}
+	return s
 }
 
 // Close implements kvindex.Store: the acks still waiting are sent first.
@@ -208,6 +245,9 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	for _, f := range due {
 		f()
+	}
+	if s.model != nil {
+		s.model.close()
 	}
 	return s.rdb.Close()
 }
@@ -422,7 +462,7 @@ func (c *caller) flush(ctx context.Context, sent time.Time, ver, d string, pairs
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		p := prefix(c.src.Backend)
-		if err := c.s.run(ctx, nil, countScript, []string{p + "seen"}, p, nsKey(c.src.Backend.Namespace), c.src.PodUID, c.base[1], ver, counts[0], counts[1], counts[2], counts[3]).Err(); err != nil {
+		if err := c.s.run(ctx, nil, countScript, []string{p + "seen"}, p, nsKey(c.src.Backend.Namespace), c.src.PodUID, c.base[1], ver, counts[0], counts[1], counts[2], counts[3], feedMembers(pairs)).Err(); err != nil {
 			countErr = fmt.Errorf("counting: %w", err)
 		}
 	})
@@ -432,6 +472,18 @@ func (c *caller) flush(ctx context.Context, sent time.Time, ver, d string, pairs
 		return fmt.Errorf("writing placements: %w", placeErr)
 	}
 	return countErr
+}
+
+// feedMembers is a flush's members as the feed holds them: each member
+// followed by its mask digit.
+func feedMembers(pairs []string) string {
+	var b strings.Builder
+	b.Grow(len(pairs) / 2 * feedRecord)
+	for i := 0; i+1 < len(pairs); i += 2 {
+		b.WriteString(pairs[i])
+		b.WriteString(pairs[i+1])
+	}
+	return b.String()
 }
 
 // deltaSteps splits d into the payloads of its steps (see step): each
@@ -846,6 +898,9 @@ func (s *Store) Score(ctx context.Context, backend kvindex.BackendRef, space kvi
 	if len(hashes) == 0 {
 		return nil, nil
 	}
+	if s.model != nil {
+		return s.model.score(ctx, backend, space, hashes)
+	}
 	sid := spaceID(space)
 	ids := map[string]uint32{}
 	var names []string
@@ -951,12 +1006,22 @@ func (s *Store) PutPod(ctx context.Context, rec kvindex.PodRecord, leaseUntil ti
 }
 
 // Pods implements kvindex.Store.
-func (s *Store) Pods(ctx context.Context, backend kvindex.BackendRef) ([]kvindex.PodRecord, error) {
+func (s *Store) Pods(ctx context.Context, backend kvindex.BackendRef) (out []kvindex.PodRecord, _ error) {
 	m, err := s.rdb.HGetAll(ctx, prefix(backend)+"pods").Result()
 	if err != nil {
+		// As Score does from the read model: the records last read, if
+		// recent, rather than no answer while Redis fails over.
+		if s.model != nil {
+			if recs, ok := s.model.podsRead(backend); ok {
+				return recs, nil
+			}
+		}
 		return nil, fmt.Errorf("reading pod records in redis: %w", err)
 	}
-	out := make([]kvindex.PodRecord, 0, len(m))
+	if s.model != nil {
+		defer func() { s.model.keepPods(backend, out) }()
+	}
+	out = make([]kvindex.PodRecord, 0, len(m))
 	for _, v := range m {
 		var rec kvindex.PodRecord
 		if err := json.Unmarshal([]byte(v), &rec); err != nil {

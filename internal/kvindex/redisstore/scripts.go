@@ -1,6 +1,11 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The pod-slot library every change script shares. ARGV: Q (the pod's
 // key prefix), rank, me (the caller's owner id), the flush lease (ms),
@@ -13,7 +18,7 @@ import "github.com/redis/go-redis/v9"
 // its references in the GPU, CPU and disk tiers. A call changes it and
 // records what the placement keys and the backend's counts must learn
 // (see pend) instead of writing them: those live in other cluster slots.
-const lib = writes + `
+var lib = writes + `
 local Q, rank, me, L, margin, ack = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
 local direct, P, NSK, blkPre, blkSuf, uid = ARGV[7] == '1', ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local ownKey = Q .. 'own:' .. rank
@@ -187,6 +192,9 @@ local function attach(out)
       place(blkPre .. string.sub(m, i + 1) .. blkSuf .. string.sub(m, 1, i - 1), inst, cmask[m])
     end
     addCounts(P, NSK, uid, dblocks, dt)
+    local ms = {}
+    for j, m in ipairs(clist) do ms[j] = m .. cmask[m] end
+    feed(P, inst, table.concat(ms))
     return out
   end
   local ver = math.max(tonumber(redis.call('HGET', versKey, rank) or '0') + 1, nowUs)
@@ -393,15 +401,17 @@ return attach(main())
 `)
 
 // countScript adds one flush's count changes to the backend's and
-// namespace's counts, once per version of the rank's. KEYS: the
-// backend's seen hash. ARGV: P, the namespace count key, uid, rank,
-// version, blocks, GPU, CPU and disk residencies gained (or lost).
+// namespace's counts, and its masks to the backend's feed, once per
+// version of the rank's. KEYS: the backend's seen hash. ARGV: P, the
+// namespace count key, uid, rank, version, blocks, GPU, CPU and disk
+// residencies gained (or lost), the feed's members (see feed).
 var countScript = redis.NewScript(writes + `
 local P, NSK, uid, inst, ver = ARGV[1], ARGV[2], ARGV[3], ARGV[3] .. '|' .. ARGV[4], ARGV[5]
 local seen = redis.call('HGET', P .. 'seen', inst)
 if seen and tonumber(seen) >= tonumber(ver) then return 0 end
 redis.call('HSET', P .. 'seen', inst, ver)
 addCounts(P, NSK, uid, tonumber(ARGV[6]), {tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])})
+feed(P, inst, ARGV[10])
 return 1
 `)
 
@@ -426,7 +436,7 @@ redis.call('HDEL', P .. 'podblocks', uid)
 for i = 4, #ARGV do redis.call('HDEL', P .. 'seen', uid .. '|' .. ARGV[i]) end
 local left = redis.call('HLEN', P .. 'pods')
 if left == 0 and redis.call('ZCARD', P .. 'leases') == 0 then
-  redis.call('DEL', P .. 'tiers', P .. 'podblocks', P .. 'blocks', P .. 'seen')
+  redis.call('DEL', P .. 'tiers', P .. 'podblocks', P .. 'blocks', P .. 'seen', P .. 'feed', P .. 'feedn')
 end
 return {1, left}
 `)
@@ -451,7 +461,7 @@ var putPodScript = redis.NewScript(extend + `
 local P, uid, rec, lease, NSK = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 redis.call('HSET', P .. 'pods', uid, rec)
 redis.call('ZADD', P .. 'leases', lease, uid)
-for _, k in ipairs({P .. 'pods', P .. 'leases', P .. 'tiers', P .. 'podblocks', P .. 'blocks', P .. 'seen', NSK}) do extend(k) end
+for _, k in ipairs({P .. 'pods', P .. 'leases', P .. 'tiers', P .. 'podblocks', P .. 'blocks', P .. 'seen', P .. 'feed', P .. 'feedn', NSK}) do extend(k) end
 return 1
 `)
 
@@ -491,13 +501,37 @@ for i = 2, #ARGV, 2 do place(ARGV[i], inst, tonumber(ARGV[i + 1])) end
 return 1
 `)
 
-// writes are the two writes a change's outcome makes outside the rank's
-// own state, shared by the step scripts on one server (attach) and the
+// writes are the writes a change's outcome makes outside the rank's own
+// state, shared by the step scripts on one server (attach) and the
 // flush's scripts on a cluster: place sets (or, for mask 0, removes) an
 // instance's tier mask in a block's placement; addCounts adds blocks and
 // per-tier residencies gained (or lost) to the pod's, backend's and
-// namespace's counts.
-const writes = `
+// namespace's counts; feed appends the flush's masks to the backend's
+// feed, which the index replicas' read models follow (readmodel.go).
+var writes = strings.ReplaceAll(writesLua, "FEEDLEN", strconv.Itoa(FeedLength))
+
+// FeedLength is about how many flushes a backend's feed keeps (Redis
+// trims it to about this many with XADD's MAXLEN ~): a read model that
+// falls further behind reads the backend again from the pods' states.
+const FeedLength = 8192
+
+// The feed: P feed is a stream of the backend's flushes, entry n-0 the
+// backend's n-th, with fields i (the instance) and m (each changed member
+// "S:H" followed by its new mask digit, 34 bytes each); P feedn holds n
+// and gen, the feed's lifetime (the server's time when its first entry
+// was added): a read model that sees another gen, or n going back, reads
+// the backend again.
+const writesLua = `
+local function feed(P, inst, ms)
+  local meta, key = P .. 'feedn', P .. 'feed'
+  local n = redis.call('HINCRBY', meta, 'n', 1)
+  if n == 1 then
+    local t = redis.call('TIME')
+    redis.call('DEL', key)
+    redis.call('HSET', meta, 'gen', t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  redis.call('XADD', key, 'MAXLEN', '~', FEEDLEN, string.format('%d-0', n), 'i', inst, 'm', ms)
+end
 local function place(key, inst, mask)
   if mask == 0 then redis.call('HDEL', key, inst) else redis.call('HSET', key, inst, mask) end
 end
