@@ -95,6 +95,7 @@ func run(args []string) error {
 	redisWaitTimeout := fs.Duration("redis-wait-timeout", redisstore.DefaultWaitTimeout, "how long each write waits for --redis-wait-replicas; a write that reaches fewer is not acked, and the subscriber sends it again")
 	redisReadModel := fs.Bool("redis-read-model", true, "with --store=redis, answer queries from a copy of the queried backends' placements in this replica's memory (about what --store=memory holds for them), kept current from each backend's feed in Redis; false asks Redis for each block of a prompt (no copy, slower queries)")
 	redisReadModelMaxLag := fs.Duration("redis-read-model-max-lag", 0, "with the read model, answer without a round trip to Redis while the copy was brought up to date less than this long ago (a query may then miss a change acked that long before it); 0 reads the feed for every query, so that a query sees every change acked before it")
+	redisPlacements := fs.Bool("redis-placements", true, "with --store=redis, write each block's placement key, which only --redis-read-model=false reads; false saves Redis a write per block update, and needs the read model on every replica of the index")
 	redisPasswordFile := fs.String("redis-password-file", "", "file holding the Redis password (e.g. a mounted Secret), with --store=redis")
 	authMode := fs.String("auth", "tokenreview", "caller authentication: tokenreview (ServiceAccount tokens checked with the API server) or none (every caller allowed; local tests only)")
 	audiences := stringList{}
@@ -176,11 +177,14 @@ func run(args []string) error {
 		if *redisWaitReplicas < 0 {
 			return fmt.Errorf("--redis-wait-replicas=%d: want 0 or more", *redisWaitReplicas)
 		}
+		if !*redisPlacements && !*redisReadModel {
+			return errors.New("--redis-placements=false with --redis-read-model=false: queries without the read model read the placements; keep one of them")
+		}
 		if *redisReadModelMaxLag < 0 {
 			return fmt.Errorf("--redis-read-model-max-lag=%s: want 0 or more", *redisReadModelMaxLag)
 		}
 		store = redisstore.NewWithOptions(redisClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout,
-			NoReadModel: !*redisReadModel, ReadModelMaxLag: *redisReadModelMaxLag})
+			NoReadModel: !*redisReadModel, ReadModelMaxLag: *redisReadModelMaxLag, NoPlacements: !*redisPlacements})
 	default:
 		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
 	}

@@ -55,3 +55,20 @@ func typeName(c redis.UniversalClient) string {
 	}
 	return "other"
 }
+
+// Flags that contradict each other are refused before anything starts.
+func TestRedisFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--redis-placements=false", "--redis-read-model=false"}, "--redis-placements=false with --redis-read-model=false"},
+		{[]string{"--redis-read-model-max-lag=-1s"}, "--redis-read-model-max-lag=-1s: want 0 or more"},
+		{[]string{"--redis-wait-replicas=-1"}, "--redis-wait-replicas=-1: want 0 or more"},
+	} {
+		err := run(append([]string{"--store=redis"}, tc.args...))
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

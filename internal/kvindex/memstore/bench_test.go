@@ -113,7 +113,7 @@ func BenchmarkScore(b *testing.B) {
 			storetest.BenchLatency(b, func(i int) error {
 				ms, err := s.Score(ctx, benchBackend, benchSpace, qs[i%len(qs)])
 				if err != nil || len(ms) == 0 {
-					return fmt.Errorf("score: %d matches, %v", len(ms), err)
+					return fmt.Errorf("score: %d matches, %w", len(ms), err)
 				}
 				return nil
 			})

@@ -63,7 +63,15 @@ func selfCPU(tb testing.TB) int64 {
 // part of make test (docs/performance.md):
 //
 //	go test -run '^$' -bench BenchmarkClusterIngest -benchtime 4000x -count 6 ./internal/kvindex/redisstore/
-func BenchmarkClusterIngest(b *testing.B) {
+func BenchmarkClusterIngest(b *testing.B) { clusterIngest(b, redisstore.Options{}) }
+
+// BenchmarkClusterIngestNoPlacements is BenchmarkClusterIngest with
+// Options.NoPlacements (cache-index --redis-placements=false).
+func BenchmarkClusterIngestNoPlacements(b *testing.B) {
+	clusterIngest(b, redisstore.Options{NoPlacements: true})
+}
+
+func clusterIngest(b *testing.B, opt redisstore.Options) {
 	for _, shards := range []int{0, 1, 3} {
 		var addrs []string
 		if shards == 0 {
@@ -79,7 +87,7 @@ func BenchmarkClusterIngest(b *testing.B) {
 				} else {
 					c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: 64})
 				}
-				ingest(b, addrs, c, redisstore.Options{}, pubs)
+				ingest(b, addrs, c, opt, pubs)
 			})
 		}
 	}

@@ -335,3 +335,35 @@ func TestReadModelAnswersThroughAnOutage(t *testing.T) {
 	_, err = fresh.Score(qctx2, storetest.BackendA, storetest.Space, prompt)
 	assert.Error(t, err, "a Score on a model never synced, during the outage")
 }
+
+// With NoPlacements the store's whole contract holds, on one server and a
+// cluster, and Redis holds no placement key.
+func TestNoPlacements(t *testing.T) {
+	for _, r := range targets(t) {
+		t.Run(r.name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) kvindex.Store {
+				r.flush(t)
+				return r.store(t, redisstore.Options{NoPlacements: true})
+			})
+			var keys int
+			for _, c := range feedNodes(t, r) {
+				for cursor := uint64(0); ; {
+					ks, next, err := c.Scan(context.Background(), cursor, "*:blk:*", 1000).Result()
+					require.NoError(t, err)
+					keys += len(ks)
+					if cursor = next; cursor == 0 {
+						break
+					}
+				}
+			}
+			assert.Zero(t, keys, "placement keys")
+			n := 0
+			for _, c := range feedNodes(t, r) {
+				size, err := c.DBSize(context.Background()).Result()
+				require.NoError(t, err)
+				n += int(size)
+			}
+			assert.NotZero(t, n, "keys of the last subtest: none, so the scan above proves nothing")
+		})
+	}
+}

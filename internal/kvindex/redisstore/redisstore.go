@@ -170,6 +170,12 @@ type Options struct {
 	// process's memory (about as much as the memory store holds for them)
 	// and kept current from each backend's feed (see readmodel.go).
 	NoReadModel bool
+	// NoPlacements leaves out the placement keys (kvi2:{H}:blk:…), which
+	// only a Score without the read model reads: each block update then
+	// costs Redis one write less, and a cluster no per-master placement
+	// script per change. Every replica on the Redis must then use the read
+	// model; with NoReadModel it is ignored.
+	NoPlacements bool
 	// ReadModelInterval is how often the read model follows the feeds of
 	// its backends between queries. Default DefaultReadModelInterval.
 	ReadModelInterval time.Duration
@@ -223,6 +229,9 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	}
 	if opt.ReadModelInterval <= 0 {
 		opt.ReadModelInterval = DefaultReadModelInterval
+	}
+	if opt.NoReadModel {
+		opt.NoPlacements = false // its Score reads them
 	}
 	cluster, _ := rdb.(*redis.ClusterClient)
 	single, _ := rdb.(*redis.Client)
@@ -352,8 +361,11 @@ func (s *Store) callerOf(key string, rs *rankState) *caller {
 	c := &caller{s: s, src: rs.src, q: q, key: key, rs: rs, ack: rs.ack}
 	rs.ack = ""
 	direct := "1"
-	if s.cluster != nil {
+	switch {
+	case s.cluster != nil:
 		direct = "0"
+	case s.opt.NoPlacements:
+		direct = "2"
 	}
 	pre, suf := blockKeyParts(rs.src.Backend)
 	c.base = []any{q, strconv.FormatUint(uint64(rs.src.Rank), 10), s.id, s.opt.FlushLease.Milliseconds(), s.opt.KeyTTLMargin.Milliseconds(), "",
@@ -466,7 +478,10 @@ func (c *caller) flush(ctx context.Context, sent time.Time, ver, d string, pairs
 			countErr = fmt.Errorf("counting: %w", err)
 		}
 	})
-	placeErr := c.s.place(ctx, c.src.Backend, inst, pairs)
+	var placeErr error
+	if !c.s.opt.NoPlacements {
+		placeErr = c.s.place(ctx, c.src.Backend, inst, pairs)
+	}
 	wg.Wait()
 	if placeErr != nil {
 		return fmt.Errorf("writing placements: %w", placeErr)

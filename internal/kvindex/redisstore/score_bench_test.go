@@ -138,7 +138,7 @@ func BenchmarkScoreRedis(b *testing.B) {
 				storetest.BenchLatency(b, func(i int) error {
 					ms, err := st.store.Score(ctx, storetest.BackendA, storetest.Space, qs[i%len(qs)])
 					if err != nil || len(ms) != q.want {
-						return fmt.Errorf("score: %d matches, %v; want %d", len(ms), err, q.want)
+						return fmt.Errorf("score: %d matches, %w; want %d", len(ms), err, q.want)
 					}
 					return nil
 				})

@@ -10,7 +10,8 @@ import (
 // The pod-slot library every change script shares. ARGV: Q (the pod's
 // key prefix), rank, me (the caller's owner id), the flush lease (ms),
 // the key TTL margin (ms), ack (the version the caller flushed, or ”),
-// direct ('1' on one server: see attach), P (the backend's prefix), the
+// direct ('1' on one server: see attach; '2' there without placements,
+// Options.NoPlacements), P (the backend's prefix), the
 // namespace count key, a placement key's parts before and after the
 // block hash, the pod's UID, then the script's own from ARGV[13].
 //
@@ -20,7 +21,7 @@ import (
 // (see pend) instead of writing them: those live in other cluster slots.
 var lib = writes + `
 local Q, rank, me, L, margin, ack = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
-local direct, P, NSK, blkPre, blkSuf, uid = ARGV[7] == '1', ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local direct, placed, P, NSK, blkPre, blkSuf, uid = ARGV[7] ~= '0', ARGV[7] ~= '2', ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
 local ownKey = Q .. 'own:' .. rank
 local pendKey = Q .. 'pend:' .. rank
 local progKey = Q .. 'prog:' .. rank
@@ -187,9 +188,11 @@ local function attach(out)
   if #clist == 0 then return out end
   if direct then
     local inst = uid .. '|' .. rank
-    for _, m in ipairs(clist) do
-      local i = string.find(m, ':', 1, true)
-      place(blkPre .. string.sub(m, i + 1) .. blkSuf .. string.sub(m, 1, i - 1), inst, cmask[m])
+    if placed then
+      for _, m in ipairs(clist) do
+        local i = string.find(m, ':', 1, true)
+        place(blkPre .. string.sub(m, i + 1) .. blkSuf .. string.sub(m, 1, i - 1), inst, cmask[m])
+      end
     end
     addCounts(P, NSK, uid, dblocks, dt)
     local ms = {}
