@@ -159,6 +159,7 @@ func run(args []string) error {
 
 	limits := kvindex.Limits{PodBlocks: *maxPodBlocks, BackendBlocks: *maxBackendBlocks, NamespaceBlocks: *maxNamespaceBlocks, NamespaceSpaces: *maxNamespaceSpaces}
 	var store kvindex.Store
+	var rs *redisstore.Store // store, with --store=redis
 	switch *storeKind {
 	case "memory":
 		store = memstore.NewLimited(limits)
@@ -183,8 +184,9 @@ func run(args []string) error {
 		if *redisReadModelMaxLag < 0 {
 			return fmt.Errorf("--redis-read-model-max-lag=%s: want 0 or more", *redisReadModelMaxLag)
 		}
-		store = redisstore.NewWithOptions(redisClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout,
+		rs = redisstore.NewWithOptions(redisClient(opt), redisstore.Options{Limits: limits, WaitReplicas: *redisWaitReplicas, WaitTimeout: *redisWaitTimeout,
 			NoReadModel: !*redisReadModel, ReadModelMaxLag: *redisReadModelMaxLag, NoPlacements: !*redisPlacements})
+		store = rs
 	default:
 		return fmt.Errorf("--store=%q: want memory or redis", *storeKind)
 	}
@@ -292,7 +294,22 @@ func run(args []string) error {
 	go func() { errc <- serve("HTTP API", apiSrv.ListenAndServe) }()
 	go func() { errc <- serve("probes", probeSrv.ListenAndServe) }()
 	go ix.RunLeaseReaper(ctx, max(*lease/6, time.Second))
-	ready.Store(true)
+	if rs == nil {
+		ready.Store(true)
+	} else {
+		// Ready once the read model holds every backend, so that no query
+		// waits for one to be read.
+		go func() {
+			began := time.Now()
+			n, err := rs.Preload(ctx)
+			if err != nil {
+				log.Error(err, "reading the backends into the read model; each is read at its first query instead")
+			} else if n > 0 {
+				log.Info("read model loaded", "backends", n, "took", time.Since(began).Round(time.Millisecond))
+			}
+			ready.Store(true)
+		}()
+	}
 	log.Info("cache-index serving", "version", version.Version, "grpc", grpcLis.Addr().String(), "http", *httpAddr,
 		"probes", *probeAddr, "store", *storeKind, "auth", *authMode, "audiences", []string(audiences),
 		"maxRanks", *maxRanks, "requireBackend", *requireBackend)

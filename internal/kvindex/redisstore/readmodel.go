@@ -78,6 +78,9 @@ type feedState struct {
 	// syncedAt is when the last finished sync began (unix ns): the model
 	// holds every change acked before then.
 	syncedAt atomic.Int64
+	// loading: the backend is being read again (the model holds part of
+	// it).
+	loading atomic.Bool
 
 	mu     sync.Mutex // held by a sync
 	synced uint64
@@ -110,7 +113,14 @@ func (m *readModel) score(ctx context.Context, backend kvindex.BackendRef, space
 	before := fs.changes.Load()
 	ms, err := m.mem.Score(ctx, backend, sp, hashes)
 	var serr error
-	wait := time.NewTimer(MaxSyncWait)
+	// A model not read yet has nothing to answer with: it waits for its
+	// read (a replica reads every backend once before it is ready, see
+	// Preload), bounded by ctx.
+	bound := MaxSyncWait
+	if fs.syncedAt.Load() == 0 {
+		bound = time.Duration(1<<63 - 1)
+	}
+	wait := time.NewTimer(bound)
 	select {
 	case serr = <-synced:
 	case <-ctx.Done():
@@ -124,7 +134,9 @@ func (m *readModel) score(ctx context.Context, backend kvindex.BackendRef, space
 		// not in time: the model as last synced, if that was recent,
 		// rather than no answer (a router would route blind). It misses
 		// at most the changes acked between that sync and the failure.
-		if at := fs.syncedAt.Load(); at == 0 || time.Since(time.Unix(0, at)) > MaxStaleOnError {
+		// Not while the backend is being read again: the model holds
+		// part of it.
+		if at := fs.syncedAt.Load(); at == 0 || time.Since(time.Unix(0, at)) > MaxStaleOnError || fs.loading.Load() {
 			return nil, serr
 		}
 	}
@@ -289,6 +301,8 @@ func (m *readModel) load(ctx context.Context, backend kvindex.BackendRef, fs *fe
 	n, gen := feedMeta(vals)
 	// Counted after the changes (see score), whether or not the read ends.
 	defer fs.changes.Add(1)
+	fs.loading.Store(true)
+	defer fs.loading.Store(false)
 	m.mem.DropBackend(backend)
 	// Not the feed from its first entry, though it may still hold it:
 	// changes made before it began (by an index of an earlier version)
@@ -360,19 +374,64 @@ func (m *readModel) loadRank(ctx context.Context, backend kvindex.BackendRef, ui
 	}
 }
 
+// preload follows every backend the store has a lease for and reads it
+// into the model; it returns how many.
+func (m *readModel) preload(ctx context.Context) (int, error) {
+	refs, err := m.backends(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for _, ref := range refs {
+		if err := m.sync(ctx, ref); err != nil {
+			return 0, err
+		}
+	}
+	return len(refs), nil
+}
+
+// backends lists the backends with a lease (the reaper's list).
+func (m *readModel) backends(ctx context.Context) ([]kvindex.BackendRef, error) {
+	names, err := m.s.rdb.SMembers(ctx, backendsKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("listing backends in redis: %w", err)
+	}
+	var out []kvindex.BackendRef
+	for _, b := range names {
+		if ns, name, ok := strings.Cut(b, "/"); ok {
+			out = append(out, kvindex.BackendRef{Namespace: ns, Name: name})
+		}
+	}
+	return out, nil
+}
+
+// discoverEvery: the follower looks for backends it does not follow yet
+// every this many intervals.
+const discoverEvery = 10
+
 // follow syncs every followed backend each Options.ReadModelInterval, so
 // that none falls further behind than the feed keeps between queries,
-// and stops following a backend whose feed is gone (its last pod
-// expired).
+// follows the backends other replicas created (every discoverEvery
+// intervals), and stops following a backend whose feed is gone (its last
+// pod expired).
 func (m *readModel) follow() {
 	defer close(m.stopped)
 	t := time.NewTicker(m.s.opt.ReadModelInterval)
 	defer t.Stop()
-	for {
+	for tick := 1; ; tick++ {
 		select {
 		case <-m.stop:
 			return
 		case <-t.C:
+		}
+		if tick%discoverEvery == 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			refs, err := m.backends(ctx)
+			cancel()
+			if err == nil {
+				for _, ref := range refs {
+					m.feed(ref)
+				}
+			}
 		}
 		m.mu.Lock()
 		refs := make([]kvindex.BackendRef, 0, len(m.feeds))
@@ -381,7 +440,8 @@ func (m *readModel) follow() {
 		}
 		m.mu.Unlock()
 		for _, ref := range refs {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*m.s.opt.ReadModelInterval+time.Second)
+			// Long enough to read a large backend again.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			err := m.sync(ctx, ref)
 			cancel()
 			if err != nil {

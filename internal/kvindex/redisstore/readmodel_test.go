@@ -150,6 +150,17 @@ func TestReadModelStartsLate(t *testing.T) {
 			late("the feed whole")
 			trimFeed(t, r)
 			late("the feed trimmed")
+
+			// Preloaded: the backend is read before the first query, which
+			// then reads no pod state.
+			s := r.store(t, redisstore.Options{})
+			n, err := s.Preload(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, 1, n, "backends preloaded")
+			before := commandCalls(t, r)
+			assert.Equal(t, want, scores(t, s, prompt), "a preloaded replica")
+			after := commandCalls(t, r)
+			assert.Zero(t, after["hscan"]-before["hscan"], "HSCANs of a preloaded replica's first query")
 		})
 	}
 }

@@ -242,6 +242,17 @@ func NewWithOptions(rdb redis.UniversalClient, opt Options) *Store {
 	return s
 }
 
+// Preload reads every backend that has a pod with a lease into the read
+// model, so that the replica's first queries need not wait for it; it
+// returns how many (0 without the read model). The read model then keeps
+// following them, and the backends created later.
+func (s *Store) Preload(ctx context.Context) (int, error) {
+	if s.model == nil {
+		return 0, nil
+	}
+	return s.model.preload(ctx)
+}
+
 // Close implements kvindex.Store: the acks still waiting are sent first.
 func (s *Store) Close() error {
 	s.mu.Lock()

@@ -130,8 +130,9 @@ func BenchmarkScoreRedis(b *testing.B) {
 		}
 		for _, st := range stores {
 			b.Run(q.name+"/"+st.name, func(b *testing.B) {
-				// The first query of a replica reads the backend into its
-				// model: not timed.
+				// The first query of a replica waits for the backend to be
+				// read into its model (cache-index does that before it is
+				// ready: Store.Preload): not timed.
 				if ms, err := st.store.Score(ctx, storetest.BackendA, storetest.Space, qs[0]); err != nil || len(ms) != q.want {
 					b.Fatalf("score: %d matches, %v; want %d", len(ms), err, q.want)
 				}

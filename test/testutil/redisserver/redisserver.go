@@ -147,8 +147,12 @@ func startCluster(t testing.TB, n, replicas, nodeTimeoutMillis int) *Cluster {
 	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.Itoa(nodeTimeoutMillis)}
 	c := &Cluster{}
 	var all []*Node
+	var bus []int
 	for i := range n * (1 + replicas) {
-		node := &Node{proc: start(t, args...)}
+		// The cluster bus on a port of its own: Redis' default, the
+		// client port plus 10,000, may be taken, or past 65,535.
+		bus = append(bus, freeport.MustTake(t))
+		node := &Node{proc: start(t, append(args, "--cluster-port", strconv.Itoa(bus[i]))...)}
 		node.Addr = node.proc.addr
 		if i < n {
 			c.Masters = append(c.Masters, node)
@@ -175,9 +179,9 @@ func startCluster(t testing.TB, n, replicas, nodeTimeoutMillis int) *Cluster {
 			t.Fatalf("CLUSTER ADDSLOTSRANGE %d %d on %s: %v", lo, hi, all[i].Addr, err)
 		}
 	}
-	for _, node := range all[1:] {
+	for i, node := range all[1:] {
 		host, port, _ := net.SplitHostPort(node.Addr)
-		if err := clients[0].ClusterMeet(ctx, host, port).Err(); err != nil {
+		if err := clients[0].Do(ctx, "CLUSTER", "MEET", host, port, bus[i+1]).Err(); err != nil {
 			t.Fatalf("CLUSTER MEET %s: %v", node.Addr, err)
 		}
 	}
