@@ -2,9 +2,9 @@ package redisstore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,17 +55,10 @@ type readModel struct {
 
 	mu      sync.Mutex
 	feeds   map[kvindex.BackendRef]*feedState
-	pods    map[kvindex.BackendRef]podsRead
 	started bool
 	closed  bool
 	stop    chan struct{}
 	stopped chan struct{}
-}
-
-// podsRead is what Pods last read for a backend, and when.
-type podsRead struct {
-	recs []kvindex.PodRecord
-	at   time.Time
 }
 
 // feedState is how far the model has followed one backend's feed.
@@ -82,6 +75,10 @@ type feedState struct {
 	// it).
 	loading atomic.Bool
 
+	// pods are the backend's pod records by UID, as the model read them.
+	podsMu sync.RWMutex
+	pods   map[string]kvindex.PodRecord
+
 	mu     sync.Mutex // held by a sync
 	synced uint64
 	loaded bool
@@ -90,7 +87,7 @@ type feedState struct {
 }
 
 func newReadModel(s *Store) *readModel {
-	return &readModel{s: s, mem: memstore.New(), feeds: map[kvindex.BackendRef]*feedState{}, pods: map[kvindex.BackendRef]podsRead{}, stop: make(chan struct{}), stopped: make(chan struct{})}
+	return &readModel{s: s, mem: memstore.New(), feeds: map[kvindex.BackendRef]*feedState{}, stop: make(chan struct{}), stopped: make(chan struct{})}
 }
 
 // modelSpace is the memory store's space for a Redis space id.
@@ -112,15 +109,31 @@ func (m *readModel) score(ctx context.Context, backend kvindex.BackendRef, space
 	go func() { synced <- m.syncFrom(ctx, backend, fs, ticket) }()
 	before := fs.changes.Load()
 	ms, err := m.mem.Score(ctx, backend, sp, hashes)
+	if serr := m.await(ctx, backend, fs, synced); serr != nil {
+		return nil, serr
+	}
+	if err != nil || fs.changes.Load() == before {
+		return ms, err
+	}
+	return m.mem.Score(ctx, backend, sp, hashes)
+}
+
+// await waits for a sync of fs (its result on synced) and says whether
+// the model may answer: after the sync; or, when Redis cannot be read (a
+// master's failover, CLUSTERDOWN) or not within MaxSyncWait, as last
+// synced, if that was at most MaxStaleOnError ago and no read of the
+// whole backend is under way, rather than no answer (a router would route
+// blind): it then misses at most the changes acked between that sync and
+// the failure. A model never synced waits for its first read (a replica
+// reads every backend before it is ready, see Preload), bounded by ctx.
+func (m *readModel) await(ctx context.Context, backend kvindex.BackendRef, fs *feedState, synced <-chan error) error {
 	var serr error
-	// A model not read yet has nothing to answer with: it waits for its
-	// read (a replica reads every backend once before it is ready, see
-	// Preload), bounded by ctx.
 	bound := MaxSyncWait
 	if fs.syncedAt.Load() == 0 {
 		bound = time.Duration(1<<63 - 1)
 	}
 	wait := time.NewTimer(bound)
+	defer wait.Stop()
 	select {
 	case serr = <-synced:
 	case <-ctx.Done():
@@ -128,22 +141,52 @@ func (m *readModel) score(ctx context.Context, backend kvindex.BackendRef, space
 	case <-wait.C:
 		serr = fmt.Errorf("the feed of %s not read in %s", backend, MaxSyncWait)
 	}
-	wait.Stop()
-	if serr != nil {
-		// Redis cannot be read (a master's failover, CLUSTERDOWN), or
-		// not in time: the model as last synced, if that was recent,
-		// rather than no answer (a router would route blind). It misses
-		// at most the changes acked between that sync and the failure.
-		// Not while the backend is being read again: the model holds
-		// part of it.
-		if at := fs.syncedAt.Load(); at == 0 || time.Since(time.Unix(0, at)) > MaxStaleOnError || fs.loading.Load() {
-			return nil, serr
+	if serr == nil {
+		return nil
+	}
+	if at := fs.syncedAt.Load(); at == 0 || time.Since(time.Unix(0, at)) > MaxStaleOnError || fs.loading.Load() {
+		return serr
+	}
+	return nil
+}
+
+// podRecords answers Pods from the model, as score answers Score.
+func (m *readModel) podRecords(ctx context.Context, backend kvindex.BackendRef) ([]kvindex.PodRecord, error) {
+	fs := m.feed(backend)
+	if lag := m.s.opt.ReadModelMaxLag; lag <= 0 || time.Since(time.Unix(0, fs.syncedAt.Load())) >= lag {
+		ticket := fs.asked.Add(1)
+		synced := make(chan error, 1)
+		go func() { synced <- m.syncFrom(ctx, backend, fs, ticket) }()
+		if err := m.await(ctx, backend, fs, synced); err != nil {
+			return nil, err
 		}
 	}
-	if err != nil || fs.changes.Load() == before {
-		return ms, err
+	fs.podsMu.RLock()
+	defer fs.podsMu.RUnlock()
+	out := make([]kvindex.PodRecord, 0, len(fs.pods))
+	for _, rec := range fs.pods {
+		out = append(out, rec)
 	}
-	return m.mem.Score(ctx, backend, sp, hashes)
+	return out, nil
+}
+
+// setPod keeps (rec != "") or drops a pod's record in the model.
+func (fs *feedState) setPod(backend kvindex.BackendRef, uid, rec string) {
+	fs.podsMu.Lock()
+	defer fs.podsMu.Unlock()
+	if rec == "" {
+		delete(fs.pods, uid)
+		return
+	}
+	var r kvindex.PodRecord
+	if err := json.Unmarshal([]byte(rec), &r); err != nil {
+		return // as Pods skips a record it cannot read
+	}
+	r.Backend = backend
+	if fs.pods == nil {
+		fs.pods = map[string]kvindex.PodRecord{}
+	}
+	fs.pods[uid] = r
 }
 
 func (m *readModel) feed(backend kvindex.BackendRef) *feedState {
@@ -225,6 +268,12 @@ func (m *readModel) catchUp(ctx context.Context, backend kvindex.BackendRef, fs 
 					fs.loaded = false // trimmed past what the model read
 					break
 				}
+				if uid, ok := msg.Values["p"].(string); ok {
+					rec, _ := msg.Values["r"].(string)
+					fs.setPod(backend, uid, rec)
+					fs.last = seq
+					continue
+				}
 				inst, _ := msg.Values["i"].(string)
 				members, _ := msg.Values["m"].(string)
 				err = m.apply(backend, inst, members)
@@ -304,6 +353,16 @@ func (m *readModel) load(ctx context.Context, backend kvindex.BackendRef, fs *fe
 	fs.loading.Store(true)
 	defer fs.loading.Store(false)
 	m.mem.DropBackend(backend)
+	recs, err := m.s.rdb.HGetAll(ctx, p+"pods").Result()
+	if err != nil {
+		return err
+	}
+	fs.podsMu.Lock()
+	fs.pods = nil
+	fs.podsMu.Unlock()
+	for uid, rec := range recs {
+		fs.setPod(backend, uid, rec)
+	}
 	// Not the feed from its first entry, though it may still hold it:
 	// changes made before it began (by an index of an earlier version)
 	// are only in the pods' states. The pods: those with a lease, a
@@ -467,30 +526,6 @@ func (m *readModel) forgetIfGone(ref kvindex.BackendRef) {
 			delete(m.feeds, ref)
 		}
 	}
-}
-
-// keepPods keeps the pod records Pods last read for a backend, for
-// podsRead.
-func (m *readModel) keepPods(backend kvindex.BackendRef, recs []kvindex.PodRecord) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.pods[backend] = podsRead{recs: slices.Clone(recs), at: time.Now()}
-	if len(recs) == 0 {
-		delete(m.pods, backend)
-	}
-}
-
-// podsRead is a copy of the pod records Pods last read for backend, if
-// that was at most MaxStaleOnError ago: what Pods answers when Redis
-// cannot be read.
-func (m *readModel) podsRead(backend kvindex.BackendRef) ([]kvindex.PodRecord, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	p, ok := m.pods[backend]
-	if !ok || time.Since(p.at) > MaxStaleOnError {
-		return nil, false
-	}
-	return slices.Clone(p.recs), true
 }
 
 func (m *readModel) close() {

@@ -68,11 +68,23 @@ func TestReadModelFollowsTheFeed(t *testing.T) {
 				t.Helper()
 				want := scores(t, truth, prompt)
 				assert.Equal(t, want, scores(t, model, prompt), when)
+				wantPods, err := truth.Pods(ctx, storetest.BackendA)
+				require.NoError(t, err)
+				gotPods, err := model.Pods(ctx, storetest.BackendA)
+				require.NoError(t, err)
+				assert.ElementsMatch(t, wantPods, gotPods, "%s: pod records", when)
+			}
+			putPod := func(uid string) {
+				t.Helper()
+				require.NoError(t, writer.PutPod(ctx, kvindex.PodRecord{Backend: storetest.BackendA, UID: uid, Name: "engine-" + uid, Model: "m", LastSeen: time.Now().UTC().Truncate(time.Millisecond)}, time.Now().Add(time.Hour)))
 			}
 			for i := range 6 {
+				putPod(fmt.Sprintf("p%d", i))
 				apply(fmt.Sprintf("p%d", i), storetest.Store(kvindex.TierGPU, prompt[:50*(i+1)]...), storetest.Store(kvindex.TierCPU, prompt[:20]...))
 			}
 			same("after the first deltas")
+			putPod("p0") // a heartbeat: the record changes
+			same("after a record changed")
 			require.NotEmpty(t, scores(t, truth, prompt), "the test data matches nothing")
 
 			apply("p1", storetest.Remove(kvindex.TierGPU, prompt[30:40]...))
@@ -92,9 +104,11 @@ func TestReadModelFollowsTheFeed(t *testing.T) {
 			sent.reset()
 			for range 5 {
 				scores(t, model, prompt)
+				_, err := model.Pods(ctx, storetest.BackendA)
+				require.NoError(t, err)
 			}
-			assert.Equal(t, 5, sent.roundTrips(), "round trips of 5 Scores")
-			assert.Equal(t, map[string]int{"hmget": 5, "xread": 5}, sent.commands(), "commands of 5 Scores")
+			assert.Equal(t, 10, sent.roundTrips(), "round trips of 5 Scores and 5 Pods")
+			assert.Equal(t, map[string]int{"hmget": 10, "xread": 10}, sent.commands(), "commands of 5 Scores and 5 Pods")
 
 			// The backend's keys gone and begun anew: the model drops what it
 			// held.
@@ -116,6 +130,9 @@ func TestReadModelFollowsTheFeed(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, gone, 1)
 			assert.Empty(t, scores(t, model, prompt), "after the last pod expired")
+			recs, err := model.Pods(ctx, storetest.BackendA)
+			require.NoError(t, err)
+			assert.Empty(t, recs, "pod records after the last pod expired")
 		})
 	}
 }

@@ -1032,22 +1032,15 @@ func (s *Store) PutPod(ctx context.Context, rec kvindex.PodRecord, leaseUntil ti
 }
 
 // Pods implements kvindex.Store.
-func (s *Store) Pods(ctx context.Context, backend kvindex.BackendRef) (out []kvindex.PodRecord, _ error) {
+func (s *Store) Pods(ctx context.Context, backend kvindex.BackendRef) ([]kvindex.PodRecord, error) {
+	if s.model != nil {
+		return s.model.podRecords(ctx, backend)
+	}
 	m, err := s.rdb.HGetAll(ctx, prefix(backend)+"pods").Result()
 	if err != nil {
-		// As Score does from the read model: the records last read, if
-		// recent, rather than no answer while Redis fails over.
-		if s.model != nil {
-			if recs, ok := s.model.podsRead(backend); ok {
-				return recs, nil
-			}
-		}
 		return nil, fmt.Errorf("reading pod records in redis: %w", err)
 	}
-	if s.model != nil {
-		defer func() { s.model.keepPods(backend, out) }()
-	}
-	out = make([]kvindex.PodRecord, 0, len(m))
+	out := make([]kvindex.PodRecord, 0, len(m))
 	for _, v := range m {
 		var rec kvindex.PodRecord
 		if err := json.Unmarshal([]byte(v), &rec); err != nil {

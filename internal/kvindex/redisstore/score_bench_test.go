@@ -147,3 +147,43 @@ func BenchmarkScoreRedis(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPodsRedis measures Pods, which every query of the index asks
+// before Score, for a backend of 100 pods: the memory store, a replica's
+// read model (the default), and the records read from Redis
+// (Options.NoReadModel).
+func BenchmarkPodsRedis(b *testing.B) {
+	ctx := context.Background()
+	addr := startRedis(b)
+	mem := memstore.New()
+	writer := redisstore.New(redis.NewClient(&redis.Options{Addr: addr}))
+	defer writer.Close()
+	for i := range scorePods {
+		rec := kvindex.PodRecord{Backend: storetest.BackendA, UID: fmt.Sprintf("pod-%d", i), Name: fmt.Sprintf("vllm-%d", i), Model: "meta-llama/Llama-3.1-8B-Instruct",
+			Engine: "vllm", Scheme: "sha256_cbor/16/vllm-none-hash", BlockSize: 16, DPSize: 1, Address: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256),
+			LastSeen: time.Now(), Ranks: []kvindex.RankHealth{{Rank: 0, State: 1, EventsTotal: 123456, LagP50Millis: 2, LagP99Millis: 9}}}
+		for _, s := range []kvindex.Store{mem, writer} {
+			if err := s.PutPod(ctx, rec, time.Now().Add(time.Hour)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for _, st := range []struct {
+		name  string
+		store kvindex.Store
+	}{
+		{"memory", mem},
+		{"read-model", redisstore.New(redis.NewClient(&redis.Options{Addr: addr}))},
+		{"records", redisstore.NewWithOptions(redis.NewClient(&redis.Options{Addr: addr}), redisstore.Options{NoReadModel: true})},
+	} {
+		b.Run(st.name, func(b *testing.B) {
+			storetest.BenchLatency(b, func(int) error {
+				recs, err := st.store.Pods(ctx, storetest.BackendA)
+				if err != nil || len(recs) != scorePods {
+					return fmt.Errorf("pods: %d records, %w; want %d", len(recs), err, scorePods)
+				}
+				return nil
+			})
+		})
+	}
+}

@@ -429,12 +429,12 @@ return 1
 // backend's slot, if its lease still ended (a subscriber may have come
 // back meanwhile), and the backend's own keys with its last pod. ARGV: P,
 // uid, now, the pod's ranks. It returns {removed, pods left}.
-var finishExpireScript = redis.NewScript(`
+var finishExpireScript = redis.NewScript(writes + `
 local P, uid, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local until_ = redis.call('ZSCORE', P .. 'leases', uid)
 if not until_ or tonumber(until_) >= now then return {0, redis.call('HLEN', P .. 'pods')} end
 redis.call('ZREM', P .. 'leases', uid)
-redis.call('HDEL', P .. 'pods', uid)
+if redis.call('HDEL', P .. 'pods', uid) == 1 then feedAdd(P, 'p', uid, 'r', '') end
 redis.call('HDEL', P .. 'podblocks', uid)
 for i = 4, #ARGV do redis.call('HDEL', P .. 'seen', uid .. '|' .. ARGV[i]) end
 local left = redis.call('HLEN', P .. 'pods')
@@ -460,9 +460,10 @@ return 1
 // least the lease's end plus the margin. ARGV: P, uid, record, lease end
 // (ms), namespace count key, margin (ms), now (ms; PTTL, not Redis 7's
 // PEXPIRETIME, so that Redis 6.2 serves).
-var putPodScript = redis.NewScript(extend + `
+var putPodScript = redis.NewScript(writes + extend + `
 local P, uid, rec, lease, NSK = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 redis.call('HSET', P .. 'pods', uid, rec)
+feedAdd(P, 'p', uid, 'r', rec)
 redis.call('ZADD', P .. 'leases', lease, uid)
 for _, k in ipairs({P .. 'pods', P .. 'leases', P .. 'tiers', P .. 'podblocks', P .. 'blocks', P .. 'seen', P .. 'feed', P .. 'feedn', NSK}) do extend(k) end
 return 1
@@ -518,14 +519,16 @@ var writes = strings.ReplaceAll(writesLua, "FEEDLEN", strconv.Itoa(FeedLength))
 // falls further behind reads the backend again from the pods' states.
 const FeedLength = 8192
 
-// The feed: P feed is a stream of the backend's flushes, entry n-0 the
-// backend's n-th, with fields i (the instance) and m (each changed member
-// "S:H" followed by its new mask digit, 34 bytes each); P feedn holds n
+// The feed: P feed is a stream of the backend's flushes and pod records,
+// entry n-0 the backend's n-th: a flush's has fields i (the instance)
+// and m (each changed member "S:H" followed by its new mask digit, 34
+// bytes each), a pod record's p (the pod's UID) and r (the record as P
+// pods holds it; "": removed); P feedn holds n
 // and gen, the feed's lifetime (the server's time when its first entry
 // was added): a read model that sees another gen, or n going back, reads
 // the backend again.
 const writesLua = `
-local function feed(P, inst, ms)
+local function feedAdd(P, ...)
   local meta, key = P .. 'feedn', P .. 'feed'
   local n = redis.call('HINCRBY', meta, 'n', 1)
   if n == 1 then
@@ -533,8 +536,9 @@ local function feed(P, inst, ms)
     redis.call('DEL', key)
     redis.call('HSET', meta, 'gen', t[1] .. string.format('%06d', tonumber(t[2])))
   end
-  redis.call('XADD', key, 'MAXLEN', '~', FEEDLEN, string.format('%d-0', n), 'i', inst, 'm', ms)
+  redis.call('XADD', key, 'MAXLEN', '~', FEEDLEN, string.format('%d-0', n), ...)
 end
+local function feed(P, inst, ms) feedAdd(P, 'i', inst, 'm', ms) end
 local function place(key, inst, mask)
   if mask == 0 then redis.call('HDEL', key, inst) else redis.call('HSET', key, inst, mask) end
 end
