@@ -252,7 +252,9 @@ func (m *readModel) catchUp(ctx context.Context, backend kvindex.BackendRef, fs 
 		}
 		n, gen := feedMeta(meta.Val())
 		if gen != fs.gen || n < fs.last {
-			fs.loaded = false // begun anew (the backend's keys went and came back)
+			// Begun anew (the backend's keys went and came back): read it
+			// again, up to where the new feed stands then.
+			fs.loaded, targetSet = false, false
 			continue
 		}
 		if !targetSet {
@@ -285,7 +287,7 @@ func (m *readModel) catchUp(ctx context.Context, backend kvindex.BackendRef, fs 
 			}
 		}
 		switch {
-		case fs.loaded && fs.last >= target:
+		case fs.loaded && (fs.last >= target || fs.last >= n):
 			return nil
 		case fs.loaded && got < feedBatch && fs.last < n:
 			fs.loaded = false // the entries up to n were trimmed
