@@ -17,9 +17,11 @@ import (
 	"github.com/inferencecache/operator/internal/kvindex/memstore"
 )
 
-// The read model: each index replica mirrors the placements of the
-// backends it is asked about in a memory store and walks that for Score,
-// instead of asking Redis for each block of the prompt. It follows each
+// The read model: each index replica mirrors the placements and pod
+// records of the backends it follows (every backend with a live pod, see
+// preload and follow, and any it was asked about) in a memory store and
+// walks that for Score, instead of asking Redis for each block of the
+// prompt. It follows each
 // backend's feed (P feed, written with every flush, atomically with the
 // flush's counts: see writesLua), and reads a backend whole from its pods'
 // states (Q own:rank) when it starts following it, or when the feed moved

@@ -57,8 +57,8 @@
 // after the last lease PutPod set for it; a placement is emptied, and so
 // removed, by the clears of its holders.
 //
-// Score walks a read model: the placements of the backends a replica was
-// asked about, mirrored in its memory (a memstore) from their feeds, each
+// Score walks a read model: the placements of the backends (every one
+// with a live pod, and those a replica was asked about), mirrored in its memory (a memstore) from their feeds, each
 // query reading its backend's feed first (Options.NoReadModel asks Redis
 // for each block's placement instead).
 package redisstore
@@ -166,7 +166,7 @@ type Options struct {
 	WaitTimeout time.Duration
 	// NoReadModel makes Score ask Redis for each block of the prompt (one
 	// HGETALL of its placement) instead of walking the store's read model:
-	// the placements of the backends it was asked about, mirrored in this
+	// the placements of every backend with a live pod, mirrored in this
 	// process's memory (about as much as the memory store holds for them)
 	// and kept current from each backend's feed (see readmodel.go).
 	NoReadModel bool
