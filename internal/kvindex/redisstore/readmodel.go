@@ -103,12 +103,10 @@ func modelSpace(sid string) kvindex.Space { return kvindex.Space{Scheme: sid} }
 func (m *readModel) score(ctx context.Context, backend kvindex.BackendRef, space kvindex.Space, hashes []uint64) ([]kvindex.Match, error) {
 	fs := m.feed(backend)
 	sp := modelSpace(spaceID(space))
-	if lag := m.s.opt.ReadModelMaxLag; lag > 0 && time.Since(time.Unix(0, fs.syncedAt.Load())) < lag {
+	synced := m.startSync(ctx, backend, fs)
+	if synced == nil {
 		return m.mem.Score(ctx, backend, sp, hashes)
 	}
-	ticket := fs.asked.Add(1)
-	synced := make(chan error, 1)
-	go func() { synced <- m.syncFrom(ctx, backend, fs, ticket) }()
 	before := fs.changes.Load()
 	ms, err := m.mem.Score(ctx, backend, sp, hashes)
 	if serr := m.await(ctx, backend, fs, synced); serr != nil {
@@ -152,13 +150,23 @@ func (m *readModel) await(ctx context.Context, backend kvindex.BackendRef, fs *f
 	return nil
 }
 
+// startSync starts a sync of fs for a caller that asks now and returns
+// the channel its result comes on (see await); nil when the model is
+// younger than Options.ReadModelMaxLag and the caller answers as it is.
+func (m *readModel) startSync(ctx context.Context, backend kvindex.BackendRef, fs *feedState) <-chan error {
+	if lag := m.s.opt.ReadModelMaxLag; lag > 0 && time.Since(time.Unix(0, fs.syncedAt.Load())) < lag {
+		return nil
+	}
+	ticket := fs.asked.Add(1)
+	synced := make(chan error, 1)
+	go func() { synced <- m.syncFrom(ctx, backend, fs, ticket) }()
+	return synced
+}
+
 // podRecords answers Pods from the model, as score answers Score.
 func (m *readModel) podRecords(ctx context.Context, backend kvindex.BackendRef) ([]kvindex.PodRecord, error) {
 	fs := m.feed(backend)
-	if lag := m.s.opt.ReadModelMaxLag; lag <= 0 || time.Since(time.Unix(0, fs.syncedAt.Load())) >= lag {
-		ticket := fs.asked.Add(1)
-		synced := make(chan error, 1)
-		go func() { synced <- m.syncFrom(ctx, backend, fs, ticket) }()
+	if synced := m.startSync(ctx, backend, fs); synced != nil {
 		if err := m.await(ctx, backend, fs, synced); err != nil {
 			return nil, err
 		}
